@@ -1,0 +1,259 @@
+"""`python -m producer`: enqueue prompts, watch a run, handle dead letters, export."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+dead_app = typer.Typer(no_args_is_help=True, help="Inspect, replay and purge dead-lettered prompts.")
+app.add_typer(dead_app, name="dead")
+out = Console()
+err = Console(stderr=True)
+
+RunOpt = typer.Option(None, "--run", envvar="FLEET_RUN", help="Run name (default: 'default').")
+RedisOpt = typer.Option(None, "--redis-url", help="Overrides REDIS_URL.")
+
+
+def _connect(redis_url: str | None):
+    """Settings are read once, so a --redis-url flag must land in the environment first."""
+    if redis_url:
+        os.environ["REDIS_URL"] = redis_url
+    from workers.redis_client import redis_for
+    from workers.settings import get_settings
+
+    settings = get_settings()
+    return settings, redis_for(settings.redis_url)
+
+
+def _spec(client, run: str | None):
+    from workers.runs import load_spec
+
+    name = run or "default"
+    spec = load_spec(client, name)
+    if spec is None:
+        err.print(f"[red]no run named {name!r} in Redis[/red] (enqueue one first, or pass --run)")
+        raise typer.Exit(2)
+    return spec
+
+
+@app.command()
+def enqueue(
+    prompts: Path = typer.Argument(..., exists=True, dir_okay=False, help="JSONL prompt file."),
+    tokenizer: str = typer.Option("bundled", help="Tokenizer path or hub id ('bundled': DeepSeek-R1 style)."),
+    served_model: Optional[str] = typer.Option(None, help="Only servers whose /model_info names this model get the run."),
+    max_new_tokens: int = typer.Option(8192, min=1),
+    temperature: float = typer.Option(0.6, min=0.0),
+    top_p: float = typer.Option(0.95, min=0.0, max=1.0),
+    trust_remote_code: bool = typer.Option(False, help="Needed by tokenizers such as Kimi-K2.5's."),
+    thinking: str = typer.Option("auto", help="auto | prompt (template appends think-start) | output (model emits it) | off."),
+    think_start: str = typer.Option("<think>", help="Think-start token text."),
+    think_end: str = typer.Option("</think>", help="Think-end token text."),
+    disable_rule: list[str] = typer.Option([], help="Verification rule codes to switch off."),
+    max_prompt_tokens: Optional[int] = typer.Option(None, help="Reject longer prompts here."),
+    run: Optional[str] = RunOpt,
+    redis_url: Optional[str] = RedisOpt,
+) -> None:
+    """Tokenize each prompt with the chat template and publish one task per prompt."""
+    settings, client = _connect(redis_url)
+    from workers.runs import RunSpec
+    from workers.verify import ALL_RULES
+
+    from .chat import ChatTokenizer
+    from .enqueue import RunMismatch, enqueue_file, prepare_run
+
+    unknown = set(disable_rule) - set(ALL_RULES)
+    if unknown:
+        err.print(f"[red]unknown rule(s) {sorted(unknown)}[/red]; known: {', '.join(ALL_RULES)}")
+        raise typer.Exit(2)
+    chat = ChatTokenizer(tokenizer, trust_remote_code, think_start, think_end)
+    mode = chat.detect_thinking() if thinking == "auto" else thinking
+    spec = RunSpec(
+        name=run or "default", tokenizer=tokenizer, tokenizer_fingerprint=chat.fingerprint(),
+        template_fingerprint=chat.template_fingerprint(),
+        sampling={"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
+                  "skip_special_tokens": False},
+        thinking=mode, think_start_id=chat.think_start_id, think_end_id=chat.think_end_id,
+        stop_ids=chat.stop_ids(), served_model=served_model, disabled_rules=sorted(disable_rule),
+    )
+    try:
+        spec = prepare_run(client, spec)
+    except RunMismatch as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2)
+    from workers import app as celery_app
+
+    size = prompts.stat().st_size
+    with Progress(TextColumn("enqueue"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
+                  console=err, transient=True) as bar:
+        task = bar.add_task("read", total=size)
+        summary = enqueue_file(prompts, spec, chat, client, celery_app, settings.queue_prefix,
+                               max_prompt_tokens, on_progress=lambda pos: bar.update(task, completed=pos))
+    _print_enqueue_summary(summary, mode)
+    if summary.rejected:
+        raise typer.Exit(1)
+
+
+def _print_enqueue_summary(summary, mode: str) -> None:
+    for item in summary.rejected[:50]:
+        err.print(f"line {item.line}: {item.reason}" + (f" (id {item.id})" if item.id else ""))
+    if len(summary.rejected) > 50:
+        err.print(f"... and {len(summary.rejected) - 50} more rejected lines")
+    for item in summary.duplicates[:20]:
+        err.print(f"line {item.line}: {item.reason}: {item.id}")
+    table = Table(title=f"enqueue: run {summary.run!r} -> queue {summary.queue!r} (thinking: {mode})")
+    for column in ("published", "prompt tokens", "skipped (already in run)", "duplicates", "rejected", "prompts/s"):
+        table.add_column(column, justify="right")
+    rate = summary.published / summary.seconds if summary.seconds else 0.0
+    already = ", ".join(f"{k}={v}" for k, v in sorted(summary.already.items())) or "0"
+    table.add_row(str(summary.published), str(summary.prompt_tokens), already,
+                  str(len(summary.duplicates)), str(len(summary.rejected)), f"{rate:,.0f}")
+    out.print(table)
+
+
+@app.command()
+def status(run: Optional[str] = RunOpt, as_json: bool = typer.Option(False, "--json"),
+           redis_url: Optional[str] = RedisOpt) -> None:
+    """Queued, in flight, done, dead by reason."""
+    settings, client = _connect(redis_url)
+    from .status import collect_status
+
+    report = collect_status(client, _spec(client, run), settings.queue_prefix)
+    if as_json:
+        out.print_json(json.dumps(report))
+        return
+    table = Table(title=f"run {report['run']!r}")
+    for key in ("prompts", "queued", "in_flight", "done", "dead", "output_tokens"):
+        table.add_column(key, justify="right")
+    table.add_row(*(str(report[k]) for k in ("prompts", "queued", "in_flight", "done", "dead", "output_tokens")))
+    out.print(table)
+    for reason, count in report["dead_by_reason"].items():
+        out.print(f"  dead {reason}: {count}")
+
+
+@dead_app.command("list")
+def dead_list(run: Optional[str] = RunOpt, reason: list[str] = typer.Option([], help="Only these reason codes."),
+              as_json: bool = typer.Option(False, "--json"), redis_url: Optional[str] = RedisOpt) -> None:
+    """Every dead-lettered prompt with its reason (`--json`: a JSON array)."""
+    _, client = _connect(redis_url)
+    from workers.deadletter import DeadLetters
+
+    letters = DeadLetters(client, _spec(client, run).name).select(reason or None)
+    if as_json:
+        sys.stdout.write(json.dumps([d.summary() for d in letters], ensure_ascii=False) + "\n")
+        return
+    table = Table(title=f"{len(letters)} dead letters")
+    for column in ("id", "reason", "attempts", "message"):
+        table.add_column(column, overflow="fold")
+    for d in letters:
+        table.add_row(d.id, d.reason, str(d.attempts), d.message)
+    out.print(table)
+
+
+@dead_app.command("show")
+def dead_show(prompt_id: str, run: Optional[str] = RunOpt, redis_url: Optional[str] = RedisOpt) -> None:
+    """One dead letter in full, with its prompt's token ids."""
+    _, client = _connect(redis_url)
+    from workers.deadletter import DeadLetters
+    from workers.payload import unpack_ids
+
+    letter = DeadLetters(client, _spec(client, run).name).get(prompt_id)
+    if letter is None:
+        err.print(f"[red]no dead letter for id {prompt_id!r}[/red]")
+        raise typer.Exit(1)
+    data = letter.summary() | {"prompt_ids": unpack_ids(letter.prompt_b64)}
+    out.print_json(json.dumps(data, ensure_ascii=False))
+
+
+@dead_app.command("stats")
+def dead_stats(run: Optional[str] = RunOpt, as_json: bool = typer.Option(False, "--json"),
+               redis_url: Optional[str] = RedisOpt) -> None:
+    """Dead letters counted by reason."""
+    _, client = _connect(redis_url)
+    from workers.deadletter import DeadLetters
+
+    stats = DeadLetters(client, _spec(client, run).name).stats()
+    if as_json:
+        sys.stdout.write(json.dumps(stats) + "\n")
+        return
+    for reason, count in stats.items():
+        out.print(f"{reason:28} {count}")
+    out.print(f"{'total':28} {sum(stats.values())}")
+
+
+@dead_app.command("requeue")
+def dead_requeue(run: Optional[str] = RunOpt, reason: list[str] = typer.Option([]),
+                 prompt_id: list[str] = typer.Option([], "--id"),
+                 max_new_tokens: Optional[int] = typer.Option(None, min=1, help="A larger budget, e.g. for truncated prompts."),
+                 yes: bool = typer.Option(False, "--yes", "-y"), redis_url: Optional[str] = RedisOpt) -> None:
+    """Publish dead-lettered prompts again (all, or by --reason / --id)."""
+    settings, client = _connect(redis_url)
+    from workers import app as celery_app
+    from workers.deadletter import DeadLetters
+
+    from .dead import requeue
+
+    spec = _spec(client, run)
+    letters = DeadLetters(client, spec.name).select(reason or None, prompt_id or None)
+    if not letters:
+        out.print("nothing to requeue")
+        return
+    if not yes:
+        typer.confirm(f"requeue {len(letters)} dead letters of run {spec.name!r}?", abort=True)
+    count = requeue(client, celery_app, spec, letters, settings.queue_prefix, max_new_tokens)
+    out.print(f"requeued {count} prompts" + (f" with max_new_tokens={max_new_tokens}" if max_new_tokens else ""))
+
+
+@dead_app.command("purge")
+def dead_purge(run: Optional[str] = RunOpt, reason: list[str] = typer.Option([]),
+               yes: bool = typer.Option(False, "--yes", "-y"), redis_url: Optional[str] = RedisOpt) -> None:
+    """Delete dead letters (all, or by --reason). Their prompts stay marked dead."""
+    _, client = _connect(redis_url)
+    from workers.deadletter import DeadLetters
+
+    store = DeadLetters(client, _spec(client, run).name)
+    letters = store.select(reason or None)
+    if not letters:
+        out.print("nothing to purge")
+        return
+    if not yes:
+        typer.confirm(f"delete {len(letters)} dead letters?", abort=True)
+    out.print(f"purged {store.remove([d.id for d in letters])} dead letters")
+
+
+@app.command()
+def export(dest: Path, run: Optional[str] = RunOpt, rows_per_file: int = typer.Option(10_000, min=1),
+           redis_url: Optional[str] = RedisOpt) -> None:
+    """Write the finished dataset (each id once) and a manifest to DEST."""
+    settings, client = _connect(redis_url)
+    from .export import export_run, shard_files
+
+    spec = _spec(client, run)
+    total = len(shard_files(settings.output_dir, spec.name))
+    with Progress(TextColumn("export"), BarColumn(), TextColumn("{task.completed}/{task.total} shards"),
+                  console=err, transient=True) as bar:
+        task = bar.add_task("export", total=total)
+        manifest = export_run(spec, client, settings.output_dir, dest, rows_per_file,
+                              on_progress=lambda n: bar.update(task, completed=n))
+    out.print(f"exported {manifest['rows']} samples ({manifest['duplicates_dropped']} duplicates dropped) "
+              f"into {len(manifest['files'])} files under {dest}; dead letters: {manifest['dead_letters']}")
+
+
+@app.command()
+def demo(prompts: Optional[Path] = typer.Option(None, help="Default: the bundled examples."),
+         workdir: Path = typer.Option(Path("demo-run"), help="Logs, shards and export go here.")) -> None:
+    """Run the whole job on this machine with embedded defaults, and show the result."""
+    from .demo import run_demo
+
+    raise typer.Exit(run_demo(prompts, workdir, out))
+
+
+def main() -> None:
+    app()

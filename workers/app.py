@@ -1,0 +1,50 @@
+"""The Celery app: `celery -A workers worker` starts a worker with no other flag.
+
+JSON only on the broker (never pickle), late acknowledgement after the sample
+is durable, prefetch of one per thread, and a threads pool large enough to keep
+many requests in flight per SGLang server.
+"""
+from __future__ import annotations
+
+from celery import Celery, signals
+
+from .gate import HealthGate
+from .lease import LeaseKeeper
+from .runtime import close_runtime
+from .settings import get_settings
+
+settings = get_settings()
+
+app = Celery("workers", broker=settings.redis_url, include=["workers.tasks"])
+app.conf.update(
+    task_serializer="json",
+    result_serializer="json",
+    event_serializer="json",
+    accept_content=["json"],
+    result_accept_content=["json"],
+    task_ignore_result=True,
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    worker_prefetch_multiplier=1,
+    worker_pool="threads",
+    worker_concurrency=settings.pool_size,
+    task_default_queue=settings.queue_prefix,
+    task_create_missing_queues=True,
+    broker_connection_retry_on_startup=True,
+    broker_connection_max_retries=None,
+    broker_transport_options={
+        "visibility_timeout": settings.lease_seconds,
+        "unacked_restore_interval": settings.restore_interval,
+        "unacked_restore_throttle": 1,
+    },
+    worker_send_task_events=True,
+    task_send_sent_event=True,
+    worker_hijack_root_logger=False,
+)
+app.steps["consumer"].add(HealthGate)
+app.steps["consumer"].add(LeaseKeeper)
+
+
+@signals.worker_shutdown.connect
+def _flush_on_shutdown(**_) -> None:
+    close_runtime()

@@ -1,0 +1,56 @@
+"""Consume only with somewhere to send.
+
+A consumer bootstep that reconciles, once a second, the queues this worker
+takes prompts from with the state of its servers: none while every bound
+server is down (the prompts stay safely in Redis for other workers), the
+general queue plus one queue per model its healthy servers serve otherwise.
+Reconciling on a timer, rather than reacting to one event, also repairs the
+consumer Celery re-creates after a broker reconnect.
+"""
+from __future__ import annotations
+
+import logging
+
+from celery import bootsteps
+
+from .runs import queue_for
+from .runtime import get_runtime
+
+log = logging.getLogger(__name__)
+
+
+class HealthGate(bootsteps.StartStopStep):
+    requires = {"celery.worker.consumer.tasks:Tasks"}
+
+    def __init__(self, parent, **kwargs):
+        super().__init__(parent, **kwargs)
+        self.tref = None
+
+    def start(self, c) -> None:
+        self.runtime = get_runtime(worker=c.hostname)
+        self.reconcile(c)  # before the event loop fetches anything
+        self.tref = c.timer.call_repeatedly(1.0, self.reconcile, (c,), priority=10)
+
+    def stop(self, c) -> None:
+        if self.tref is not None:
+            self.tref.cancel()
+            self.tref = None
+
+    def desired_queues(self) -> set[str]:
+        pool, prefix = self.runtime.pool, self.runtime.settings.queue_prefix
+        if not pool.any_usable():
+            return set()
+        return {prefix} | {queue_for(prefix, model) for model in pool.healthy_models()}
+
+    def reconcile(self, c) -> None:
+        if c.task_consumer is None:
+            return
+        desired = self.desired_queues()
+        current = {q.name for q in c.task_consumer.queues}
+        for name in sorted(desired - current):
+            c.add_task_queue(name)
+        for name in sorted(current - desired):
+            c.cancel_task_queue(name)
+        if desired != current:
+            log.warning("consuming from %s", ", ".join(sorted(desired)) or
+                        "nothing: no healthy server (prompts stay queued in Redis)")

@@ -1,0 +1,185 @@
+"""One prompt, from token ids to a durable sample or a dead letter.
+
+The attempt loop lives here rather than in Celery retries: retries would go
+back through the broker with an ETA (and its visibility-timeout pitfalls),
+while a loop in the task thread keeps the prompt leased to this worker and can
+move it to another healthy server at once.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import time
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+
+from .deadletter import (PROMPT_TOO_LONG, SERVER_ERROR, SERVER_REJECTED, DeadLetter,
+                         DeadLetters)
+from .ledger import Ledger
+from .payload import pack_ids
+from .runs import DONE, RunSpec
+from .runtime import Runtime
+from .servers import NoServer
+from .sglang_client import (Generation, ServerRejected, ServerUnavailable, TransientError,
+                            generate)
+from .verify import Verdict, think_positions, verify
+
+log = logging.getLogger(__name__)
+
+
+class GiveBack(Exception):
+    """No healthy server came free: the prompt goes back to the queue untouched."""
+
+
+@dataclass
+class Attempts:
+    """What happened to one prompt so far, for its sample or dead letter."""
+    transient: int = 0
+    unavailable: int = 0
+    resampled: bool = False
+    servers: list[str] = field(default_factory=list)
+    last_error: str = ""
+    started_at: float = field(default_factory=time.time)
+
+    @property
+    def total(self) -> int:
+        return len(self.servers)
+
+
+def process_prompt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int],
+                   max_new_tokens: int | None = None) -> str:
+    """Generate, verify and store one prompt; returns where it ended up."""
+    ledger = Ledger(rt.redis, spec.name)
+    if ledger.state(prompt_id) == DONE:
+        return "already done"
+    sampling = dict(spec.sampling)
+    if max_new_tokens:
+        sampling["max_new_tokens"] = max_new_tokens
+    tries = Attempts()
+    while True:
+        outcome = _attempt(rt, spec, prompt_id, prompt_ids, sampling, tries)
+        if isinstance(outcome, DeadLetter):
+            DeadLetters(rt.redis, spec.name).put(outcome)
+            log.info("prompt %s dead-lettered: %s (%s)", prompt_id, outcome.reason, outcome.message)
+            return f"dead: {outcome.reason}"
+        if outcome is None:
+            continue
+        generation, verdict = outcome
+        if not verdict.ok:
+            if rt.settings.resample_on_verify_failure and not tries.resampled:
+                tries.resampled = True
+                continue
+            letter = _dead(rt, spec, prompt_id, prompt_ids, sampling, tries, verdict.reason,
+                           verdict.message, generation)
+            DeadLetters(rt.redis, spec.name).put(letter)
+            return f"dead: {verdict.reason}"
+        row = _row(rt, spec, prompt_id, prompt_ids, sampling, tries, generation, verdict)
+        path = rt.shards.submit(spec.name, row).result()
+        ledger.mark_done(prompt_id, len(generation.output_ids))
+        return path
+
+
+def _attempt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], sampling: dict,
+             tries: Attempts) -> tuple[Generation, Verdict] | DeadLetter | None:
+    """One request. None means: try again (the loop's caller decides nothing else)."""
+    s = rt.settings
+    avoid = tries.servers[-1] if tries.servers else None
+    try:
+        with rt.pool.acquire(spec.served_model, s.server_wait, avoid=avoid) as binding:
+            if binding.max_model_len and len(prompt_ids) >= binding.max_model_len:
+                return _dead(rt, spec, prompt_id, prompt_ids, sampling, tries, PROMPT_TOO_LONG,
+                             f"{len(prompt_ids)} prompt tokens do not fit the context of "
+                             f"{binding.max_model_len} tokens of {binding.url}")
+            tries.servers.append(binding.url)
+            generation = generate(rt.http, binding.url, prompt_ids, sampling, prompt_id)
+    except NoServer as exc:
+        raise GiveBack(str(exc)) from exc
+    except ServerRejected as exc:
+        return _dead(rt, spec, prompt_id, prompt_ids, sampling, tries, SERVER_REJECTED, str(exc))
+    except ServerUnavailable as exc:
+        rt.monitor.suspect(binding, str(exc))
+        if _pause(tries, str(exc), 0.5, 5.0, transient=False, limit=s.max_unavailable) is None:
+            return _server_error(rt, spec, prompt_id, prompt_ids, sampling, tries)
+        return None
+    except TransientError as exc:
+        if _pause(tries, str(exc), s.retry_backoff, s.retry_backoff_max, transient=True,
+                  limit=s.max_attempts) is None:
+            return _server_error(rt, spec, prompt_id, prompt_ids, sampling, tries)
+        return None
+    return generation, verify(generation.output_ids, generation.meta_info, len(prompt_ids), spec)
+
+
+def _pause(tries: Attempts, error: str, base: float, cap: float, *, transient: bool,
+           limit: int) -> bool | None:
+    """Count a failed request and sleep with full jitter; None once the budget is spent."""
+    tries.last_error = error
+    if transient:
+        tries.transient += 1
+        count = tries.transient
+    else:
+        tries.unavailable += 1
+        count = tries.unavailable
+    if count >= limit:
+        return None
+    time.sleep(random.uniform(0, min(cap, base * 2 ** (count - 1))))
+    return True
+
+
+def _server_error(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int],
+                  sampling: dict, tries: Attempts) -> DeadLetter:
+    return _dead(rt, spec, prompt_id, prompt_ids, sampling, tries, SERVER_ERROR,
+                 f"gave up after {tries.total} requests; last error: {tries.last_error}")
+
+
+def _dead(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], sampling: dict,
+          tries: Attempts, reason: str, message: str,
+          generation: Generation | None = None) -> DeadLetter:
+    excerpt: dict = {}
+    if generation is not None:
+        out = generation.output_ids
+        excerpt = {
+            "output_len": len(out),
+            "last_output_ids": out[-64:],
+            "first_output_ids": out[:16],
+            "finish_reason": generation.meta_info.get("finish_reason"),
+            "completion_tokens": generation.meta_info.get("completion_tokens"),
+            "prompt_tokens_seen": generation.meta_info.get("prompt_tokens"),
+            "server": generation.server,
+            **think_positions(out, spec),
+        }
+    return DeadLetter(
+        id=prompt_id, run=spec.name, reason=reason, message=message, attempts=tries.total,
+        servers=sorted(set(tries.servers)), worker=rt.worker, prompt_b64=pack_ids(prompt_ids),
+        prompt_tokens=len(prompt_ids), sampling=sampling, excerpt=excerpt,
+        first_attempt_at=tries.started_at,
+    )
+
+
+def _row(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], sampling: dict,
+         tries: Attempts, generation: Generation, verdict: Verdict) -> dict:
+    out, meta = generation.output_ids, generation.meta_info
+    finish = meta.get("finish_reason") or {}
+    matched = finish.get("matched") if isinstance(finish, dict) else None
+    binding_model = next((b.model_path for b in rt.pool.bindings if b.url == generation.server), None)
+    return {
+        "id": prompt_id,
+        "input_ids": prompt_ids + out,
+        "prompt_len": len(prompt_ids),
+        "output_len": len(out),
+        "finish_reason": finish.get("type") if isinstance(finish, dict) else str(finish),
+        "stop_token": matched if isinstance(matched, int) else None,
+        "think_end_index": None if verdict.think_end_pos is None else len(prompt_ids) + verdict.think_end_pos,
+        "run": spec.name,
+        "server": generation.server,
+        "model": binding_model,
+        "max_new_tokens": sampling.get("max_new_tokens"),
+        "temperature": sampling.get("temperature"),
+        "top_p": sampling.get("top_p"),
+        "attempts": tries.total,
+        "worker": rt.worker,
+        "tokenizer_fingerprint": spec.tokenizer_fingerprint,
+        "template_fingerprint": spec.template_fingerprint,
+        "e2e_latency": meta.get("e2e_latency"),
+        "started_at": datetime.fromtimestamp(tries.started_at, timezone.utc),
+        "finished_at": datetime.now(timezone.utc),
+    }

@@ -1,0 +1,113 @@
+"""The background thread that keeps each server binding's state true.
+
+Polls `GET /health` by status code on an interval; on the way to healthy (and
+each time a server comes back) runs the preflight. State changes are logged
+once, not on every poll.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+
+import httpx
+
+from .preflight import preflight
+from .servers import DOWN, HEALTHY, LOADING, REFUSED, WARMING, ServerBinding, ServerPool
+from .settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+class HealthMonitor:
+    def __init__(self, pool: ServerPool, settings: Settings, headers: dict[str, str]):
+        self.pool = pool
+        self.settings = settings
+        self.client = httpx.Client(timeout=settings.health_timeout, headers=headers)
+        self._stop = threading.Event()
+        self._wake = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="fleet-health", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._wake.set()
+
+    def suspect(self, binding: ServerBinding, error: str) -> None:
+        """A request failed to connect: check now rather than at the next interval."""
+        binding.last_error = error
+        self._wake.set()
+
+    def check_all(self) -> None:
+        threads = [threading.Thread(target=self.check, args=(b,)) for b in self.pool.bindings]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.pool.changed()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.check_all()
+            self._wake.wait(self.settings.health_interval)
+            self._wake.clear()
+
+    def check(self, binding: ServerBinding) -> None:
+        observed, detail = self._probe(binding.url)
+        binding.checked_at = time.time()
+        if observed == HEALTHY:
+            binding.failures, binding.successes = 0, binding.successes + 1
+            if binding.state != HEALTHY and binding.successes >= self.settings.health_successes:
+                self._transition(binding, HEALTHY, "answers /health with 200")
+                binding.preflighted = False
+            if binding.state == HEALTHY and not binding.preflighted:
+                self._preflight(binding)
+            return
+        binding.successes, binding.failures = 0, binding.failures + 1
+        binding.last_error = detail
+        first_look = binding.state not in (HEALTHY,)
+        if first_look or binding.failures >= self.settings.health_failures:
+            self._transition(binding, observed, detail)
+
+    def _preflight(self, binding: ServerBinding) -> None:
+        try:
+            preflight(self.client, binding)
+        except httpx.HTTPError as exc:
+            binding.last_error = f"preflight failed: {exc!r}"
+            log.warning("server %s: preflight failed (%r); will retry", binding.url, exc)
+            return
+        binding.preflighted = True
+        if binding.refusal:
+            if binding.state != REFUSED:
+                log.error("server %s REFUSED: %s", binding.url, binding.refusal)
+            binding.state = REFUSED
+        else:
+            note = f", reasoning_parser={binding.reasoning_parser} (noted: /generate output_ids stay raw)" \
+                if binding.reasoning_parser else ""
+            log.warning("server %s ready: model=%s max_model_len=%s%s", binding.url,
+                        binding.model_path, binding.max_model_len, note)
+        self.pool.changed()
+
+    def _probe(self, url: str) -> tuple[str, str]:
+        try:
+            response = self.client.get(f"{url}/health")
+        except httpx.ConnectError as exc:
+            return LOADING, f"connection refused ({exc.__class__.__name__}): loading or dead"
+        except httpx.TimeoutException:
+            return DOWN, f"/health did not answer within {self.settings.health_timeout:.0f}s"
+        except httpx.HTTPError as exc:
+            return DOWN, f"/health failed: {exc!r}"
+        if response.status_code == 200:
+            return HEALTHY, ""
+        if response.status_code == 503:
+            return WARMING, "503 from /health: warming up, shutting down or stuck"
+        return DOWN, f"/health answered HTTP {response.status_code}"
+
+    def _transition(self, binding: ServerBinding, state: str, why: str) -> None:
+        if state == binding.state or (binding.state == REFUSED and state == HEALTHY):
+            return
+        log.warning("server %s: %s -> %s (%s)", binding.url, binding.state, state, why)
+        binding.state = state
+        self.pool.changed()

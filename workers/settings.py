@@ -1,0 +1,92 @@
+"""Fleet settings, read from the environment (the interface contract's names).
+
+`REDIS_URL`, `SGLANG_URLS`, `OUTPUT_DIR` and `SGLANG_API_KEY` are the contract;
+everything else is tuning with a `FLEET_` prefix and a default sized for SGLang's
+continuous batching rather than for a CPU pool.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from urllib.parse import urlsplit, urlunsplit
+
+from pydantic import AliasChoices, Field, SecretStr, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="FLEET_", frozen=True)
+
+    redis_url: str = Field("redis://localhost:6379/0", validation_alias=AliasChoices("REDIS_URL"))
+    sglang_urls: str = Field("http://localhost:30000", validation_alias=AliasChoices("SGLANG_URLS"))
+    output_dir: str = Field("./shards", validation_alias=AliasChoices("OUTPUT_DIR"))
+    sglang_api_key: SecretStr | None = Field(None, validation_alias=AliasChoices("SGLANG_API_KEY"))
+
+    # Routing: requests in flight per server. SGLang batches continuously and
+    # needs tens to hundreds of requests in flight to keep a GPU busy.
+    max_inflight_per_server: int = 128
+    # Threads in the worker pool; 0 means max_inflight_per_server x servers.
+    concurrency: int = 0
+
+    # Health checks: SGLang answers /health in about a second, so never time
+    # out below two seconds.
+    health_interval: float = 5.0
+    health_timeout: float = 5.0
+    health_failures: int = 3
+    health_successes: int = 1
+
+    # One /generate request: connect quickly, but let a long generation run.
+    connect_timeout: float = 10.0
+    request_timeout: float = 3600.0
+    # Transient failures (5xx, 503 queue full, timeouts) before `server_error`.
+    max_attempts: int = 5
+    retry_backoff: float = 1.0
+    retry_backoff_max: float = 60.0
+    # Connection failures while servers restart do not spend the budget above,
+    # but a prompt gives up after this many of them.
+    max_unavailable: int = 50
+    # How long a task waits for a healthy server before going back to the queue.
+    server_wait: float = 30.0
+    # Resample once before dead-lettering a verification failure.
+    resample_on_verify_failure: bool = False
+
+    # Leases: a dead worker's prompts return to the queue after this long; a
+    # live worker renews its own well before then.
+    lease_seconds: float = 120.0
+    restore_interval: float = 10.0
+
+    # Group commit: a shard is written when it holds this many samples or its
+    # oldest sample has waited this long; tasks are acknowledged after.
+    shard_max_rows: int = 1000
+    shard_max_wait: float = 2.0
+
+    queue_prefix: str = "fleet.generate"
+
+    @field_validator("health_timeout")
+    @classmethod
+    def _health_timeout_floor(cls, value: float) -> float:
+        return max(value, 2.0)
+
+    @property
+    def server_urls(self) -> list[str]:
+        return [u.strip().rstrip("/") for u in self.sglang_urls.split(",") if u.strip()]
+
+    @property
+    def pool_size(self) -> int:
+        return self.concurrency or min(self.max_inflight_per_server * len(self.server_urls), 1024)
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return Settings()
+
+
+def redact_url(url: str) -> str:
+    """Hide the password of a URL so that it can be logged or printed."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port:
+        host = f"{host}:{parts.port}"
+    user = f"{parts.username}:***@" if parts.username else ":***@"
+    return urlunsplit((parts.scheme, user + host, parts.path, parts.query, parts.fragment))

@@ -1,0 +1,159 @@
+"""Parquet shards written by group commit.
+
+A task hands its sample to the writer and waits; the writer gathers samples
+until a shard is full or its oldest sample has waited `max_wait` seconds,
+writes one Parquet file under a temporary name, fsyncs it, renames it into
+place and only then releases the waiting tasks, which are then acknowledged.
+So an acknowledged prompt is always in a shard, and shards stay large.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+log = logging.getLogger(__name__)
+
+SCHEMA = pa.schema([
+    ("id", pa.string()),
+    ("input_ids", pa.list_(pa.int32())),
+    ("prompt_len", pa.int32()),
+    ("output_len", pa.int32()),
+    ("finish_reason", pa.string()),
+    ("stop_token", pa.int32()),
+    ("think_end_index", pa.int32()),
+    ("run", pa.string()),
+    ("server", pa.string()),
+    ("model", pa.string()),
+    ("max_new_tokens", pa.int32()),
+    ("temperature", pa.float32()),
+    ("top_p", pa.float32()),
+    ("attempts", pa.int16()),
+    ("worker", pa.string()),
+    ("tokenizer_fingerprint", pa.string()),
+    ("template_fingerprint", pa.string()),
+    ("e2e_latency", pa.float32()),
+    ("started_at", pa.timestamp("ms", tz="UTC")),
+    ("finished_at", pa.timestamp("ms", tz="UTC")),
+])
+
+
+def is_shard(path: Path) -> bool:
+    """Names starting with `.` or `_` are temporary or metadata files."""
+    return path.suffix == ".parquet" and not path.name.startswith((".", "_"))
+
+
+@dataclass
+class _Pending:
+    rows: list[dict] = field(default_factory=list)
+    futures: list[Future] = field(default_factory=list)
+    oldest: float = 0.0
+
+
+class ShardWriter:
+    """One per worker process; thread-safe."""
+
+    def __init__(self, output_dir: str, worker: str, max_rows: int, max_wait: float):
+        self.root = Path(output_dir)
+        self.worker = re.sub(r"[^A-Za-z0-9_.-]+", "-", worker).strip("-.") or "worker"
+        self.max_rows, self.max_wait = max_rows, max_wait
+        self._pending: dict[str, _Pending] = {}
+        self._lock = threading.Condition()
+        self._seq = 0
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="fleet-shards", daemon=True)
+        self._thread.start()
+
+    def submit(self, run: str, row: dict) -> Future:
+        """Queue one sample; the future resolves to its shard path once durable."""
+        future: Future = Future()
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("shard writer is closed")
+            pending = self._pending.setdefault(run, _Pending())
+            if not pending.rows:
+                pending.oldest = time.monotonic()
+            pending.rows.append(row)
+            pending.futures.append(future)
+            if len(pending.rows) >= self.max_rows:
+                self._lock.notify()
+        return future
+
+    def close(self) -> None:
+        """Write what is pending and stop."""
+        with self._lock:
+            self._closed = True
+            self._lock.notify()
+        self._thread.join(timeout=120)
+
+    def _run(self) -> None:
+        while True:
+            with self._lock:
+                due = self._take_due()
+                while not due and not self._closed:
+                    self._lock.wait(self._sleep_time())
+                    due = self._take_due()
+                if self._closed:
+                    due += [(r, p) for r, p in self._pending.items() if p.rows]
+                    self._pending.clear()
+            for run, pending in due:
+                self._commit(run, pending)
+            if self._closed and not due:
+                return
+
+    def _take_due(self) -> list[tuple[str, _Pending]]:
+        now = time.monotonic()
+        due = [(run, p) for run, p in self._pending.items()
+               if p.rows and (len(p.rows) >= self.max_rows or now - p.oldest >= self.max_wait)]
+        for run, _ in due:
+            del self._pending[run]
+        return due
+
+    def _sleep_time(self) -> float:
+        if not self._pending:
+            return self.max_wait
+        oldest = min(p.oldest for p in self._pending.values() if p.rows)
+        return max(0.01, self.max_wait - (time.monotonic() - oldest))
+
+    def _commit(self, run: str, pending: _Pending) -> None:
+        try:
+            path = self._write(run, pending.rows)
+        except BaseException as exc:  # the tasks must learn their sample is not durable
+            log.exception("shard write failed for %d samples of run %s", len(pending.rows), run)
+            for future in pending.futures:
+                future.set_exception(exc)
+            return
+        for future in pending.futures:
+            future.set_result(str(path))
+
+    def _write(self, run: str, rows: list[dict]) -> Path:
+        folder = self.root / run
+        folder.mkdir(parents=True, exist_ok=True)
+        self._seq += 1
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        name = f"part-{self.worker}-{os.getpid()}-{stamp}-{self._seq:06d}.parquet"
+        final, temporary = folder / name, folder / f".tmp-{name}"
+        table = pa.Table.from_pylist(rows, schema=SCHEMA)
+        with open(temporary, "wb") as sink:
+            pq.write_table(table, sink, compression="zstd")
+            sink.flush()
+            os.fsync(sink.fileno())
+        os.replace(temporary, final)
+        _fsync_dir(folder)
+        return final
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -73,14 +73,14 @@ def enqueue_file(path: Path, spec: RunSpec, chat: ChatTokenizer, client: redis.R
     summary = EnqueueSummary(run=spec.name, queue=queue)
     ledger, seen = Ledger(client, spec.name), set()
     started = time.monotonic()
-    handle = open(path, "rb")
-    for batch in _batches(read_prompts(handle), BATCH):
-        fresh = _select(batch, ledger, seen, summary)
-        if fresh:
-            ready = _tokenize(fresh, spec, chat, max_prompt_tokens, summary)
-            _publish(ready, spec, client, app, queue, ledger, summary)
-        if on_progress:
-            on_progress(handle.tell())
+    with open(path, "rb") as handle:
+        for batch in _batches(read_prompts(handle), BATCH):
+            fresh = _select(batch, ledger, seen, summary)
+            if fresh:
+                ready = _tokenize(fresh, spec, chat, max_prompt_tokens, summary)
+                _publish(ready, spec, client, app, queue, ledger, summary)
+            if on_progress:
+                on_progress(handle.tell())
     summary.seconds = time.monotonic() - started
     return summary
 

@@ -41,16 +41,18 @@ class InvalidPrompt(ValueError):
 
 
 def read_prompts(source: Path | BinaryIO) -> Iterator[Prompt | BadLine]:
-    """Yield each non-blank line of a JSONL file as a Prompt or a BadLine."""
-    handle = open(source, "rb") if isinstance(source, (str, Path)) else source
-    with handle:
-        for number, raw in enumerate(handle, start=1):
-            if not raw.strip():
-                continue
-            try:
-                yield parse_line(raw, number)
-            except InvalidPrompt as exc:
-                yield BadLine(number, str(exc))
+    """Yield each non-blank line of a JSONL file (a path, or an open binary file) as a Prompt or a BadLine."""
+    if isinstance(source, (str, Path)):
+        with open(source, "rb") as handle:
+            yield from read_prompts(handle)
+        return
+    for number, raw in enumerate(source, start=1):
+        if not raw.strip():
+            continue
+        try:
+            yield parse_line(raw, number)
+        except InvalidPrompt as exc:
+            yield BadLine(number, str(exc))
 
 
 def parse_line(raw: bytes, number: int) -> Prompt:

@@ -1,0 +1,120 @@
+"""Think-structure verification, retries and the dead-letter queue, against every fault."""
+from __future__ import annotations
+
+import json
+from collections import Counter
+
+import httpx
+
+from sglang_standin.cli import parse_config
+from sglang_standin.outputs import fault_for, generate_output
+
+from conftest import messages_of, render, varied_prompts, write_prompts
+
+FAULTS = ["missing-think-end", "double-think-end", "echo-prompt", "empty-reasoning", "empty-answer",
+          "truncate", "abort", "count-mismatch", "http500-first", "queue-full-first"]
+EXPECTED_REASON = {
+    "missing_think_end": "missing_think_end",
+    "double_think_end": "multiple_think_end",
+    "echo_prompt": "think_start_in_output",
+    "empty_reasoning": "empty_reasoning",
+    "empty_answer": "empty_answer",
+    "truncate": "truncated",
+    "abort": "aborted",
+    "count_mismatch": "token_count_mismatch",
+}
+STANDIN = ["--output-len-max", "256", "--max-running-requests", "64"] + \
+    [arg for name in FAULTS for arg in (f"--fault-{name}", "0.07")]
+
+
+def _expected(records, tokenizer, cfg):
+    """What the test itself expects for each prompt, from the stand-in's deterministic faults."""
+    plan = {}
+    for record in records:
+        ids = render(tokenizer, messages_of(record))
+        fault = fault_for(ids, cfg)
+        plan[record["id"]] = (ids, fault, EXPECTED_REASON.get(fault))
+    return plan
+
+
+def test_each_fault_is_dead_lettered_with_its_reason_and_transient_ones_are_stored(fleet, tokenizer, tmp_path):
+    # Given a stand-in injecting every fault into a share of prompts, and a worker bound to it
+    _, url = fleet.standin(*STANDIN)
+    fleet.worker("w1", [url], FLEET_RETRY_BACKOFF="0.05")
+    records = varied_prompts(200)
+    cfg = parse_config(["--port", "1", *STANDIN])
+    plan = _expected(records, tokenizer, cfg)
+    assert {fault for _, fault, _ in plan.values()} >= {f.replace("-", "_") for f in FAULTS}
+
+    # When the prompts are enqueued with a budget the truncation fault exceeds
+    fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", records)), "--max-new-tokens", "300")
+    fleet.wait_finished()
+
+    # Then each faulty prompt is dead-lettered with the right code, and not in the shards
+    dead = {d["id"]: d for d in fleet.dead_letters()}
+    rows = {r["id"]: r for r in fleet.rows()}
+    for pid, (ids, fault, reason) in plan.items():
+        if reason:
+            assert dead[pid]["reason"] == reason, (pid, fault, dead.get(pid))
+            assert dead[pid]["message"]
+            assert pid not in rows
+        else:  # no fault, or only a transient 500/503: stored with its exact tokens
+            assert pid not in dead, (pid, fault, dead[pid])
+            output, _ = generate_output(ids, 300, cfg)
+            assert rows[pid]["input_ids"] == ids + output
+    assert len(dead) + len(rows) == len(records)
+
+    # and a prompt is generated once unless a retry was needed (500/503 answers are not generations)
+    stats = httpx.get(f"{url}/standin/stats").json()
+    assert set(stats["generations"].values()) == {1}
+    retried = [pid for pid, (_, fault, _) in plan.items() if fault in ("http500_first", "queue_full_first")]
+    assert retried and all(stats["attempts"][pid] == 2 for pid in retried)
+    assert all(rows[pid]["attempts"] == 2 for pid in retried)
+
+    # and the dead letter explains itself: payload to replay, excerpt with the think positions
+    letter = json.loads(fleet.producer("dead", "show", next(p for p, d in dead.items()
+                                                             if d["reason"] == "multiple_think_end")).stdout)
+    assert len(letter["excerpt"]["think_end"]) == 2 and letter["prompt_ids"] == plan[letter["id"]][0]
+    assert letter["sampling"]["max_new_tokens"] == 300 and letter["servers"] == [url]
+
+    # When the truncated prompts are requeued with a larger budget
+    stats_before = json.loads(fleet.producer("dead", "stats", "--json").stdout)
+    truncated = [pid for pid, d in dead.items() if d["reason"] == "truncated"]
+    fleet.producer("dead", "requeue", "--reason", "truncated", "--max-new-tokens", "1024", "--yes")
+    fleet.wait_finished()
+
+    # Then they are stored with their full output and leave the dead-letter queue
+    rows = {r["id"]: r for r in fleet.rows()}
+    for pid in truncated:
+        ids = plan[pid][0]
+        output, finish = generate_output(ids, 1024, cfg)
+        assert finish["type"] == "stop" and rows[pid]["input_ids"] == ids + output
+    stats_after = json.loads(fleet.producer("dead", "stats", "--json").stdout)
+    assert "truncated" not in stats_after
+    assert sum(stats_after.values()) == sum(stats_before.values()) - len(truncated)
+
+    # When the dataset is exported, each stored id is there once, with a manifest
+    fleet.producer("export", str(tmp_path / "export"))
+    manifest = json.loads((tmp_path / "export" / "manifest.json").read_text())
+    import pyarrow.parquet as pq
+    exported = [i for f in manifest["files"] for i in pq.read_table(tmp_path / "export" / f["name"]).column("id").to_pylist()]
+    assert Counter(exported).most_common(1)[0][1] == 1
+    assert set(exported) == set(rows) and manifest["rows"] == len(rows)
+    assert manifest["dead_letters"] == stats_after
+
+
+def test_a_prompt_longer_than_the_context_is_dead_lettered_before_sending(fleet, tmp_path):
+    # Given a server with a small context
+    _, url = fleet.standin("--context-length", "64")
+    fleet.worker("w1", [url])
+    records = [{"id": "short", "prompt": "Hi"}, {"id": "long", "prompt": "word " * 200}]
+
+    # When both are enqueued
+    fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", records)), "--max-new-tokens", "16")
+    fleet.wait_finished()
+
+    # Then the long one is a prompt_too_long dead letter and never reached the server
+    dead = {d["id"]: d for d in fleet.dead_letters()}
+    assert dead["long"]["reason"] == "prompt_too_long"
+    stats = httpx.get(f"{url}/standin/stats").json()
+    assert "long" not in stats["attempts"]

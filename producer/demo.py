@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -24,11 +25,15 @@ from .local import start_redis, start_standin, start_worker
 
 EXAMPLES = Path(__file__).parent / "examples" / "prompts.jsonl"
 RUN = "demo"
+# A few faults, so that the first run also shows dead letters and retries at work.
+DEMO_FAULTS = ("--fault-missing-think-end", "0.02", "--fault-truncate", "0.02",
+               "--fault-truncate-tokens", "6000", "--fault-http500-first", "0.03")
 
 
 def run_demo(prompts: Path | None, workdir: Path, console: Console) -> int:
     prompts = prompts or EXAMPLES
     workdir = workdir.resolve()
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so the processes we started are stopped
     shutil.rmtree(workdir / "export", ignore_errors=True)
     logs = workdir / "logs"
     with ExitStack() as stack:
@@ -52,6 +57,10 @@ def run_demo(prompts: Path | None, workdir: Path, console: Console) -> int:
     return 0 if report["finished"] else 1
 
 
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)
+
+
 def _fleet_env(stack: ExitStack, workdir: Path, logs: Path, console: Console) -> dict[str, str]:
     env = {"OUTPUT_DIR": os.environ.get("OUTPUT_DIR") or str(workdir / "shards"), "FLEET_RUN": RUN}
     if os.environ.get("REDIS_URL"):
@@ -67,7 +76,7 @@ def _fleet_env(stack: ExitStack, workdir: Path, logs: Path, console: Console) ->
     else:
         urls = []
         for _ in range(2):
-            process, url = start_standin(logs, None, "--max-running-requests", "64")
+            process, url = start_standin(logs, None, "--max-running-requests", "64", *DEMO_FAULTS)
             stack.callback(process.stop)
             urls.append(url)
         env["SGLANG_URLS"] = ",".join(urls)
@@ -97,6 +106,9 @@ def _wait(env: dict[str, str], console: Console, worker, timeout: float = 900) -
             bar.update(task, completed=report["done"] + report["dead"], dead=report["dead"])
     if not worker.alive():
         console.print(f"[red]the worker exited:[/red]\n{worker.tail()}")
+    from workers.deadletter import DeadLetters
+
+    report["examples"] = [d.summary() for d in DeadLetters(client, RUN).select()[:5]]
     return report
 
 
@@ -116,4 +128,6 @@ def _print_result(report: dict, output_dir: str, workdir: Path, seconds: float, 
     table.add_row("export", str(workdir / "export"))
     console.print(table)
     if report["dead"]:
-        console.print(f"see why: python -m producer dead list --run {RUN}  (with REDIS_URL of this run)")
+        console.print("each dead letter says why (python -m producer dead list), e.g.:")
+        for letter in report.get("examples", []):
+            console.print(f"  {letter['id']}: {letter['reason']}: {letter['message']}")

@@ -6,6 +6,8 @@ many requests in flight per SGLang server.
 """
 from __future__ import annotations
 
+import logging
+
 from celery import Celery, signals
 
 from .gate import HealthGate
@@ -14,6 +16,7 @@ from .runtime import close_runtime
 from .settings import get_settings
 
 settings = get_settings()
+logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
 
 app = Celery("workers", broker=settings.redis_url, include=["workers.tasks"])
 app.conf.update(

@@ -21,6 +21,7 @@ from .runs import DEAD, RunKeys
 SERVER_ERROR = "server_error"
 SERVER_REJECTED = "server_rejected"
 PROMPT_TOO_LONG = "prompt_too_long"
+WORKER_ERROR = "worker_error"
 
 
 @dataclass

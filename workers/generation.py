@@ -69,11 +69,11 @@ def process_prompt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[
             if rt.settings.resample_on_verify_failure and not tries.resampled:
                 tries.resampled = True
                 continue
-            letter = _dead(rt, spec, prompt_id, prompt_ids, sampling, tries, verdict.reason,
+            letter = _dead(rt, spec, prompt_id, prompt_ids, generation.sampling, tries, verdict.reason,
                            verdict.message, generation)
             DeadLetters(rt.redis, spec.name).put(letter)
             return f"dead: {verdict.reason}"
-        row = _row(rt, spec, prompt_id, prompt_ids, sampling, tries, generation, verdict)
+        row = _row(rt, spec, prompt_id, prompt_ids, tries, generation, verdict)
         path = rt.shards.submit(spec.name, row).result()
         ledger.mark_done(prompt_id, len(generation.output_ids))
         return path
@@ -91,7 +91,8 @@ def _attempt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], 
                              f"{len(prompt_ids)} prompt tokens do not fit the context of "
                              f"{binding.max_model_len} tokens of {binding.url}")
             tries.servers.append(binding.url)
-            generation = generate(rt.http, binding.url, prompt_ids, sampling, prompt_id)
+            generation = generate(rt.http, binding.url, prompt_ids,
+                                  _fit_context(sampling, len(prompt_ids), binding.max_model_len), prompt_id)
     except NoServer as exc:
         raise GiveBack(str(exc)) from exc
     except ServerRejected as exc:
@@ -107,6 +108,14 @@ def _attempt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], 
             return _server_error(rt, spec, prompt_id, prompt_ids, sampling, tries)
         return None
     return generation, verify(generation.output_ids, generation.meta_info, len(prompt_ids), spec)
+
+
+def _fit_context(sampling: dict, prompt_len: int, context: int | None) -> dict:
+    """SGLang refuses (400) a request whose prompt plus an explicit budget exceeds
+    the context; the budget is cut to what fits, and the sample records it."""
+    if context and sampling.get("max_new_tokens", 0) > context - prompt_len:
+        return {**sampling, "max_new_tokens": context - prompt_len}
+    return sampling
 
 
 def _pause(tries: Attempts, error: str, base: float, cap: float, *, transient: bool,
@@ -155,9 +164,9 @@ def _dead(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], sam
     )
 
 
-def _row(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], sampling: dict,
-         tries: Attempts, generation: Generation, verdict: Verdict) -> dict:
-    out, meta = generation.output_ids, generation.meta_info
+def _row(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], tries: Attempts,
+         generation: Generation, verdict: Verdict) -> dict:
+    out, meta, sampling = generation.output_ids, generation.meta_info, generation.sampling
     finish = meta.get("finish_reason") or {}
     matched = finish.get("matched") if isinstance(finish, dict) else None
     binding_model = next((b.model_path for b in rt.pool.bindings if b.url == generation.server), None)

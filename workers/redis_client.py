@@ -9,14 +9,13 @@ from redis.retry import Retry
 
 
 @lru_cache(maxsize=8)
-def redis_for(url: str) -> redis.Redis:
-    """Retry through a Redis restart rather than fail a finished generation."""
-    return redis.Redis.from_url(
-        url,
-        socket_timeout=30,
-        socket_connect_timeout=5,
-        health_check_interval=30,
+def redis_for(url: str, max_connections: int = 64) -> redis.Redis:
+    """A blocking pool: hundreds of task threads share a few connections and wait
+    for one rather than fail; retries carry a call through a Redis restart."""
+    pool = redis.BlockingConnectionPool.from_url(
+        url, max_connections=max_connections, timeout=60,
+        socket_timeout=30, socket_connect_timeout=5, health_check_interval=30,
         retry=Retry(ExponentialBackoff(cap=5, base=0.2), retries=30),
         retry_on_error=[redis.ConnectionError, redis.TimeoutError],
-        decode_responses=False,
     )
+    return redis.Redis(connection_pool=pool)

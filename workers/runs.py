@@ -61,6 +61,7 @@ class RunKeys:
         self.state = f"{base}:state"        # hash: prompt id -> queued | done | dead
         self.dead = f"{base}:dead"          # hash: prompt id -> dead letter JSON
         self.counters = f"{base}:counters"  # hash: enqueued, done, dead, tokens_in, tokens_out, ...
+        self.crashes = f"{base}:crashes"    # hash: prompt id -> unexpected task failures
 
 
 RUNS_KEY = "fleet:runs"

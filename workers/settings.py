@@ -46,6 +46,9 @@ class Settings(BaseSettings):
     max_unavailable: int = 50
     # How long a task waits for a healthy server before going back to the queue.
     server_wait: float = 30.0
+    # Unexpected task failures (not server or verification failures) before a
+    # prompt becomes a `worker_error` dead letter instead of being requeued.
+    max_crashes: int = 3
     # Resample once before dead-lettering a verification failure.
     resample_on_verify_failure: bool = False
 

@@ -37,6 +37,7 @@ class Generation:
     output_ids: list[int]
     meta_info: dict
     server: str
+    sampling: dict  # as sent, after any clamp to the server's context
 
 
 def make_client(pool_size: int, connect_timeout: float, request_timeout: float,
@@ -63,7 +64,7 @@ def generate(client: httpx.Client, url: str, input_ids: list[int], sampling: dic
         data = response.json()
         if isinstance(data, list):  # a batch answer; we always send one prompt
             data = data[0]
-        return Generation(list(data["output_ids"]), dict(data.get("meta_info") or {}), url)
+        return Generation(list(data["output_ids"]), dict(data.get("meta_info") or {}), url, sampling)
     message = _error_message(response)
     if status in (401, 403):
         raise ServerUnavailable(f"{url}: HTTP {status} {message}: SGLANG_API_KEY missing or wrong")

@@ -1,0 +1,161 @@
+"""Settings of one stand-in server, as one frozen value.
+
+Everything the server and the pure output functions need is here, so a test
+can build the same `StandinConfig` the server was started with and compute the
+exact outputs it will answer (`outputs.generate_output`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass
+from typing import Sequence
+
+#: Fault kinds, in the fixed order their shares are laid out on [0, 1).
+#: Changing this order changes which prompts get which fault.
+FAULT_NAMES: tuple[str, ...] = (
+    "missing_think_end",
+    "double_think_end",
+    "echo_prompt",
+    "empty_reasoning",
+    "empty_answer",
+    "truncate",
+    "abort",
+    "count_mismatch",
+    "http500_first",
+    "queue_full_first",
+    "slow",
+)
+
+DEFAULT_MODEL_PATH = "deepseek-ai/DeepSeek-R1"
+#: DeepSeek-V3/R1 vocabulary size; the default `vocab_size` is at least this.
+DEEPSEEK_VOCAB_SIZE = 129280
+
+
+@dataclass(frozen=True)
+class StandinConfig:
+    """Every option of the stand-in (CLI flag `--x-y` sets field `x_y`).
+
+    `tokenizer_path`, `served_model_name` and `vocab_size` may be left None;
+    they are resolved in `__post_init__` the way SGLang resolves them
+    (tokenizer and served name default to the model path).
+    """
+
+    # --- server identity and limits
+    host: str = "127.0.0.1"
+    port: int = 30000
+    model_path: str = DEFAULT_MODEL_PATH
+    tokenizer_path: str | None = None
+    served_model_name: str | None = None
+    api_key: str | None = None
+    context_length: int = 32768
+    allow_auto_truncate: bool = False
+    reasoning_parser: str | None = None
+    max_running_requests: int = 64
+    max_queued_requests: int | None = None
+    vocab_size: int | None = None
+    # --- lifecycle
+    load_seconds: float = 0.0
+    warmup_seconds: float = 0.0
+    health_latency: float = 1.0
+    access_log: bool = False
+    log_level: str = "info"
+    # --- continuous-batching time model (all zero = instant answers)
+    step_base: float = 0.002
+    step_per_request: float = 0.00002
+    prefill_per_token: float = 0.0000005
+    # --- deterministic outputs
+    seed: int = 0
+    output_len_median: float = 160.0
+    output_len_sigma: float = 0.6
+    output_len_max: int = 2048
+    vocab_low: int = 100
+    vocab_high: int = 100000
+    think_start_id: int = 128821
+    think_end_id: int = 128822
+    eos_id: int = 1
+    emit_think_start: bool = False
+    # --- faults: shares in [0, 1], laid out in FAULT_NAMES order
+    fault_missing_think_end: float = 0.0
+    fault_double_think_end: float = 0.0
+    fault_echo_prompt: float = 0.0
+    fault_empty_reasoning: float = 0.0
+    fault_empty_answer: float = 0.0
+    fault_truncate: float = 0.0
+    fault_abort: float = 0.0
+    fault_count_mismatch: float = 0.0
+    fault_http500_first: float = 0.0
+    fault_queue_full_first: float = 0.0
+    fault_slow: float = 0.0
+    fault_truncate_tokens: int = 512
+    slow_seconds: float = 30.0
+
+    def __post_init__(self) -> None:
+        if self.tokenizer_path is None:
+            object.__setattr__(self, "tokenizer_path", self.model_path)
+        if self.served_model_name is None:
+            object.__setattr__(self, "served_model_name", self.model_path)
+        if self.vocab_size is None:
+            needed = max(self.special_ids) + 1
+            object.__setattr__(
+                self, "vocab_size", max(DEEPSEEK_VOCAB_SIZE, needed, self.vocab_high)
+            )
+        _validate(self)
+
+    @property
+    def special_ids(self) -> frozenset[int]:
+        """Ids that content tokens must never take (they carry structure)."""
+        return frozenset((self.think_start_id, self.think_end_id, self.eos_id))
+
+    @property
+    def instant(self) -> bool:
+        """True when no time is modelled: answers come back immediately."""
+        return self.step_base == 0 and self.step_per_request == 0 and self.prefill_per_token == 0
+
+    def fault_share(self, name: str) -> float:
+        """The share of prompts given fault `name` (one of FAULT_NAMES)."""
+        return float(getattr(self, f"fault_{name}"))
+
+    def replace(self, **changes: object) -> "StandinConfig":
+        """A copy with some fields changed (handy in tests)."""
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_args(cls, argv: Sequence[str] | None = None) -> "StandinConfig":
+        """Parse command-line arguments (sys.argv when None) into a config."""
+        from sglang_standin.cli import parse_config
+
+        return parse_config(argv)
+
+
+def _validate(cfg: StandinConfig) -> None:
+    """Reject settings that would make the stand-in hang or lie."""
+    _check(cfg.context_length >= 2, "context_length must be at least 2")
+    _check(cfg.max_running_requests >= 1, "max_running_requests must be at least 1")
+    _check(
+        cfg.max_queued_requests is None or cfg.max_queued_requests >= 0,
+        "max_queued_requests must be >= 0",
+    )
+    for name in ("load_seconds", "warmup_seconds", "health_latency", "step_base",
+                 "step_per_request", "prefill_per_token", "slow_seconds"):
+        value = getattr(cfg, name)
+        _check(math.isfinite(value) and value >= 0, f"{name} must be a finite number >= 0")
+    _check(cfg.output_len_median > 0, "output_len_median must be > 0")
+    _check(cfg.output_len_sigma >= 0, "output_len_sigma must be >= 0")
+    _check(cfg.output_len_max >= 4, "output_len_max must be at least 4")
+    _check(cfg.fault_truncate_tokens >= 4, "fault_truncate_tokens must be at least 4")
+    usable = cfg.vocab_high - cfg.vocab_low - sum(
+        1 for i in cfg.special_ids if cfg.vocab_low <= i < cfg.vocab_high
+    )
+    _check(cfg.vocab_low >= 0 and usable >= 1, "vocab range must hold a non-special id")
+    _check(len(cfg.special_ids) == 3, "think_start_id, think_end_id and eos_id must differ")
+    _check(cfg.vocab_size > max(cfg.special_ids), "vocab_size must exceed every special id")
+    shares = [cfg.fault_share(n) for n in FAULT_NAMES]
+    _check(all(0.0 <= s <= 1.0 for s in shares), "fault shares must lie in [0, 1]")
+    _check(sum(shares) <= 1.0 + 1e-9, "fault shares must add up to at most 1")
+
+
+def _check(ok: bool, message: str) -> None:
+    if not ok:
+        raise ValueError(message)

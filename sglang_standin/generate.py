@@ -1,0 +1,85 @@
+"""`POST /generate`: validate, decide the outputs, schedule, answer.
+
+Everything about a prompt's answer (tokens, finish reason, fault) is decided
+up front by the pure functions in `outputs`; the scheduler only decides WHEN
+it is answered (or how much was produced when it is aborted).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+
+from sglang_standin import errors
+from sglang_standin.batching import Job
+from sglang_standin.config import StandinConfig
+from sglang_standin.outputs import fault_for, generate_output, prompt_key
+from sglang_standin.request_model import GenerateCall, SubRequest, load_body, parse_generate
+from sglang_standin.responses import Planned, final_body, queue_full_stream_body
+from sglang_standin.state import StandinState
+from sglang_standin.streaming import sse_error, sse_events, sse_single
+
+log = logging.getLogger("sglang_standin")
+
+
+async def generate(request: Request) -> Response:
+    """The route: POST or PUT /generate."""
+    state: StandinState = request.app.state.standin
+    state.stats.note_request()
+    started = time.perf_counter()
+    try:
+        body = load_body(await request.body())
+    except errors.SchemaError as exc:
+        return errors.schema_error(str(exc))
+    stream = body.get("stream") is True
+    try:
+        call = parse_generate(body, state.cfg)
+    except errors.RequestError as exc:
+        return sse_error(str(exc)) if stream else errors.value_error(str(exc))
+    except errors.InternalError as exc:
+        log.error("Exception in /generate (real SGLang answers 500 too): %s", exc)
+        return errors.internal_error()
+    plans = [plan(sub, state.cfg) for sub in call.items]
+    return await _schedule_and_answer(state, call, plans, started)
+
+
+def plan(sub: SubRequest, cfg: StandinConfig) -> Planned:
+    """Decide a sub-request's key, fault and full output."""
+    ids, finish = generate_output(sub.input_ids, sub.max_new_tokens, cfg,
+                                  sub.sampling.stop_token_ids, sub.sampling.ignore_eos)
+    key = sub.rid if sub.rid_given else prompt_key(sub.input_ids)
+    return Planned(sub=sub, key=key, fault=fault_for(sub.input_ids, cfg), output_ids=ids, finish=finish)
+
+
+async def _schedule_and_answer(state: StandinState, call: GenerateCall, plans: list[Planned],
+                               started: float) -> Response:
+    first = [state.stats.note_attempt(p.key) == 1 for p in plans]
+    if any(f and p.fault == "http500_first" for p, f in zip(plans, first)):
+        log.error("Injected fault: HTTP 500 on the first request for this prompt")
+        return errors.internal_error()
+    queue_full = any(f and p.fault == "queue_full_first" for p, f in zip(plans, first))
+    delay = state.cfg.slow_seconds
+    jobs = [Job(p.sub.rid, len(p.sub.input_ids), len(p.output_ids),
+                delay if p.fault == "slow" else 0.0) for p in plans]
+    if queue_full or not state.engine.submit(jobs):
+        if call.stream:
+            return sse_single([queue_full_stream_body(p, started) for p in plans], call.is_single)
+        return errors.queue_full()
+    for p in plans:
+        state.stats.note_generation(p.key)
+    if call.stream:  # uvicorn's own shutdown waits for open streams to finish
+        events = sse_events(state, plans, jobs, call.is_single, started)
+        return StreamingResponse(events, media_type="text/event-stream")
+    lifecycle = state.lifecycle
+    lifecycle.inflight += 1
+    try:
+        outcomes = await asyncio.gather(*(job.outcome for job in jobs))
+    finally:
+        lifecycle.inflight -= 1
+    bodies = [final_body(p, o, state.cfg, started) for p, o in zip(plans, outcomes)]
+    return JSONResponse(bodies[0] if call.is_single else bodies)
+

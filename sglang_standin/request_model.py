@@ -1,0 +1,192 @@
+"""Turn a `/generate` body into validated sub-requests, in SGLang's order.
+
+The order of checks decides which error a client sees when a request has
+several problems, so it follows SGLang: body schema (400 Bad Request), then
+`GenerateReqInput.normalize_batch_and_arguments` (400), then per sub-request
+the tokenizer manager's length checks (400) and only then
+`SamplingParams(**params)` (unknown key: 500) and `verify()` (400).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import Callable
+
+from sglang_standin.config import StandinConfig
+from sglang_standin.errors import InternalError, RequestError, SchemaError
+from sglang_standin.sampling import Sampling, parse_sampling
+
+log = logging.getLogger("sglang_standin")
+
+TEXT_UNSUPPORTED = (
+    "The SGLang stand-in has no tokenizer: send pre-tokenized input_ids instead of text."
+)
+
+EMBEDS_UNSUPPORTED = "The SGLang stand-in does not support input_embeds."
+
+
+@dataclass(frozen=True)
+class SubRequest:
+    """One prompt of a (possibly batched) /generate call, validated."""
+
+    rid: str
+    rid_given: bool
+    input_ids: list[int]  # after any auto-truncation
+    max_new_tokens: int  # after SGLang's clamp to the context
+    sampling: Sampling
+
+
+@dataclass(frozen=True)
+class GenerateCall:
+    items: list[SubRequest]
+    is_single: bool
+    stream: bool
+
+
+def parse_generate(body: dict, cfg: StandinConfig) -> GenerateCall:
+    """Validate a decoded body; raise RequestError or InternalError."""
+    prompts, is_single, params, rids = _normalize(body)
+    items = [_sub_request(p, sp, rid, given, cfg)
+             for p, sp, (rid, given) in zip(prompts, params, rids)]
+    return GenerateCall(items=items, is_single=is_single, stream=bool(body.get("stream", False)))
+
+
+def load_body(raw: bytes) -> dict:
+    """Decode and type-check the JSON body; raise SchemaError."""
+    try:
+        body = json.loads(raw)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise SchemaError(f"1 validation error: body: JSON decode error ({exc})") from exc
+    if not isinstance(body, dict):
+        raise SchemaError("1 validation error: body: Input should be a valid dictionary")
+    _check_types(body)
+    return body
+
+
+def _is_ids(value: object) -> bool:
+    return isinstance(value, list) and all(
+        isinstance(i, int) and not isinstance(i, bool) for i in value)
+
+
+def _one_or_list(value: object, kind: type) -> bool:
+    return isinstance(value, kind) or (
+        isinstance(value, list) and all(isinstance(x, kind) for x in value))
+
+
+#: field -> (accepts, pydantic-like complaint); None is always accepted.
+_FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
+    "input_ids": (lambda v: _is_ids(v) or (isinstance(v, list) and all(_is_ids(x) for x in v)),
+                  "Input should be a list of integers or a list of lists of integers"),
+    "text": (lambda v: _one_or_list(v, str), "Input should be a valid string or list of strings"),
+    "sampling_params": (lambda v: _one_or_list(v, dict),
+                        "Input should be a valid dictionary or list of dictionaries"),
+    "rid": (lambda v: _one_or_list(v, str), "Input should be a valid string or list of strings"),
+    "stream": (lambda v: isinstance(v, bool), "Input should be a valid boolean"),
+}
+
+
+def _check_types(body: dict) -> None:
+    """What pydantic would reject before any SGLang code runs."""
+    problems = [f"body.{name}: {complaint}" for name, (accepts, complaint) in _FIELD_TYPES.items()
+                if body.get(name) is not None and not accepts(body[name])]
+    if problems:
+        raise SchemaError(f"{len(problems)} validation error(s): " + "; ".join(problems))
+
+
+def _normalize(body: dict) -> tuple[list[list[int]], bool, list[dict], list[tuple[str, bool]]]:
+    """Batch shape, per-item sampling params and rids (normalize_batch_and_arguments)."""
+    ids, text, embeds = body.get("input_ids"), body.get("text"), body.get("input_embeds")
+    if ids is None and text is None and embeds is None:
+        raise RequestError("Either text, input_ids or input_embeds should be provided.")
+    if ids is None:
+        raise RequestError(TEXT_UNSUPPORTED if text is not None else EMBEDS_UNSUPPORTED)
+    if len(ids) == 0:
+        raise RequestError("input_ids cannot be empty.")
+    is_single = isinstance(ids[0], int)
+    prompts: list[list[int]] = [ids] if is_single else list(ids)
+    if any(len(p) == 0 for p in prompts):
+        raise RequestError("input_ids cannot be empty.")
+    params = _per_item_params(body.get("sampling_params"), len(prompts))
+    n = params[0].get("n", 1) if isinstance(params[0].get("n", 1), int) else 1
+    if n > 1:  # parallel sampling: each prompt n times, the response becomes a list
+        prompts = [p for p in prompts for _ in range(n)]
+        params = [sp for sp in params for _ in range(n)]
+        is_single = False
+    return prompts, is_single, params, _rids(body.get("rid"), len(prompts), is_single)
+
+
+def _per_item_params(sp: dict | list | None, batch: int) -> list[dict]:
+    if sp is None:
+        return [{} for _ in range(batch)]
+    if isinstance(sp, dict):
+        return [sp for _ in range(batch)]
+    if len(sp) != batch:
+        raise RequestError("The length of sampling_params must match the batch size.")
+    return list(sp)
+
+
+def _rids(rid: str | list | None, batch: int, is_single: bool) -> list[tuple[str, bool]]:
+    """(rid, given) per item: given string rids get `_i` suffixes in batches."""
+    if rid is None:
+        return [(uuid.uuid4().hex, False) for _ in range(batch)]
+    if isinstance(rid, str):
+        return [(rid, True)] if is_single else [(f"{rid}_{i}", True) for i in range(batch)]
+    if is_single or len(rid) != batch:
+        raise RequestError("The specified rids length mismatch with the batch_size for batch processing.")
+    dups = sorted({r for r in rid if rid.count(r) > 1})
+    if dups:
+        raise RequestError(f"Duplicate request IDs detected within the request: {dups}")
+    return [(r, True) for r in rid]
+
+
+def _sub_request(ids: list[int], params: dict, rid: str, given: bool, cfg: StandinConfig) -> SubRequest:
+    ids = _check_ids(ids, cfg)
+    params = dict(params)  # may be shared by a batch; _check_total edits it
+    requested = params.get("max_new_tokens")
+    if requested is not None:
+        requested = _check_total(len(ids), requested, params, cfg)
+    sampling = parse_sampling(params)
+    limit = max(0, cfg.context_length - len(ids) - 1)  # the scheduler's clamp
+    max_new = limit if sampling.max_new_tokens is None else min(sampling.max_new_tokens, limit)
+    return SubRequest(rid=rid, rid_given=given, input_ids=ids, max_new_tokens=max_new, sampling=sampling)
+
+
+def _check_ids(ids: list[int], cfg: StandinConfig) -> list[int]:
+    """Vocabulary and context-length checks on the prompt (may cut it)."""
+    if any(i < 0 for i in ids):
+        raise RequestError("The input_ids contain negative token ids.")
+    if any(i >= cfg.vocab_size for i in ids):
+        raise RequestError(f"The input_ids {ids} contains values greater than the vocab size "
+                           f"({cfg.vocab_size}).")
+    n, c = len(ids), cfg.context_length
+    if n < c:
+        return ids
+    if not cfg.allow_auto_truncate:
+        raise RequestError(f"The input ({n} tokens) is longer than the model's context length ({c} tokens).")
+    # Like SGLang, keep the FIRST ids (the chat template's tail is what gets lost).
+    log.warning("The input (%d tokens) is longer than the model's context length (%d tokens). "
+                "Truncating the input.", n, c)
+    return ids[: c - 1]
+
+
+def _check_total(n: int, requested: object, params: dict, cfg: StandinConfig) -> object:
+    """SGLang rejects an explicit max_new_tokens that overflows the context."""
+    if not isinstance(requested, (int, float)) or isinstance(requested, bool):
+        raise InternalError("unsupported operand type for +")  # SGLang adds it to an int
+    c = cfg.context_length
+    if requested + n <= c:
+        return requested
+    if cfg.allow_auto_truncate:
+        log.warning("Requested token count (%d input + %s new) exceeds the model's context length "
+                    "(%d tokens). Truncating max_new_tokens.", n, requested, c)
+        params["max_new_tokens"] = max(0, c - n)
+        return params["max_new_tokens"]
+    raise RequestError(
+        f"Requested token count exceeds the model's maximum context length of {c} tokens. "
+        f"You requested a total of {requested + n} tokens: {n} tokens from the input messages "
+        f"and {requested} tokens for the completion. Please reduce the number of tokens in the "
+        "input messages or the completion to fit within the limit."
+    )

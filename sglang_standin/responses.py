@@ -1,0 +1,92 @@
+"""The `/generate` result object: `{"text", "output_ids", "meta_info"}`.
+
+Key set and types follow SGLang's `_handle_batch_output` (2026 main): the eos
+or matched stop id stays in `output_ids` and counts in `completion_tokens`,
+while `text` drops it (SGLang's `trim_matched_stop`). With no tokenizer the
+text is a placeholder, `t<id>` per token, so it is deterministic too.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+from sglang_standin.batching import Outcome
+from sglang_standin.config import StandinConfig
+from sglang_standin.outputs import ABORT_FINISH
+from sglang_standin.request_model import SubRequest
+
+WAITING_ABORT: dict = {"type": "abort", "message": "Abort in waiting queue"}
+
+
+@dataclass
+class Planned:
+    """A sub-request with everything decided up front: key, fault, tokens."""
+
+    sub: SubRequest
+    key: str  # per-prompt key for stats and first-attempt faults
+    fault: str | None
+    output_ids: list[int]  # what it will produce if it runs to the end
+    finish: dict
+
+
+def placeholder_text(output_ids: list[int], finish: dict | None, cfg: StandinConfig) -> str:
+    """Deterministic stand-in for the detokenized text."""
+    ids = output_ids
+    if finish and finish.get("type") == "stop" and ids and ids[-1] == finish.get("matched"):
+        ids = ids[:-1]  # SGLang trims a matched stop token from the text
+    return " ".join(f"t{i}" for i in ids if i != cfg.eos_id)  # eos is special: skipped
+
+
+def reasoning_tokens(output_ids: list[int], cfg: StandinConfig) -> int:
+    """0 without a reasoning parser; else tokens up to and including think-end."""
+    if not cfg.reasoning_parser:
+        return 0
+    try:
+        return output_ids.index(cfg.think_end_id) + 1
+    except ValueError:
+        return len(output_ids)  # still reasoning (deepseek-r1 forces reasoning mode)
+
+
+def result_body(plan: Planned, ids: list[int], finish: dict | None, cfg: StandinConfig,
+                started: float | None) -> dict:
+    """One result object; `started` (perf_counter) None marks a stream chunk."""
+    completion = len(ids) + (1 if plan.fault == "count_mismatch" else 0)
+    meta: dict = {
+        "id": plan.sub.rid,
+        "finish_reason": finish,
+        "prompt_tokens": len(plan.sub.input_ids),
+        "weight_version": "default",
+        "num_retractions": 0,
+        "reasoning_tokens": reasoning_tokens(ids, cfg),
+        "completion_tokens": completion,
+        "cached_tokens": 0,
+        "cached_tokens_details": None,
+        "dp_rank": None,
+    }
+    if started is not None:
+        meta["e2e_latency"] = time.perf_counter() - started
+    meta["response_sent_to_client_ts"] = time.time()
+    return {"text": placeholder_text(ids, finish, cfg), "output_ids": list(ids), "meta_info": meta}
+
+
+def final_body(plan: Planned, outcome: Outcome, cfg: StandinConfig, started: float) -> dict:
+    """The finished result, honouring aborts from /abort_request."""
+    if outcome.aborted == "waiting":  # SGLang sends a reduced meta_info here
+        return {"text": "", "output_ids": [], "meta_info": {
+            "id": plan.sub.rid, "finish_reason": dict(WAITING_ABORT), "weight_version": "default",
+            "e2e_latency": time.perf_counter() - started, "completion_tokens": 0,
+            "response_sent_to_client_ts": time.time()}}
+    if outcome.aborted == "running":
+        return result_body(plan, plan.output_ids[: outcome.produced], dict(ABORT_FINISH), cfg, started)
+    return result_body(plan, plan.output_ids, plan.finish, cfg, started)
+
+
+def queue_full_stream_body(plan: Planned, started: float) -> dict:
+    """In a stream, a queue-full abort arrives as a normal chunk (HTTP 200)."""
+    finish = {"type": "abort", "message": "The request queue is full.", "status_code": 503,
+              "err_type": None}
+    return {"text": "", "output_ids": [], "meta_info": {
+        "id": plan.sub.rid, "finish_reason": finish, "prompt_tokens": len(plan.sub.input_ids),
+        "weight_version": "default", "completion_tokens": 0,
+        "e2e_latency": time.perf_counter() - started, "response_sent_to_client_ts": time.time()}}

@@ -1,0 +1,130 @@
+"""Health, info and admin routes, with SGLang's bodies and status codes.
+
+Health is the subtle one: 200 with an EMPTY body (no "ok"), 503 with an empty
+body while warming up or shutting down, and a healthy answer takes about a
+second (SGLang sleeps 1 s while its probe generation runs).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, PlainTextResponse, Response
+
+from sglang_standin.state import StandinState
+
+VERSION = "0.5.0-standin"
+FLUSH_MESSAGE = (
+    "Cache flushed.\nPlease check backend logs for more details. (When there are running or "
+    "waiting requests, the operation will not be performed.)\n"
+)
+
+
+def _state(request: Request) -> StandinState:
+    return request.app.state.standin
+
+
+async def health(request: Request) -> Response:
+    """GET /health and /health_generate."""
+    state = _state(request)
+    if not state.lifecycle.healthy:
+        return Response(status_code=503)
+    await asyncio.sleep(state.cfg.health_latency)
+    return Response(status_code=200)
+
+
+async def ping(request: Request) -> Response:
+    return Response(status_code=200)
+
+
+async def model_info(request: Request) -> Response:
+    """GET /model_info and /get_model_info. No context length here (see /v1/models)."""
+    cfg = _state(request).cfg
+    return JSONResponse({
+        "model_path": cfg.model_path,
+        "tokenizer_path": cfg.tokenizer_path,
+        "is_generation": True,
+        "preferred_sampling_params": None,
+        "weight_version": "default",
+        "has_image_understanding": False,
+        "has_audio_understanding": False,
+        "model_type": "deepseek_v3",
+        "architectures": ["DeepseekV3ForCausalLM"],
+    })
+
+
+def server_args(state: StandinState) -> dict:
+    """The ServerArgs-like part of /server_info (api_key never echoed)."""
+    cfg = state.cfg
+    return {
+        "model_path": cfg.model_path, "tokenizer_path": cfg.tokenizer_path,
+        "host": cfg.host, "port": cfg.port, "context_length": cfg.context_length,
+        "served_model_name": cfg.served_model_name, "reasoning_parser": cfg.reasoning_parser,
+        "tool_call_parser": None, "allow_auto_truncate": cfg.allow_auto_truncate,
+        "max_running_requests": cfg.max_running_requests,
+        "max_queued_requests": cfg.max_queued_requests, "skip_tokenizer_init": False,
+        "skip_server_warmup": cfg.warmup_seconds == 0, "tp_size": 1, "dp_size": 1,
+        "stream_interval": 1, "incremental_streaming_output": False,
+        "weight_version": "default", "api_key": None,
+    }
+
+
+async def server_info(request: Request) -> Response:
+    """GET /server_info and /get_server_info."""
+    state = _state(request)
+    args = server_args(state)
+    max_total = state.cfg.context_length * state.cfg.max_running_requests
+    internal = {**args, "last_gen_throughput": 0.0,
+                "memory_usage": {"weight": 0.0, "kvcache": 0.0, "token_capacity": max_total, "graph": 0.0},
+                "effective_max_running_requests_per_dp": state.cfg.max_running_requests}
+    return JSONResponse({**args, "status": "ready", "max_total_num_tokens": max_total,
+                         "max_req_input_len": state.cfg.context_length - 1,
+                         "internal_states": [internal], "version": VERSION})
+
+
+def _model_card(state: StandinState) -> dict:
+    name = state.cfg.served_model_name
+    return {"id": name, "object": "model", "created": state.created, "owned_by": "sglang",
+            "root": name, "parent": None, "max_model_len": state.cfg.context_length}
+
+
+async def list_models(request: Request) -> Response:
+    """GET /v1/models: the easiest place to read the context length."""
+    return JSONResponse({"object": "list", "data": [_model_card(_state(request))]})
+
+
+async def get_model(request: Request) -> Response:
+    """GET /v1/models/{model}."""
+    state, name = _state(request), request.path_params["model"]
+    if name == state.cfg.served_model_name:
+        return JSONResponse(_model_card(state))
+    return JSONResponse({"error": {"message": f"The model '{name}' does not exist",
+                                   "type": "invalid_request_error", "param": "model",
+                                   "code": "model_not_found"}}, status_code=404)
+
+
+async def flush_cache(request: Request) -> Response:
+    return PlainTextResponse(FLUSH_MESSAGE)
+
+
+async def abort_request(request: Request) -> Response:
+    """POST /abort_request {"rid": ...} or {"abort_all": true}: 200, empty body."""
+    try:
+        body = json.loads(await request.body() or b"{}")
+    except ValueError:
+        body = {}
+    body = body if isinstance(body, dict) else {}
+    engine = _state(request).engine
+    if body.get("abort_all"):
+        engine.abort(None)
+    elif isinstance(body.get("rid"), str) and body["rid"]:
+        engine.abort(body["rid"])
+    return Response(status_code=200)
+
+
+async def standin_stats(request: Request) -> Response:
+    """GET /standin/stats: stand-in only counters for tests and benchmarks."""
+    state = _state(request)
+    return JSONResponse(state.stats.snapshot(state.engine.running_count, state.engine.waiting_count))

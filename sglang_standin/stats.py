@@ -1,0 +1,76 @@
+"""Counters behind `GET /standin/stats`.
+
+Tests use them to prove retries really reached the server (attempts vs
+generations per prompt) and benchmarks to measure how busy the "GPU" was
+(busy_seconds over the window first_start..last_end).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+
+
+class Stats:
+    """Mutable counters; only touched from the event loop thread."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.attempts: dict[str, int] = defaultdict(int)
+        self.generations: dict[str, int] = defaultdict(int)
+        self.tokens_generated = 0
+        self.first_start: float | None = None
+        self.last_end: float | None = None
+        self._busy_total = 0.0
+        self._busy_since: float | None = None
+
+    def note_request(self) -> None:
+        """One HTTP request reached /generate (whatever became of it)."""
+        self.requests += 1
+
+    def note_attempt(self, key: str) -> int:
+        """A valid request for prompt `key`; returns its 1-based attempt number."""
+        self.attempts[key] += 1
+        return self.attempts[key]
+
+    def note_generation(self, key: str) -> None:
+        """A generation for `key` was started (not a fault-injected 500/503)."""
+        self.generations[key] += 1
+
+    def note_started(self) -> None:
+        """A request entered the running batch."""
+        if self.first_start is None:
+            self.first_start = time.time()
+
+    def note_finished(self, tokens: int) -> None:
+        """A request left the running batch after producing `tokens` tokens."""
+        self.tokens_generated += tokens
+        self.last_end = time.time()
+
+    def set_busy(self, busy: bool) -> None:
+        """Track time with at least one running request (monotonic clock)."""
+        now = time.monotonic()
+        if busy and self._busy_since is None:
+            self._busy_since = now
+        elif not busy and self._busy_since is not None:
+            self._busy_total += now - self._busy_since
+            self._busy_since = None
+
+    def busy_seconds(self) -> float:
+        """Busy time so far, including a busy period still under way."""
+        open_part = 0.0 if self._busy_since is None else time.monotonic() - self._busy_since
+        return self._busy_total + open_part
+
+    def snapshot(self, running: int, waiting: int) -> dict:
+        """The JSON body of /standin/stats."""
+        return {
+            "requests": self.requests,
+            "generations": dict(self.generations),
+            "attempts": dict(self.attempts),
+            "tokens_generated": self.tokens_generated,
+            "busy_seconds": self.busy_seconds(),
+            "first_start": self.first_start,
+            "last_end": self.last_end,
+            "running": running,
+            "waiting": waiting,
+        }

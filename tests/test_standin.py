@@ -1,0 +1,349 @@
+"""Specs for the SGLang stand-in, checked over real HTTP against a real process.
+
+Each spec reads given / when / then. The stand-in runs as a subprocess
+(`python -m sglang_standin`) on a free port; expected tokens come from its
+pure `outputs` module, which is what other tests use too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Iterator
+
+import httpx
+import pytest
+
+from sglang_standin.config import StandinConfig
+from sglang_standin.outputs import fault_for, generate_output, natural_output
+
+ROOT = Path(__file__).resolve().parents[1]
+INSTANT = ["--step-base", "0", "--step-per-request", "0", "--prefill-per-token", "0"]
+CONTEXT = 4096
+#: The shared server's output-relevant options, as a config and as CLI flags.
+CFG = StandinConfig(context_length=CONTEXT, seed=7, fault_queue_full_first=0.25)
+SHARED_ARGS = [*INSTANT, "--health-latency", "0", "--context-length", str(CONTEXT),
+               "--seed", "7", "--fault-queue-full-first", "0.25"]
+QUEUE_FULL_BODY = {"object": "error", "message": "The request queue is full.", "type": "503",
+                   "param": None, "code": 503}
+
+
+# --------------------------------------------------------------------------- helpers
+class Standin:
+    """A running stand-in process and an HTTP client for it."""
+
+    def __init__(self, proc: subprocess.Popen, port: int) -> None:
+        self.proc, self.port = proc, port
+        self.url = f"http://127.0.0.1:{port}"
+        self.http = httpx.Client(base_url=self.url, timeout=20, trust_env=False)
+
+    def generate(self, body: dict, **kw: object) -> httpx.Response:
+        return self.http.post("/generate", json=body, **kw)
+
+    def stats(self) -> dict:
+        return self.http.get("/standin/stats").json()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+@contextlib.contextmanager
+def standin(*args: str, wait: bool = True) -> Iterator[Standin]:
+    """Start `python -m sglang_standin` on a free port; kill it afterwards."""
+    port = _free_port()
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    log = tempfile.TemporaryFile()
+    proc = subprocess.Popen([sys.executable, "-m", "sglang_standin", "--port", str(port), *args],
+                            cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    server = Standin(proc, port)
+    try:
+        deadline = time.monotonic() + 20
+        while wait and not _listening(port):
+            assert proc.poll() is None, "stand-in exited during start-up"
+            assert time.monotonic() < deadline, "stand-in did not start listening"
+            time.sleep(0.05)
+        yield server
+    finally:
+        server.http.close()
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait(timeout=10)
+        log.close()
+
+
+def prompt_with(fault: str | None, cfg: StandinConfig = CFG, length: int = 12) -> list[int]:
+    """A prompt (ending with think-start) that the stand-in gives `fault`."""
+    for k in range(10_000):
+        ids = [1000 + k + i for i in range(length - 1)] + [cfg.think_start_id]
+        if fault_for(ids, cfg) == fault:
+            return ids
+    raise AssertionError(f"no prompt with fault {fault}")
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Standin]:
+    with standin(*SHARED_ARGS) as s:
+        yield s
+
+
+# --------------------------------------------------------------------------- health
+def test_health_is_refused_while_loading_then_503_while_warming_then_200_empty() -> None:
+    # given a stand-in that loads for 1 s and warms up for 1 s
+    with standin("--load-seconds", "1", "--warmup-seconds", "1", "--health-latency", "0.2",
+                 wait=False) as s:
+        # when it has just started, then the port is closed (connection refused)
+        with pytest.raises(httpx.ConnectError):
+            s.http.get("/health")
+        # when the port opens, then health is 503 with an empty body
+        first = _poll(s, lambda r: r is not None)
+        assert first.status_code == 503 and first.content == b""
+        # when warm-up is over, then health is 200 with an empty body, after the latency
+        ready = _poll(s, lambda r: r is not None and r.status_code == 200)
+        assert ready.content == b""
+        assert ready.elapsed.total_seconds() >= 0.18
+        assert s.http.get("/health_generate").status_code == 200
+        assert s.http.get("/ping").status_code == 200
+
+
+def _poll(s: Standin, done, timeout: float = 15.0) -> httpx.Response:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            r = s.http.get("/health")
+        except httpx.ConnectError:
+            r = None
+        if done(r):
+            return r  # type: ignore[return-value]
+        time.sleep(0.05)
+    raise AssertionError("timed out polling /health")
+
+
+# --------------------------------------------------------------------------- /generate
+def test_generate_answers_in_sglang_shape(server: Standin) -> None:
+    # given a prompt without fault whose natural answer fits the budget
+    prompt = prompt_with(None)
+    # when it is generated with a rid
+    r = server.generate({"input_ids": prompt, "rid": "shape-1",
+                         "sampling_params": {"max_new_tokens": 3000, "temperature": 0.6, "top_p": 0.95}})
+    # then the body has SGLang's keys, eos included and counted, one think-end
+    assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+    body = r.json()
+    assert set(body) == {"text", "output_ids", "meta_info"}
+    out, meta = body["output_ids"], body["meta_info"]
+    assert out[-1] == CFG.eos_id and out.count(CFG.think_end_id) == 1
+    assert CFG.think_start_id not in out
+    assert meta["finish_reason"] == {"type": "stop", "matched": CFG.eos_id}
+    assert meta["completion_tokens"] == len(out)
+    assert meta["prompt_tokens"] == len(prompt)
+    assert meta["id"] == "shape-1"
+    assert {"weight_version", "num_retractions", "reasoning_tokens", "cached_tokens",
+            "cached_tokens_details", "dp_rank", "e2e_latency", "response_sent_to_client_ts"} <= set(meta)
+
+
+@pytest.mark.parametrize("max_new_tokens", [None, 7, 50, 3000])
+def test_output_is_exactly_what_outputs_module_predicts(server: Standin, max_new_tokens: int | None) -> None:
+    # given prompts of different lengths and a budget (None: SGLang's default 128)
+    for length in (3, 20, 200):
+        prompt = prompt_with(None, length=length)
+        params = {} if max_new_tokens is None else {"max_new_tokens": max_new_tokens}
+        # when generated
+        body = server.generate({"input_ids": prompt, "sampling_params": params}).json()
+        # then tokens and finish reason are exactly generate_output's
+        expected = generate_output(prompt, 128 if max_new_tokens is None else max_new_tokens, CFG)
+        assert (body["output_ids"], body["meta_info"]["finish_reason"]) == expected
+
+
+def test_small_budget_finishes_with_length(server: Standin) -> None:
+    # given a prompt whose natural answer is longer than 5 tokens
+    prompt = prompt_with(None)
+    assert len(natural_output(prompt, CFG)) > 5
+    # when max_new_tokens is 5
+    body = server.generate({"input_ids": prompt, "sampling_params": {"max_new_tokens": 5}}).json()
+    # then five tokens come back, no eos, finish reason length
+    assert len(body["output_ids"]) == 5 and CFG.eos_id not in body["output_ids"]
+    assert body["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
+
+
+def test_unknown_sampling_key_is_http_500_plain_text(server: Standin) -> None:
+    # given the OpenAI name max_tokens instead of max_new_tokens
+    r = server.generate({"input_ids": [5, 6, 7], "sampling_params": {"max_tokens": 5}})
+    # then real SGLang's TypeError shows as a bare 500
+    assert r.status_code == 500 and r.text == "Internal Server Error"
+    assert r.headers["content-type"].startswith("text/plain")
+
+
+def test_prompt_longer_than_context_is_400_with_sglang_message(server: Standin) -> None:
+    # given a prompt as long as the context
+    r = server.generate({"input_ids": [7] * CONTEXT})
+    # then 400 with SGLang's message
+    assert r.status_code == 400
+    assert r.json() == {"error": {"message": f"The input ({CONTEXT} tokens) is longer than "
+                                             f"the model's context length ({CONTEXT} tokens)."}}
+
+
+def test_request_errors_use_sglang_bodies(server: Standin) -> None:
+    # given empty, text-only and malformed requests, then each gets its SGLang shape
+    assert server.generate({"input_ids": []}).json() == {"error": {"message": "input_ids cannot be empty."}}
+    assert server.generate({}).json() == {
+        "error": {"message": "Either text, input_ids or input_embeds should be provided."}}
+    assert server.generate({"text": "hi"}).status_code == 400
+    bad = server.generate({"input_ids": "abc"})
+    assert bad.status_code == 400 and bad.json()["type"] == "Bad Request"
+    assert server.generate({"input_ids": [1], "sampling_params": {"top_p": 0}}).status_code == 400
+
+
+def test_queue_full_first_fault_answers_503_once_then_200(server: Standin) -> None:
+    # given a prompt the stand-in answers "queue full" on its first request
+    prompt = prompt_with("queue_full_first")
+    request = {"input_ids": prompt, "rid": "qf-1", "sampling_params": {"max_new_tokens": 3000}}
+    # when sent twice
+    first, second = server.generate(request), server.generate(request)
+    # then 503 with SGLang's body, then the normal answer
+    assert first.status_code == 503 and first.json() == QUEUE_FULL_BODY
+    assert second.status_code == 200
+    assert second.json()["output_ids"] == generate_output(prompt, 3000, CFG)[0]
+    stats = server.stats()
+    assert stats["attempts"]["qf-1"] == 2 and stats["generations"]["qf-1"] == 1
+
+
+def test_batch_answers_a_list_in_order_with_suffixed_rids(server: Standin) -> None:
+    # given two prompts in one request with a string rid
+    prompts = [prompt_with(None, length=5), prompt_with(None, length=9)]
+    body = server.generate({"input_ids": prompts, "rid": "batch",
+                            "sampling_params": {"max_new_tokens": 40}}).json()
+    # then a list, in order, rids rid_0 and rid_1
+    assert [b["meta_info"]["id"] for b in body] == ["batch_0", "batch_1"]
+    assert [b["output_ids"] for b in body] == [generate_output(p, 40, CFG)[0] for p in prompts]
+
+
+def test_stream_sends_cumulative_chunks_then_done(server: Standin) -> None:
+    # given a streamed request
+    prompt = prompt_with(None)
+    r = server.generate({"input_ids": prompt, "stream": True, "sampling_params": {"max_new_tokens": 30}})
+    # then SSE data lines, the last one [DONE], the final chunk the full answer
+    assert r.headers["content-type"].startswith("text/event-stream")
+    lines = [ln for ln in r.text.split("\n\n") if ln]
+    assert lines[-1] == "data: [DONE]"
+    final = json.loads(lines[-2][len("data: "):])
+    assert (final["output_ids"], final["meta_info"]["finish_reason"]) == generate_output(prompt, 30, CFG)
+
+
+def test_v1_models_reports_the_context_length(server: Standin) -> None:
+    body = server.http.get("/v1/models").json()
+    assert body["object"] == "list"
+    assert body["data"][0]["id"] == "deepseek-ai/DeepSeek-R1"
+    assert body["data"][0]["max_model_len"] == CONTEXT
+    info = server.http.get("/model_info").json()
+    assert info["model_path"] == "deepseek-ai/DeepSeek-R1" and info["is_generation"] is True
+
+
+def test_stats_count_requests_attempts_generations_and_tokens(server: Standin) -> None:
+    # given the counters before
+    before = server.stats()
+    prompt = prompt_with(None)
+    # when one prompt is generated twice under one rid
+    outs = [server.generate({"input_ids": prompt, "rid": "stats-1",
+                             "sampling_params": {"max_new_tokens": 20}}).json() for _ in range(2)]
+    # then both show up
+    after = server.stats()
+    assert after["requests"] - before["requests"] == 2
+    assert after["attempts"]["stats-1"] == 2 and after["generations"]["stats-1"] == 2
+    assert after["tokens_generated"] - before["tokens_generated"] == sum(len(o["output_ids"]) for o in outs)
+    assert after["running"] == 0 and after["waiting"] == 0
+
+
+# --------------------------------------------------------------------------- time model
+def test_requests_beyond_max_running_wait_and_beyond_max_queued_get_503() -> None:
+    # given 2 running slots, 1 queue slot and 10 ms per decode step
+    args = ["--max-running-requests", "2", "--max-queued-requests", "1", "--step-base", "0.01",
+            "--step-per-request", "0", "--prefill-per-token", "0", "--health-latency", "0"]
+    cfg = StandinConfig()
+    prompts = [p for p in (prompt_with(None, cfg, 6 + i) for i in range(40))
+               if len(natural_output(p, cfg)) > 60][:4]
+    with standin(*args) as s:
+        async def scenario() -> list[httpx.Response]:
+            async with httpx.AsyncClient(base_url=s.url, timeout=20, trust_env=False) as client:
+                def send(p: list[int]):  # type: ignore[no-untyped-def]
+                    return client.post("/generate", json={"input_ids": p, "sampling_params": {"max_new_tokens": 60}})
+                first3 = [asyncio.create_task(send(p)) for p in prompts[:3]]
+                await asyncio.sleep(0.3)
+                # when a fourth arrives while 2 run and 1 waits
+                fourth = await send(prompts[3])
+                stats = (await client.get("/standin/stats")).json()
+                assert (stats["running"], stats["waiting"]) == (2, 1)
+                return [*await asyncio.gather(*first3), fourth]
+
+        started = time.monotonic()
+        *done, fourth = asyncio.run(scenario())
+        # then the fourth is rejected, the third finished a batch later
+        assert fourth.status_code == 503 and fourth.json() == QUEUE_FULL_BODY
+        assert [r.status_code for r in done] == [200, 200, 200]
+        assert time.monotonic() - started >= 1.1  # 60 steps x 10 ms, twice
+
+
+def test_abort_request_ends_a_running_generation_with_abort() -> None:
+    # given a slow stand-in (50 ms per step) and a long generation with rid "ab"
+    with standin("--step-base", "0.05", "--health-latency", "0") as s:
+        result: list[httpx.Response] = []
+        prompt = prompt_with(None, StandinConfig())
+        t = threading.Thread(target=lambda: result.append(
+            s.generate({"input_ids": prompt, "rid": "ab", "sampling_params": {"max_new_tokens": 400}})))
+        t.start()
+        time.sleep(0.5)
+        # when it is aborted
+        assert s.http.post("/abort_request", json={"rid": "ab"}).status_code == 200
+        t.join(10)
+        # then it answers 200 with an abort finish reason and a partial output
+        body = result[0].json()
+        assert result[0].status_code == 200
+        assert body["meta_info"]["finish_reason"]["type"] == "abort"
+        full = generate_output(prompt, 400, StandinConfig())[0]
+        assert 0 < len(body["output_ids"]) < len(full)
+        assert body["output_ids"] == full[: len(body["output_ids"])]
+
+
+def test_sigterm_finishes_running_requests_answers_503_then_exits_0() -> None:
+    # given a stand-in where every generation takes 1.5 s extra (slow fault)
+    with standin(*INSTANT, "--fault-slow", "1", "--slow-seconds", "1.5", "--health-latency", "0") as s:
+        result: list[httpx.Response] = []
+        t = threading.Thread(target=lambda: result.append(s.generate({"input_ids": [5, 6, 7]})))
+        t.start()
+        while s.stats()["running"] == 0:
+            time.sleep(0.05)
+        # when SIGTERM arrives mid-generation
+        s.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        # then health is 503, the request still completes, and the process exits 0
+        assert s.http.get("/health").status_code == 503
+        t.join(10)
+        assert result[0].status_code == 200
+        assert s.proc.wait(timeout=10) == 0
+
+
+def test_api_key_guards_everything_but_health() -> None:
+    with standin(*INSTANT, "--api-key", "sekret", "--health-latency", "0") as s:
+        r = s.generate({"input_ids": [1, 2]})
+        assert r.status_code == 401 and r.json() == {"error": "Unauthorized"}
+        assert s.http.get("/health").status_code == 200
+        ok = s.generate({"input_ids": [1, 2]}, headers={"Authorization": "Bearer sekret"})
+        assert ok.status_code == 200
+        info = s.http.get("/server_info", headers={"Authorization": "Bearer sekret"}).json()
+        assert info["api_key"] is None

@@ -162,13 +162,13 @@ def dead_show(prompt_id: str, run: Optional[str] = RunOpt, redis_url: Optional[s
     """One dead letter in full, with its prompt's token ids."""
     _, client = _connect(redis_url)
     from workers.deadletter import DeadLetters
-    from workers.payload import unpack_ids
+    from workers.payload import b64_to_ids
 
     letter = DeadLetters(client, _spec(client, run).name).get(prompt_id)
     if letter is None:
         err.print(f"[red]no dead letter for id {prompt_id!r}[/red]")
         raise typer.Exit(1)
-    data = letter.summary() | {"prompt_ids": unpack_ids(letter.prompt_b64)}
+    data = letter.summary() | {"prompt_ids": b64_to_ids(letter.prompt_b64)}
     out.print_json(json.dumps(data, ensure_ascii=False))
 
 

@@ -5,25 +5,26 @@ import redis
 
 from workers.deadletter import DeadLetter, DeadLetters
 from workers.ledger import Ledger
-from workers.payload import unpack_ids
+from workers.payload import b64_to_ids, pack_ids
+from workers.publish import publish_prompts
 from workers.runs import RunSpec, queue_for
 
-from .enqueue import publish_prompts
 
 
 def requeue(client: redis.Redis, app, spec: RunSpec, letters: list[DeadLetter], queue_prefix: str,
             max_new_tokens: int | None = None) -> int:
-    """Publish the letters' prompts again, then take them off the dead-letter queue."""
+    """Put the letters' prompts back in the ledger and on the queue; the letters go."""
     if not letters:
         return 0
     queue = queue_for(queue_prefix, spec.served_model)
-    batch = [(d.id, unpack_ids(d.prompt_b64), max_new_tokens or d.sampling.get("max_new_tokens"))
-             for d in letters]
-    for start in range(0, len(batch), 500):
-        publish_prompts(app, spec.name, queue, batch[start:start + 500])
-    ids = [d.id for d in letters]
-    with client.pipeline() as pipe:
-        Ledger(client, spec.name).mark_queued(pipe, ids, 0)
-        pipe.hdel(DeadLetters(client, spec.name).keys.dead, *ids)
-        pipe.execute()
-    return len(ids)
+    ledger, store = Ledger(client, spec.name), DeadLetters(client, spec.name)
+    for start in range(0, len(letters), 500):
+        chunk = letters[start:start + 500]
+        with client.pipeline(transaction=False) as pipe:
+            ledger.mark_queued(pipe, {d.id: pack_ids(b64_to_ids(d.prompt_b64)) for d in chunk}, 0,
+                               count_as_new=False)
+            pipe.hdel(store.keys.dead, *[d.id for d in chunk])
+            pipe.execute()
+        publish_prompts(app, spec.name, queue, [
+            (d.id, d.prompt_tokens, max_new_tokens or d.sampling.get("max_new_tokens")) for d in chunk])
+    return len(letters)

@@ -16,7 +16,8 @@ from typing import Callable, Iterable, Iterator
 import redis
 
 from workers.ledger import Ledger
-from workers.payload import pack_ids, task_argsrepr
+from workers.payload import pack_ids
+from workers.publish import publish_prompts
 from workers.runs import THINK_IN_PROMPT, RunSpec, load_spec, queue_for, save_spec
 
 from .chat import ChatTokenizer
@@ -85,17 +86,6 @@ def enqueue_file(path: Path, spec: RunSpec, chat: ChatTokenizer, client: redis.R
     return summary
 
 
-def publish_prompts(app, run: str, queue: str, prompts: list[tuple[str, list[int], int | None]]) -> None:
-    """Publish (id, token ids, max_new_tokens override) tuples in one pipelined batch."""
-    with app.producer_or_acquire() as producer, producer.batch(max(len(prompts), 1)):
-        for prompt_id, ids, max_new_tokens in prompts:
-            args = (run, prompt_id, pack_ids(ids)) + ((max_new_tokens,) if max_new_tokens else ())
-            app.send_task(
-                "fleet.generate", args, task_id=f"{run}:{prompt_id}", queue=queue, producer=producer,
-                argsrepr=task_argsrepr(run, prompt_id, len(ids)), kwargsrepr="",
-            )
-
-
 def _batches(items: Iterable, size: int) -> Iterator[list]:
     iterator = iter(items)
     while chunk := list(itertools.islice(iterator, size)):
@@ -154,13 +144,14 @@ def _render_or_none(chat: ChatTokenizer, prompt: Prompt, summary: EnqueueSummary
 
 def _publish(ready: list[tuple[Prompt, list[int]]], spec: RunSpec, client: redis.Redis, app,
              queue: str, ledger: Ledger, summary: EnqueueSummary) -> None:
-    """Publish first, then record as queued: a crash in between republishes, never loses."""
+    """Record the prompts (with their token ids), then publish: a crash in between leaves
+    queued prompts without a message, which the workers' audit republishes."""
     if not ready:
         return
-    publish_prompts(app, spec.name, queue, [(p.id, ids, None) for p, ids in ready])
     tokens = sum(len(ids) for _, ids in ready)
-    with client.pipeline() as pipe:
-        ledger.mark_queued(pipe, [p.id for p, _ in ready], tokens)
+    with client.pipeline(transaction=False) as pipe:
+        ledger.mark_queued(pipe, {p.id: pack_ids(ids) for p, ids in ready}, tokens)
         pipe.execute()
+    publish_prompts(app, spec.name, queue, [(p.id, len(ids), None) for p, ids in ready])
     summary.published += len(ready)
     summary.prompt_tokens += tokens

@@ -28,7 +28,7 @@ class Fleet:
 
     def env(self, **extra: str) -> dict[str, str]:
         base = {"REDIS_URL": self.redis_url, "OUTPUT_DIR": str(self.output_dir),
-                "FLEET_SHARD_MAX_WAIT": "0.5", "FLEET_HEALTH_INTERVAL": "1",
+                "FLEET_SHARD_MAX_WAIT": "0.5", "FLEET_HEALTH_INTERVAL": "1", "FLEET_AUDIT_INTERVAL": "3",
                 "PYTHONPATH": str(ROOT)}
         return {**os.environ, **base, **extra}
 

@@ -10,10 +10,12 @@ import logging
 
 from celery import Celery, signals
 
+from .audit import LostMessageAudit
 from .gate import HealthGate
 from .lease import LeaseKeeper
 from .runtime import close_runtime
 from .settings import get_settings
+from .shutdown import ShutdownGrace
 
 settings = get_settings()
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
@@ -43,9 +45,12 @@ app.conf.update(
     worker_send_task_events=True,
     task_send_sent_event=True,
     worker_hijack_root_logger=False,
+    worker_consumer="workers.consumer:FleetConsumer",
 )
 app.steps["consumer"].add(HealthGate)
 app.steps["consumer"].add(LeaseKeeper)
+app.steps["consumer"].add(ShutdownGrace)
+app.steps["consumer"].add(LostMessageAudit)
 
 
 @signals.worker_shutdown.connect

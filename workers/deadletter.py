@@ -15,7 +15,8 @@ from typing import Iterator
 
 import redis
 
-from .runs import DEAD, RunKeys
+from .ledger import Ledger
+from .runs import RunKeys
 
 # Reasons that come from the fleet rather than from verification.
 SERVER_ERROR = "server_error"
@@ -61,7 +62,7 @@ class DeadLetters:
     def put(self, letter: DeadLetter) -> None:
         with self.client.pipeline() as pipe:
             pipe.hset(self.keys.dead, letter.id, letter.to_json())
-            pipe.hset(self.keys.state, letter.id, DEAD)
+            Ledger(self.client, self.run).mark_dead(pipe, letter.id)
             pipe.execute()
 
     def get(self, prompt_id: str) -> DeadLetter | None:

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from .deadletter import (PROMPT_TOO_LONG, SERVER_ERROR, SERVER_REJECTED, DeadLetter,
                          DeadLetters)
 from .ledger import Ledger
-from .payload import pack_ids
+from .payload import ids_to_b64
 from .runs import DONE, RunSpec
 from .runtime import Runtime
 from .servers import NoServer
@@ -158,7 +158,7 @@ def _dead(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], sam
         }
     return DeadLetter(
         id=prompt_id, run=spec.name, reason=reason, message=message, attempts=tries.total,
-        servers=sorted(set(tries.servers)), worker=rt.worker, prompt_b64=pack_ids(prompt_ids),
+        servers=sorted(set(tries.servers)), worker=rt.worker, prompt_b64=ids_to_b64(prompt_ids),
         prompt_tokens=len(prompt_ids), sampling=sampling, excerpt=excerpt,
         first_attempt_at=tries.started_at,
     )

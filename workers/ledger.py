@@ -1,14 +1,17 @@
-"""Where each prompt of a run stands: queued, done or dead.
+"""Where each prompt of a run stands, and the token ids of those still to do.
 
-The producer marks prompts queued when it publishes them and skips prompts
-already in the ledger on a re-run; workers mark them done once their sample is
-durable in a shard (which also clears an earlier dead letter).
+The producer writes a prompt's token ids and marks it queued before it
+publishes the message (so a crash in between leaves a prompt the audit can
+republish, never one that is lost); workers read the ids from here, and mark a
+prompt done once its sample is durable in a shard (which also drops its ids
+and clears an earlier dead letter). A re-run of `enqueue` skips every prompt
+the ledger already has.
 """
 from __future__ import annotations
 
 import redis
 
-from .runs import DONE, QUEUED, RunKeys
+from .runs import DEAD, DONE, QUEUED, RunKeys
 
 
 class Ledger:
@@ -24,19 +27,34 @@ class Ledger:
             return []
         return [r.decode() if r else None for r in self.client.hmget(self.keys.state, prompt_ids)]
 
-    def mark_queued(self, pipe: redis.client.Pipeline, prompt_ids: list[str], tokens: int) -> None:
-        if prompt_ids:
-            pipe.hset(self.keys.state, mapping={i: QUEUED for i in prompt_ids})
-            pipe.hincrby(self.keys.counters, "enqueued", len(prompt_ids))
-            pipe.hincrby(self.keys.counters, "prompt_tokens", tokens)
+    def payload(self, prompt_id: str) -> bytes | None:
+        return self.client.hget(self.keys.prompts, prompt_id)
+
+    def pending_ids(self) -> set[str]:
+        """Prompts whose ids are still held: queued, in flight, or lost in transit."""
+        return {k.decode() for k in self.client.hkeys(self.keys.prompts)}
+
+    def mark_queued(self, pipe: redis.client.Pipeline, payloads: dict[str, bytes], tokens: int,
+                    count_as_new: bool = True) -> None:
+        if payloads:
+            pipe.hset(self.keys.prompts, mapping=payloads)
+            pipe.hset(self.keys.state, mapping={i: QUEUED for i in payloads})
+            if count_as_new:
+                pipe.hincrby(self.keys.counters, "enqueued", len(payloads))
+                pipe.hincrby(self.keys.counters, "prompt_tokens", tokens)
 
     def mark_done(self, prompt_id: str, output_tokens: int) -> None:
         with self.client.pipeline() as pipe:
             pipe.hset(self.keys.state, prompt_id, DONE)
             pipe.hdel(self.keys.dead, prompt_id)
+            pipe.hdel(self.keys.prompts, prompt_id)
             pipe.hincrby(self.keys.counters, "done", 1)
             pipe.hincrby(self.keys.counters, "output_tokens", output_tokens)
             pipe.execute()
+
+    def mark_dead(self, pipe: redis.client.Pipeline, prompt_id: str) -> None:
+        pipe.hset(self.keys.state, prompt_id, DEAD)
+        pipe.hdel(self.keys.prompts, prompt_id)
 
     def counts(self) -> dict[str, int]:
         """Prompts by state, counted from the ledger itself."""

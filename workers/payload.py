@@ -1,8 +1,10 @@
-"""How a prompt travels on the broker: token ids packed as base64 int32.
+"""How a prompt's token ids are stored: little-endian int32, 4 bytes a token.
 
-A JSON list of 300 ids costs about 1.9 KB on the broker and is slow to encode;
-little-endian int32 in base64 costs 4/3 bytes per byte of ids and stays JSON,
-so no pickle is ever needed.
+Token ids are kept once per queued prompt in Redis (raw bytes in a hash), and
+the broker message carries only the run and prompt id. That keeps Redis at
+about 4 bytes per queued token plus a small per-message cost, lets a worker
+republish a message the broker lost, and keeps pickle off the broker. Dead
+letters, which are JSON, hold the same bytes in base64.
 """
 from __future__ import annotations
 
@@ -11,21 +13,29 @@ from array import array
 from sys import byteorder
 
 
-def pack_ids(ids: list[int]) -> str:
+def pack_ids(ids: list[int]) -> bytes:
     packed = array("i", ids)
     if byteorder != "little":
         packed.byteswap()
-    return base64.b64encode(packed.tobytes()).decode("ascii")
+    return packed.tobytes()
 
 
-def unpack_ids(text: str) -> list[int]:
+def unpack_ids(raw: bytes) -> list[int]:
     packed = array("i")
-    packed.frombytes(base64.b64decode(text))
+    packed.frombytes(raw)
     if byteorder != "little":
         packed.byteswap()
     return packed.tolist()
 
 
+def ids_to_b64(ids: list[int]) -> str:
+    return base64.b64encode(pack_ids(ids)).decode("ascii")
+
+
+def b64_to_ids(text: str) -> list[int]:
+    return unpack_ids(base64.b64decode(text))
+
+
 def task_argsrepr(run: str, prompt_id: str, n_tokens: int) -> str:
-    """What Flower and the logs show instead of thousands of token ids."""
+    """What Flower and the logs show for a task: never the token ids."""
     return f"(run={run!r}, id={prompt_id!r}, prompt_tokens={n_tokens})"

@@ -56,6 +56,11 @@ class Settings(BaseSettings):
     # live worker renews its own well before then.
     lease_seconds: float = 120.0
     restore_interval: float = 10.0
+    # Lost-message audit: how often, and the longest queue it lists.
+    audit_interval: float = 30.0
+    audit_max_queue: int = 10_000
+    # SIGTERM: finish in-flight prompts for this long, then hand the rest back.
+    shutdown_grace: float = 60.0
 
     # Group commit: a shard is written when it holds this many samples or its
     # oldest sample has waited this long; tasks are acknowledged after.

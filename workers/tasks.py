@@ -1,10 +1,11 @@
 """The one task: generate a prompt's trace and store it (or dead-letter it).
 
-With late acknowledgement a task that raises would be acknowledged and its
-prompt lost, so nothing escapes here: no free server gives the prompt back to
-the queue, and an unexpected error (a broker blip while marking it done, a
-bug) requeues it, until the same prompt has failed this way `max_crashes`
-times and becomes a `worker_error` dead letter with the traceback.
+The message names the run and the prompt; the token ids are in the run's
+ledger. With late acknowledgement a task that raises would be acknowledged
+and its prompt lost, so nothing escapes here: no free server gives the prompt
+back to the queue, and an unexpected error (a broker blip while marking it
+done, a bug) requeues it, until the same prompt has failed this way
+`max_crashes` times and becomes a `worker_error` dead letter.
 """
 from __future__ import annotations
 
@@ -16,29 +17,36 @@ from celery.exceptions import Reject
 
 from .deadletter import WORKER_ERROR, DeadLetter, DeadLetters
 from .generation import GiveBack, process_prompt
-from .payload import unpack_ids
-from .runs import RunKeys, cached_spec
+from .ledger import Ledger
+from .payload import ids_to_b64, unpack_ids
+from .runs import DONE, RunKeys, cached_spec
 from .runtime import get_runtime
 
 log = logging.getLogger(__name__)
 
 
 @shared_task(name="fleet.generate", bind=True, acks_late=True, ignore_result=True)
-def generate(self, run: str, prompt_id: str, prompt_b64: str, max_new_tokens: int | None = None) -> str:
+def generate(self, run: str, prompt_id: str, max_new_tokens: int | None = None) -> str:
     rt = get_runtime()
+    ledger = Ledger(rt.redis, run)
+    raw = None
     try:
+        raw = ledger.payload(prompt_id)
+        if raw is None:  # a redelivery of a prompt already stored or dead-lettered
+            return f"nothing to do: prompt is {ledger.state(prompt_id) or 'unknown'}"
         spec = cached_spec(rt.settings.redis_url, run)
-        return process_prompt(rt, spec, prompt_id, unpack_ids(prompt_b64), max_new_tokens)
+        return process_prompt(rt, spec, prompt_id, unpack_ids(raw), max_new_tokens)
     except GiveBack as exc:
         raise Reject(str(exc), requeue=True) from exc
     except Exception as exc:
         log.exception("prompt %s of run %s failed unexpectedly", prompt_id, run)
         crashes = rt.redis.hincrby(RunKeys(run).crashes, prompt_id, 1)
-        if crashes < rt.settings.max_crashes:
+        if crashes < rt.settings.max_crashes or raw is None or ledger.state(prompt_id) == DONE:
             raise Reject(f"requeued after {exc!r}", requeue=True) from exc
+        ids = unpack_ids(raw)
         DeadLetters(rt.redis, run).put(DeadLetter(
             id=prompt_id, run=run, reason=WORKER_ERROR, message=f"{crashes} crashes; last: {exc!r}",
-            attempts=crashes, servers=[], worker=rt.worker, prompt_b64=prompt_b64,
-            prompt_tokens=len(unpack_ids(prompt_b64)), sampling={"max_new_tokens": max_new_tokens},
+            attempts=crashes, servers=[], worker=rt.worker, prompt_b64=ids_to_b64(ids),
+            prompt_tokens=len(ids), sampling={"max_new_tokens": max_new_tokens},
             excerpt={"traceback": traceback.format_exc()[-4000:]}))
         return f"dead: {WORKER_ERROR}"

@@ -1,0 +1,83 @@
+"""CPU time and memory of a process, read from /proc.
+
+psutil is not a dependency of the project, and the figures need only two
+numbers per process (user+sys seconds, resident set size), which Linux exposes
+in /proc/<pid>/stat and /proc/<pid>/status. A worker runs its tasks in threads
+of one process, so its own counters already include every thread.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+from dataclasses import dataclass
+
+_TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def cpu_seconds(pid: int) -> float:
+    """user + sys CPU seconds of a process (all its threads), from /proc/<pid>/stat."""
+    with open(f"/proc/{pid}/stat", "rb") as handle:
+        raw = handle.read().decode()
+    # The command name (field 2) may hold spaces; fields after its ')' are fixed.
+    fields = raw[raw.rindex(")") + 2:].split()
+    utime, stime = int(fields[11]), int(fields[12])
+    return (utime + stime) / _TICKS
+
+
+def _status_kib(pid: int, key: str) -> int:
+    with open(f"/proc/{pid}/status") as handle:
+        for line in handle:
+            if line.startswith(key + ":"):
+                return int(line.split()[1])
+    raise KeyError(key)
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident set size now (VmRSS)."""
+    return _status_kib(pid, "VmRSS") * 1024
+
+
+def peak_rss_bytes(pid: int) -> int:
+    """Highest resident set size so far (VmHWM)."""
+    return _status_kib(pid, "VmHWM") * 1024
+
+
+@dataclass
+class ChildRun:
+    """What a finished child process cost: exit code, wall time, CPU, peak RSS."""
+    returncode: int
+    wall_seconds: float
+    cpu_seconds: float
+    peak_rss_bytes: int
+    output: str
+
+
+def run_measured(argv: list[str], env: dict[str, str], cwd: str | None = None,
+                 timeout: float = 900.0) -> ChildRun:
+    """Run a child to completion and take its own rusage with wait4.
+
+    `resource.getrusage(RUSAGE_CHILDREN)` would report the maximum over every
+    child ever waited for; wait4 on the pid gives this child's peak RSS alone.
+    """
+    import tempfile
+    import time
+
+    with tempfile.TemporaryFile() as log:
+        started = time.monotonic()
+        popen = subprocess.Popen(argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
+        deadline = started + timeout
+        while True:
+            pid, status, usage = os.wait4(popen.pid, os.WNOHANG)
+            if pid:
+                break
+            if time.monotonic() > deadline:
+                popen.kill()
+                pid, status, usage = os.wait4(popen.pid, 0)
+                break
+            time.sleep(0.05)
+        wall = time.monotonic() - started
+        popen.returncode = os.waitstatus_to_exitcode(status)  # keep Popen from waiting again
+        log.seek(0)
+        output = log.read().decode(errors="replace")
+    return ChildRun(popen.returncode, wall, usage.ru_utime + usage.ru_stime,
+                    usage.ru_maxrss * 1024, output)

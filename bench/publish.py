@@ -1,0 +1,58 @@
+"""Enqueueing through the producer's own code path, in this process.
+
+`python -m producer enqueue` builds a `RunSpec` and calls
+`producer.enqueue.enqueue_file`; the bench does the same (so the tokenizer is
+loaded once for all parts rather than once per subprocess). Every import of
+the fleet's code is inside a function: `workers` reads `REDIS_URL` on first
+import, which `Lab` sets first.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from pathlib import Path
+
+
+@lru_cache(maxsize=1)
+def chat_tokenizer():
+    """The bundled DeepSeek-R1-style tokenizer, as the producer loads it."""
+    from producer.chat import ChatTokenizer
+
+    return ChatTokenizer("bundled")
+
+
+def build_spec(run: str, max_new_tokens: int, temperature: float = 0.6, top_p: float = 0.95):
+    """The RunSpec `python -m producer enqueue --run RUN --max-new-tokens M` would store."""
+    from workers.runs import RunSpec
+
+    chat = chat_tokenizer()
+    return RunSpec(
+        name=run, tokenizer="bundled", tokenizer_fingerprint=chat.fingerprint(),
+        template_fingerprint=chat.template_fingerprint(),
+        sampling={"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
+                  "skip_special_tokens": False},
+        thinking=chat.detect_thinking(), think_start_id=chat.think_start_id,
+        think_end_id=chat.think_end_id, stop_ids=chat.stop_ids(), served_model=None,
+        disabled_rules=[],
+    )
+
+
+def enqueue(path: Path, run: str, max_new_tokens: int):
+    """Publish a prompt file as run `run`; returns the producer's EnqueueSummary."""
+    from producer.enqueue import enqueue_file, prepare_run
+    from workers import app
+    from workers.redis_client import redis_for
+    from workers.settings import get_settings
+
+    settings = get_settings()
+    client = redis_for(settings.redis_url)
+    spec = prepare_run(client, build_spec(run, max_new_tokens))
+    summary = enqueue_file(path, spec, chat_tokenizer(), client, app, settings.queue_prefix)
+    if summary.rejected or summary.published == 0:
+        raise RuntimeError(f"enqueue of {path} published {summary.published}, "
+                           f"rejected {summary.rejected[:3]}")
+    return summary
+
+
+def sampling_params(max_new_tokens: int) -> dict:
+    """What a worker sends as `sampling_params` for such a run."""
+    return dict(build_spec("x", max_new_tokens).sampling)

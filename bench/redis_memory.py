@@ -1,0 +1,78 @@
+"""Redis bytes per queued prompt token: what a backlog costs the broker.
+
+The queue is the work, and Redis runs with no eviction, so the memory a
+queued prompt takes bounds how many prompts one Redis can hold. Prompts of
+about 300 tokens are enqueued with no worker running; the figure is the
+growth of INFO memory `used_memory` over the prompt tokens published. The
+breakdown (MEMORY USAGE of the queue list and of the ledger hash, and the
+anatomy of one queued message) says where the bytes go.
+"""
+from __future__ import annotations
+
+import base64
+import json
+from dataclasses import dataclass
+
+from .lab import Lab
+from .prompts import long_prompts, write_jsonl
+from .publish import chat_tokenizer, enqueue
+
+
+@dataclass
+class RedisOptions:
+    prompts: int = 5000
+    prompt_tokens: int = 300
+    max_new_tokens: int = 8192
+
+
+def message_anatomy(element: bytes) -> dict:
+    """Sizes of one queued kombu message: the element, its body, the task arguments."""
+    envelope = json.loads(element)
+    body = envelope.get("body", "")
+    encoding = envelope.get("properties", {}).get("body_encoding")
+    decoded = base64.b64decode(body) if encoding == "base64" else body.encode()
+    args = json.loads(decoded)[0]
+    headers = envelope.get("headers", {})
+    return {
+        "element_bytes": len(element),
+        "body_bytes": len(body),
+        "body_encoding": encoding,
+        "body_decoded_bytes": len(decoded),
+        "packed_ids_chars": len(args[2]) if len(args) > 2 else None,
+        "headers_bytes": len(json.dumps(headers)),
+        "argsrepr_chars": len(headers.get("argsrepr") or ""),
+        "rest_bytes": len(element) - len(body) - len(json.dumps(headers)),
+    }
+
+
+def run_redis_memory(lab: Lab, opts: RedisOptions, log) -> dict:
+    from workers.settings import get_settings
+
+    chat = chat_tokenizer()
+    prompts = long_prompts(opts.prompts, opts.prompt_tokens,
+                           lambda text: len(chat.tok(text, add_special_tokens=False)["input_ids"]))
+    path = write_jsonl(lab.root / "prompts" / f"redis-{opts.prompts}x{opts.prompt_tokens}.jsonl", prompts)
+    log(f"redis memory: {opts.prompts} prompts of ~{opts.prompt_tokens} tokens, no worker")
+    lab.flush()
+    client = lab.client
+    before = int(client.info("memory")["used_memory"])
+    summary = enqueue(path, "rm", opts.max_new_tokens)
+    after = int(client.info("memory")["used_memory"])
+    queue = get_settings().queue_prefix
+    queue_bytes = int(client.memory_usage(queue, samples=0) or 0)
+    ledger_bytes = int(client.memory_usage("fleet:run:rm:state", samples=0) or 0)
+    first = client.lindex(queue, 0)
+    result = {
+        "prompts": summary.published,
+        "prompt_tokens": summary.prompt_tokens,
+        "mean_prompt_tokens": summary.prompt_tokens / summary.published,
+        "used_memory_growth": after - before,
+        "bytes_per_token": (after - before) / summary.prompt_tokens,
+        "bytes_per_prompt": (after - before) / summary.published,
+        "queue_bytes_per_prompt": queue_bytes / summary.published,
+        "ledger_bytes_per_prompt": ledger_bytes / summary.published,
+        "queue_length": int(client.llen(queue)),
+        "message": message_anatomy(first) if first else None,
+    }
+    lab.flush()
+    return result

@@ -1,0 +1,176 @@
+"""Saturation: does the fleet keep an SGLang server as busy as an ideal client?
+
+Same prompts, same stand-in configuration, fresh stand-ins for each side:
+(a) the ideal client (`bench.ideal`) with exactly B requests in flight per
+server; (b) the fleet: the real producer publishes every prompt to a real
+Redis first, then one real `celery -A workers worker` with
+FLEET_MAX_INFLIGHT_PER_SERVER=B drains it. Throughput is measured on the
+server side, from `/standin/stats`: for each server, tokens_generated over its
+own window first_start..last_end, summed over servers. So start-up of either
+side is not counted, and both sides are charged their own drain at the end.
+
+The tail is what the fleet adds after the last token: from the last
+generation's end (max last_end) to the moment the last sample is durable (the
+newest shard file's mtime).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from .ideal import run_ideal
+from .lab import CpuTrace, Lab, Standin, newest_shard_mtime
+from .procs import cpu_seconds
+from .prompts import repeated, write_jsonl
+from .publish import chat_tokenizer, enqueue, sampling_params
+
+
+@dataclass(frozen=True)
+class Topology:
+    servers: int
+    batch: int
+
+    @property
+    def name(self) -> str:
+        return f"{self.servers}x{self.batch}"
+
+
+@dataclass
+class SatOptions:
+    prompts: int = 600
+    max_new_tokens: int = 8192
+    output_len_median: float = 600
+    output_len_sigma: float = 0.7
+    output_len_max: int = 4000
+    step_base: float = 0.004
+    step_per_request: float = 0.00002
+    topologies: list[Topology] = field(default_factory=lambda: [Topology(2, 64), Topology(1, 256)])
+    fleet_env: dict[str, str] = field(default_factory=dict)
+    timeout: float = 900.0
+
+    def standin_options(self, batch: int) -> list[str]:
+        return ["--max-running-requests", str(batch),
+                "--output-len-median", str(self.output_len_median),
+                "--output-len-sigma", str(self.output_len_sigma),
+                "--output-len-max", str(self.output_len_max),
+                "--step-base", str(self.step_base),
+                "--step-per-request", str(self.step_per_request)]
+
+
+def server_throughput(stats: list[dict]) -> dict:
+    """Output tokens/s seen by the servers: per-server windows, summed (the figure),
+    plus the whole-fleet window and the busy-time rate for reference."""
+    per_server = []
+    for s in stats:
+        window = (s["last_end"] or 0) - (s["first_start"] or 0)
+        per_server.append({"tokens": s["tokens_generated"], "window_s": window,
+                           "busy_s": s["busy_seconds"],
+                           "tokens_per_s": s["tokens_generated"] / window if window > 0 else 0.0})
+    tokens = sum(s["tokens_generated"] for s in stats)
+    start = min(s["first_start"] for s in stats)
+    end = max(s["last_end"] for s in stats)
+    busy = sum(s["busy_seconds"] for s in stats)
+    return {
+        "tokens": tokens,
+        "tokens_per_s": sum(p["tokens_per_s"] for p in per_server),
+        "tokens_per_s_union_window": tokens / (end - start) if end > start else 0.0,
+        "tokens_per_busy_s": tokens / busy * len(stats) if busy else 0.0,
+        "first_start": start,
+        "last_end": end,
+        "servers": per_server,
+    }
+
+
+def _stop_all(lab: Lab, standins: list[Standin]) -> None:
+    lab.stop([s.process for s in standins])
+
+
+def measure_ideal(lab: Lab, topo: Topology, prompt_ids: list[tuple[str, list[int]]],
+                  opts: SatOptions) -> dict:
+    standins = lab.standins(topo.servers, opts.standin_options(topo.batch))
+    try:
+        pids = [s.process.popen.pid for s in standins]
+        cpu0 = sum(cpu_seconds(p) for p in pids)
+        result = run_ideal([s.url for s in standins], prompt_ids, topo.batch,
+                           sampling_params(opts.max_new_tokens))
+        standin_cpu = sum(cpu_seconds(p) for p in pids) - cpu0
+        stats = [s.stats() for s in standins]
+    finally:
+        _stop_all(lab, standins)
+    if result.errors:
+        raise RuntimeError(f"ideal client: {result.errors} requests failed")
+    return {"throughput": server_throughput(stats), "requests": result.requests,
+            "client_tokens": result.output_tokens, "client_cpu_s": result.client_cpu_seconds,
+            "standin_cpu_s": standin_cpu, "wall_s": result.wall_seconds}
+
+
+def measure_fleet(lab: Lab, topo: Topology, prompt_file: Path, total: int, opts: SatOptions) -> dict:
+    lab.flush()
+    run = f"sat-{topo.name}"
+    output_dir = lab.output_dir("saturation")
+    standins = lab.standins(topo.servers, opts.standin_options(topo.batch))
+    worker = None
+    try:
+        t0 = time.monotonic()
+        summary = enqueue(prompt_file, run, opts.max_new_tokens)
+        enqueue_s = time.monotonic() - t0
+        env = {"SGLANG_URLS": ",".join(s.url for s in standins), "OUTPUT_DIR": str(output_dir),
+               "FLEET_MAX_INFLIGHT_PER_SERVER": str(topo.batch), **opts.fleet_env}
+        worker = lab.worker(f"sat-{topo.name}", env)
+        trace = CpuTrace({"worker": worker.popen.pid, "redis": lab.redis_pid,
+                          **{f"standin{i}": s.process.popen.pid for i, s in enumerate(standins)}})
+        running: list[int] = []
+        last_look = [0.0]
+
+        def poll() -> None:
+            trace.sample()
+            if time.monotonic() - last_look[0] >= 1.0:  # how full the batches are
+                last_look[0] = time.monotonic()
+                running.append(sum(s.stats()["running"] for s in standins))
+
+        states = lab.wait_finished(run, total, opts.timeout, [worker, *(s.process for s in standins)], poll)
+        trace.sample()
+        stats = [s.stats() for s in standins]
+    finally:
+        lab.stop(([worker] if worker else []) + [s.process for s in standins])
+    throughput = server_throughput(stats)
+    durable = newest_shard_mtime(output_dir / run)
+    start, end = throughput["first_start"], durable or throughput["last_end"]
+    busy = [r for r in running if r > 0]
+    return {
+        "throughput": throughput,
+        "states": states,
+        "published": summary.published,
+        "enqueue_s": enqueue_s,
+        "tail_s": (durable - throughput["last_end"]) if durable else None,
+        "worker_cpu_s_window": trace.window("worker", start, end),
+        "worker_cpu_s_total": trace.total("worker"),
+        "redis_cpu_s_window": trace.window("redis", start, end),
+        "standin_cpu_s_window": sum(trace.window(f"standin{i}", start, end) for i in range(len(standins))),
+        "window_s": end - start,
+        "mean_running_sampled": sum(busy) / len(busy) if busy else None,
+        "fleet_env": env,
+    }
+
+
+def run_saturation(lab: Lab, opts: SatOptions, log) -> list[dict]:
+    prompts = repeated(opts.prompts)
+    prompt_file = write_jsonl(lab.root / "prompts" / f"saturation-{opts.prompts}.jsonl", prompts)
+    chat = chat_tokenizer()
+    ids = chat.render([m for _, m in prompts])
+    prompt_ids = list(zip([i for i, _ in prompts], ids))
+    results = []
+    for topo in opts.topologies:
+        log(f"saturation {topo.name}: ideal client")
+        ideal = measure_ideal(lab, topo, prompt_ids, opts)
+        log(f"saturation {topo.name}: fleet")
+        fleet = measure_fleet(lab, topo, prompt_file, len(prompts), opts)
+        ratio = fleet["throughput"]["tokens_per_s"] / ideal["throughput"]["tokens_per_s"]
+        results.append({"topology": asdict(topo) | {"name": topo.name}, "prompts": len(prompts),
+                        "ideal": ideal, "fleet": fleet, "ratio": ratio,
+                        "same_tokens": ideal["throughput"]["tokens"] == fleet["throughput"]["tokens"]})
+        log(f"  ideal {ideal['throughput']['tokens_per_s']:,.0f} tok/s, fleet "
+            f"{fleet['throughput']['tokens_per_s']:,.0f} tok/s, ratio {ratio:.3f}, "
+            f"tail {fleet['tail_s']:.2f}s")
+    return results

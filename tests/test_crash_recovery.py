@@ -1,0 +1,109 @@
+"""Nothing lost, nothing run twice: worker crashes, leases, shutdown and broker restarts."""
+from __future__ import annotations
+
+import signal
+import time
+
+import httpx
+import redis
+
+from producer.local import start_redis
+
+from conftest import varied_prompts, write_prompts
+
+LEASE = {"FLEET_LEASE_SECONDS": "8", "FLEET_RESTORE_INTERVAL": "1"}
+
+
+def _done(fleet) -> int:
+    return redis.Redis.from_url(fleet.redis_url).hvals("fleet:run:default:state").count(b"done")
+
+
+def _wait_until(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.2)
+
+
+def test_a_killed_workers_prompts_are_taken_up_by_another_within_the_lease(fleet, tmp_path):
+    # Given two workers sharing slow servers, with a short lease
+    _, url = fleet.standin("--step-base", "0.02", "--max-running-requests", "256")
+    victim = fleet.worker("victim", [url], **LEASE)
+    fleet.worker("survivor", [url], **LEASE)
+    fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(120))))
+    _wait_until(lambda: redis.Redis.from_url(fleet.redis_url).hlen("unacked") > 20, 60, "work in flight")
+
+    # When one worker is SIGKILLed with prompts in flight
+    victim.signal(signal.SIGKILL)
+    killed_at = time.monotonic()
+
+    # Then the other finishes everything: nothing lost, nothing dead-lettered
+    assert fleet.wait_finished(timeout=180) == {"done": 120}
+    assert time.monotonic() - killed_at < 8 + 60  # one lease, plus the generations themselves
+    assert fleet.dead_letters() == []
+    assert {r["id"] for r in fleet.rows()} == {f"p-{i:04d}" for i in range(120)}
+
+
+def test_a_generation_longer_than_the_lease_is_never_handed_to_a_second_worker(fleet, tmp_path):
+    # Given generations that outlast the lease several times over, and two workers
+    _, url = fleet.standin("--fault-slow", "0.25", "--slow-seconds", "20")
+    fleet.worker("w1", [url], **LEASE)
+    fleet.worker("w2", [url], **LEASE)
+    fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(40))))
+
+    # When they all finish
+    assert fleet.wait_finished(timeout=180) == {"done": 40}
+
+    # Then each prompt was generated exactly once, slow ones included
+    stats = httpx.get(f"{url}/standin/stats").json()
+    assert len(stats["generations"]) == 40 and set(stats["generations"].values()) == {1}
+    assert len(fleet.rows()) == 40
+
+
+def test_sigterm_drains_in_flight_prompts_and_exits_zero(fleet, tmp_path):
+    # Given a worker with prompts in flight, some of them generations far longer than its grace period
+    _, url = fleet.standin("--step-base", "0.01", "--fault-slow", "0.2", "--slow-seconds", "30")
+    worker = fleet.worker("w1", [url], FLEET_SHUTDOWN_GRACE="6", **LEASE)
+    fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(100))))
+    _wait_until(lambda: _done(fleet) >= 5, 60, "first samples")
+
+    # When it gets SIGTERM, as Kubernetes sends it
+    worker.signal(signal.SIGTERM)
+    sent_at = time.monotonic()
+
+    # Then it exits 0 soon after the grace period, with every sample it finished in a shard
+    assert worker.popen.wait(30) == 0
+    assert time.monotonic() - sent_at < 20
+    stored = {r["id"] for r in fleet.rows()}
+    assert _done(fleet) == len(stored) < 100
+    log = worker.log.read_text()
+    assert "handing" in log and "back to the queue" in log
+
+    # and a new worker finishes the rest, handed-back prompts included, without losing any
+    fleet.worker("w2", [url], **LEASE)
+    assert fleet.wait_finished(timeout=300) == {"done": 100}
+    ids = [r["id"] for r in fleet.rows()]
+    assert sorted(set(ids)) == sorted(f"p-{i:04d}" for i in range(100))
+
+
+def test_a_redis_restart_mid_run_loses_nothing(fleet, tmp_path):
+    # Given Redis with append-only persistence, a worker and a run in progress
+    _, url = fleet.standin("--step-base", "0.01")
+    data = tmp_path / "redis-data"
+    port = int(fleet.redis_url.rsplit(":", 1)[1].split("/")[0])
+    broker, fleet.redis_url = start_redis(fleet.logs, port=None, data_dir=data, appendonly=True)
+    fleet.worker("w1", [url], **LEASE)
+    fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(150))))
+    _wait_until(lambda: _done(fleet) >= 20, 60, "first samples")
+
+    # When Redis restarts on the same port and data
+    broker_port = int(fleet.redis_url.rsplit(":", 1)[1].split("/")[0])
+    broker.stop()
+    time.sleep(2)
+    broker, _ = start_redis(fleet.logs, port=broker_port, data_dir=data, appendonly=True)
+    fleet.processes.append(broker)
+
+    # Then the worker reconnects and every prompt is stored
+    assert fleet.wait_finished(timeout=240) == {"done": 150}
+    assert {r["id"] for r in fleet.rows()} == {f"p-{i:04d}" for i in range(150)}
+    assert port  # the fixture's own server is left untouched

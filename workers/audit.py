@@ -1,0 +1,98 @@
+"""The audit: a queued prompt whose message the broker lost is published again.
+
+kombu's Redis transport takes a message off the queue (BRPOP) before it
+records it as unacknowledged, so a connection that breaks in between, or a
+Redis restart that loses its last writes, can drop a message. The ledger still
+holds the prompt's token ids, so one worker at a time (a Redis lock) compares
+the prompts a run still holds with the messages in its queue and in flight;
+a prompt missing from both in two audits in a row is republished. Only runs
+whose queue is short enough to list are audited, so a lost prompt of a deep
+queue is found as the queue drains.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+
+from celery import bootsteps
+
+from .ledger import Ledger
+from .publish import publish_prompts
+from .runs import RUNS_KEY, RunKeys, load_spec, queue_for
+from .runtime import get_runtime
+
+log = logging.getLogger(__name__)
+LOCK = "fleet:audit:lock"
+
+
+class LostMessageAudit(bootsteps.StartStopStep):
+    requires = {"celery.worker.consumer.tasks:Tasks"}
+
+    def __init__(self, parent, **kwargs):
+        super().__init__(parent, **kwargs)
+        self._stop = threading.Event()
+        self._suspects: dict[tuple[str, str], float] = {}
+
+    def start(self, c) -> None:
+        self._stop.clear()
+        threading.Thread(target=self._run, args=(c,), name="fleet-audit", daemon=True).start()
+
+    def stop(self, c) -> None:
+        self._stop.set()
+
+    def _run(self, c) -> None:
+        rt = get_runtime(worker=c.hostname)
+        interval = rt.settings.audit_interval
+        while not self._stop.wait(interval):
+            try:
+                if rt.redis.set(LOCK, rt.worker, nx=True, ex=max(1, int(interval))):
+                    self.audit(c.app, rt)
+            except Exception as exc:  # the broker may be restarting: try next time
+                log.warning("lost-message audit skipped: %r", exc)
+
+    def audit(self, app, rt) -> int:
+        client, prefix = rt.redis, rt.settings.queue_prefix
+        in_flight = _task_ids(json.loads(raw)[0] for raw in client.hvals("unacked"))
+        republished = 0
+        for run in sorted(m.decode() for m in client.smembers(RUNS_KEY)):
+            if not client.hlen(RunKeys(run).prompts):
+                continue
+            spec = load_spec(client, run)
+            queue = queue_for(prefix, spec.served_model if spec else None)
+            if client.llen(queue) > rt.settings.audit_max_queue:
+                continue
+            queued = _task_ids(json.loads(raw) for raw in client.lrange(queue, 0, -1))
+            missing = {pid for pid in Ledger(client, run).pending_ids()
+                       if f"{run}:{pid}" not in queued and f"{run}:{pid}" not in in_flight}
+            republished += self._republish(app, client, run, queue, missing)
+        return republished
+
+    def _republish(self, app, client, run: str, queue: str, missing: set[str]) -> int:
+        now = time.monotonic()
+        keys = {(run, pid) for pid in missing}
+        for key in [k for k in self._suspects if k[0] == run and k not in keys]:
+            del self._suspects[key]
+        confirmed = sorted(pid for r, pid in keys if (r, pid) in self._suspects)
+        for key in keys:
+            self._suspects.setdefault(key, now)
+        if not confirmed:
+            return 0
+        payloads = client.hmget(RunKeys(run).prompts, confirmed)
+        batch = [(pid, len(raw) // 4, None) for pid, raw in zip(confirmed, payloads) if raw]
+        publish_prompts(app, run, queue, batch)
+        for pid in confirmed:
+            self._suspects.pop((run, pid), None)
+        log.warning("audit: republished %d prompts of run %s whose messages were lost: %s",
+                    len(batch), run, ", ".join(p for p, _, _ in batch[:10]))
+        return len(batch)
+
+
+def _task_ids(messages) -> set[str]:
+    ids = set()
+    for message in messages:
+        headers = message.get("headers") or {}
+        if headers.get("id"):
+            ids.add(headers["id"])
+    return ids

@@ -41,6 +41,9 @@ app.conf.update(
         "visibility_timeout": settings.lease_seconds,
         "unacked_restore_interval": settings.restore_interval,
         "unacked_restore_throttle": 1,
+        # A worker killed during a restore sweep leaves the sweep's lock behind;
+        # kombu's 5 minutes would stall every restore for that long.
+        "unacked_mutex_expire": max(10, int(settings.lease_seconds / 2)),
     },
     worker_send_task_events=True,
     task_send_sent_event=True,

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -120,22 +121,26 @@ def _print_enqueue_summary(summary, mode: str) -> None:
 
 @app.command()
 def status(run: Optional[str] = RunOpt, as_json: bool = typer.Option(False, "--json"),
+           watch: Optional[float] = typer.Option(None, "--watch", help="Refresh every N seconds."),
            redis_url: Optional[str] = RedisOpt) -> None:
-    """Queued, in flight, done, dead by reason."""
+    """Queued, in flight, done, dead by reason, rates, ETA, servers and workers."""
     settings, client = _connect(redis_url)
-    from .status import collect_status
+    from rich.live import Live
 
-    report = collect_status(client, _spec(client, run), settings.queue_prefix)
+    from .status import collect_status
+    from .status_view import render_status
+
+    spec = _spec(client, run)
     if as_json:
-        out.print_json(json.dumps(report))
+        sys.stdout.write(json.dumps(collect_status(client, spec, settings.queue_prefix)) + "\n")
         return
-    table = Table(title=f"run {report['run']!r}")
-    for key in ("prompts", "queued", "in_flight", "done", "dead", "output_tokens"):
-        table.add_column(key, justify="right")
-    table.add_row(*(str(report[k]) for k in ("prompts", "queued", "in_flight", "done", "dead", "output_tokens")))
-    out.print(table)
-    for reason, count in report["dead_by_reason"].items():
-        out.print(f"  dead {reason}: {count}")
+    if not watch:
+        out.print(render_status(collect_status(client, spec, settings.queue_prefix)))
+        return
+    with Live(console=out, auto_refresh=False) as live:
+        while True:
+            live.update(render_status(collect_status(client, spec, settings.queue_prefix)), refresh=True)
+            time.sleep(watch)
 
 
 @dead_app.command("list")

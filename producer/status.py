@@ -1,25 +1,38 @@
-"""Where a run stands, read from Redis: what the `status` command prints."""
+"""Where a run stands, read from Redis: what the `status` command prints.
+
+Counts come from the run's ledger, rates from the per-minute counters the
+workers keep, server health from the workers' own heartbeats (each worker's
+view of the servers it is bound to), and the queue depth from the broker.
+"""
 from __future__ import annotations
+
+import time
 
 import redis
 
+from workers import heartbeat
 from workers.deadletter import DeadLetters
 from workers.ledger import Ledger
 from workers.runs import DEAD, DONE, QUEUED, RunSpec, queue_for
+
+RATE_MINUTES = 5
 
 
 def queue_depth(client: redis.Redis, queue: str) -> int:
     """Messages waiting in a Celery queue on Redis (all priority sub-lists)."""
     return sum(int(client.llen(name)) for name in
-               [queue] + [f"{queue}\x06\x16{p}" for p in (1, 2, 3, 4, 5, 6, 7, 8, 9)])
+               [queue] + [f"{queue}\x06\x16{p}" for p in (3, 6, 9)])
 
 
 def collect_status(client: redis.Redis, spec: RunSpec, queue_prefix: str) -> dict:
-    states = Ledger(client, spec.name).counts()
-    counters = Ledger(client, spec.name).counters()
+    ledger = Ledger(client, spec.name)
+    states, counters = ledger.counts(), ledger.counters()
     queue = queue_for(queue_prefix, spec.served_model)
     done, dead, pending = states.get(DONE, 0), states.get(DEAD, 0), states.get(QUEUED, 0)
     waiting = queue_depth(client, queue)
+    samples, tokens, window = ledger.recent(RATE_MINUTES)
+    window = max(1.0, min(window, time.time() - spec.created_at))  # a young run: since it began
+    rate = samples / window
     return {
         "run": spec.name,
         "queue": queue,
@@ -32,5 +45,17 @@ def collect_status(client: redis.Redis, spec: RunSpec, queue_prefix: str) -> dic
         "dead_by_reason": DeadLetters(client, spec.name).stats(),
         "prompt_tokens": counters.get("prompt_tokens", 0),
         "output_tokens": counters.get("output_tokens", 0),
+        "samples_per_s": round(rate, 3),
+        "tokens_per_s": round(tokens / window, 1),
+        "rate_window_s": round(window),
+        "eta_s": round(pending / rate) if rate and pending else (0 if not pending else None),
+        "workers": _workers(client),
         "finished": pending == 0,
     }
+
+
+def _workers(client: redis.Redis) -> list[dict]:
+    now = time.time()
+    return [{"worker": w["worker"], "host": w["host"], "pid": w["pid"],
+             "seen_s_ago": round(now - w["at"], 1), "servers": w["servers"]}
+            for w in heartbeat.read_all(client)]

@@ -11,6 +11,7 @@ Parts, one idea each:
 - `shards`: Parquet shards by group commit.
 - `deadletter`, `ledger`, `runs`: what Redis holds about a run.
 """
+from . import flower_guard  # noqa: F401  (Flower refuses to listen beyond localhost without auth)
 from .app import app
 
 __all__ = ["app"]

@@ -13,6 +13,7 @@ import time
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
+from . import metrics
 from .deadletter import (PROMPT_TOO_LONG, SERVER_ERROR, SERVER_REJECTED, DeadLetter,
                          DeadLetters)
 from .ledger import Ledger
@@ -59,9 +60,7 @@ def process_prompt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[
     while True:
         outcome = _attempt(rt, spec, prompt_id, prompt_ids, sampling, tries)
         if isinstance(outcome, DeadLetter):
-            DeadLetters(rt.redis, spec.name).put(outcome)
-            log.info("prompt %s dead-lettered: %s (%s)", prompt_id, outcome.reason, outcome.message)
-            return f"dead: {outcome.reason}"
+            return _bury(rt, outcome)
         if outcome is None:
             continue
         generation, verdict = outcome
@@ -69,14 +68,24 @@ def process_prompt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[
             if rt.settings.resample_on_verify_failure and not tries.resampled:
                 tries.resampled = True
                 continue
-            letter = _dead(rt, spec, prompt_id, prompt_ids, generation.sampling, tries, verdict.reason,
-                           verdict.message, generation)
-            DeadLetters(rt.redis, spec.name).put(letter)
-            return f"dead: {verdict.reason}"
+            metrics.VERIFY_FAILURES.labels(verdict.reason).inc()
+            return _bury(rt, _dead(rt, spec, prompt_id, prompt_ids, generation.sampling, tries,
+                                   verdict.reason, verdict.message, generation))
         row = _row(rt, spec, prompt_id, prompt_ids, tries, generation, verdict)
         path = rt.shards.submit(spec.name, row).result()
         ledger.mark_done(prompt_id, len(generation.output_ids))
+        metrics.PROMPTS.labels(spec.name, "stored").inc()
+        metrics.TOKENS.labels("prompt").inc(len(prompt_ids))
+        metrics.TOKENS.labels("output").inc(len(generation.output_ids))
         return path
+
+
+def _bury(rt: Runtime, letter: DeadLetter) -> str:
+    DeadLetters(rt.redis, letter.run).put(letter)
+    metrics.PROMPTS.labels(letter.run, "dead").inc()
+    metrics.DEAD_LETTERS.labels(letter.reason).inc()
+    log.info("prompt %s dead-lettered: %s (%s)", letter.id, letter.reason, letter.message)
+    return f"dead: {letter.reason}"
 
 
 def _attempt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], sampling: dict,
@@ -91,8 +100,9 @@ def _attempt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], 
                              f"{len(prompt_ids)} prompt tokens do not fit the context of "
                              f"{binding.max_model_len} tokens of {binding.url}")
             tries.servers.append(binding.url)
-            generation = generate(rt.http, binding.url, prompt_ids,
-                                  _fit_context(sampling, len(prompt_ids), binding.max_model_len), prompt_id)
+            with metrics.LATENCY.labels(binding.url).time():
+                generation = generate(rt.http, binding.url, prompt_ids,
+                                      _fit_context(sampling, len(prompt_ids), binding.max_model_len), prompt_id)
     except NoServer as exc:
         raise GiveBack(str(exc)) from exc
     except ServerRejected as exc:
@@ -130,6 +140,7 @@ def _pause(tries: Attempts, error: str, base: float, cap: float, *, transient: b
         count = tries.unavailable
     if count >= limit:
         return None
+    metrics.RETRIES.labels("transient" if transient else "unavailable").inc()
     time.sleep(random.uniform(0, min(cap, base * 2 ** (count - 1))))
     return True
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from typing import Callable
 
 import httpx
 
@@ -20,8 +21,10 @@ log = logging.getLogger(__name__)
 
 
 class HealthMonitor:
-    def __init__(self, pool: ServerPool, settings: Settings, headers: dict[str, str]):
+    def __init__(self, pool: ServerPool, settings: Settings, headers: dict[str, str],
+                 after_round: Callable[[], None] | None = None):
         self.pool = pool
+        self.after_round = after_round
         self.settings = settings
         self.client = httpx.Client(timeout=settings.health_timeout, headers=headers)
         self._stop = threading.Event()
@@ -51,6 +54,11 @@ class HealthMonitor:
     def _run(self) -> None:
         while not self._stop.is_set():
             self.check_all()
+            if self.after_round:
+                try:
+                    self.after_round()
+                except Exception as exc:  # Redis restarting: the next round writes again
+                    log.debug("heartbeat failed: %r", exc)
             self._wake.wait(self.settings.health_interval)
             self._wake.clear()
 

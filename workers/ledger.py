@@ -9,6 +9,8 @@ the ledger already has.
 """
 from __future__ import annotations
 
+import time
+
 import redis
 
 from .runs import DEAD, DONE, QUEUED, RunKeys
@@ -50,6 +52,9 @@ class Ledger:
             pipe.hdel(self.keys.prompts, prompt_id)
             pipe.hincrby(self.keys.counters, "done", 1)
             pipe.hincrby(self.keys.counters, "output_tokens", output_tokens)
+            minute = int(time.time() // 60)
+            pipe.hincrby(self.keys.minutes, f"{minute}:samples", 1)
+            pipe.hincrby(self.keys.minutes, f"{minute}:tokens", output_tokens)
             pipe.execute()
 
     def mark_dead(self, pipe: redis.client.Pipeline, prompt_id: str) -> None:
@@ -63,6 +68,15 @@ class Ledger:
             state = raw.decode()
             counts[state] = counts.get(state, 0) + 1
         return counts
+
+    def recent(self, minutes: int = 5) -> tuple[int, int, float]:
+        """Samples and output tokens stored in the current minute and the `minutes - 1`
+        before it, and the seconds that window spans so far."""
+        now = time.time()
+        current = int(now // 60)
+        fields = [f"{m}:{k}" for m in range(current - minutes + 1, current + 1) for k in ("samples", "tokens")]
+        values = [int(v or 0) for v in self.client.hmget(self.keys.minutes, fields)]
+        return sum(values[0::2]), sum(values[1::2]), (minutes - 1) * 60 + (now - current * 60)
 
     def counters(self) -> dict[str, int]:
         return {k.decode(): int(v) for k, v in self.client.hgetall(self.keys.counters).items()}

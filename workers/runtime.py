@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import httpx
 import redis
 
+from . import heartbeat, metrics
 from .health import HealthMonitor
 from .redis_client import redis_for
 from .servers import ServerPool
@@ -64,15 +65,18 @@ def _build(worker: str) -> Runtime:
     key = s.sglang_api_key.get_secret_value() if s.sglang_api_key else None
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     pool = ServerPool(s.server_urls, s.max_inflight_per_server)
-    monitor = HealthMonitor(pool, s, headers)
+    client = redis_for(s.redis_url)
+    monitor = HealthMonitor(pool, s, headers, after_round=lambda: heartbeat.publish(
+        client, worker, pool, ttl=3 * s.health_interval + s.health_timeout))
     runtime = Runtime(
         settings=s, worker=worker, pool=pool, monitor=monitor,
         http=make_client(s.pool_size, s.connect_timeout, s.request_timeout, key),
-        redis=redis_for(s.redis_url),
+        redis=client,
         shards=ShardWriter(s.output_dir, worker, s.shard_max_rows, s.shard_max_wait),
     )
     log.warning("worker %s bound to %s; broker %s; shards to %s; %d threads, %d in flight per server",
                 worker, ", ".join(s.server_urls), redact_url(s.redis_url), s.output_dir,
                 s.pool_size, s.max_inflight_per_server)
     monitor.start()
+    metrics.serve(runtime, s.metrics_port)
     return runtime

@@ -68,6 +68,8 @@ class Settings(BaseSettings):
     shard_max_wait: float = 2.0
 
     queue_prefix: str = "fleet.generate"
+    # Prometheus metrics; the next free port is taken when several workers share a node.
+    metrics_port: int = 9808
 
     @field_validator("health_timeout")
     @classmethod

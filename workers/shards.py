@@ -20,6 +20,8 @@ from pathlib import Path
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from . import metrics
+
 log = logging.getLogger(__name__)
 
 SCHEMA = pa.schema([
@@ -131,6 +133,8 @@ class ShardWriter:
             for future in pending.futures:
                 future.set_exception(exc)
             return
+        metrics.SHARD_COMMITS.inc()
+        metrics.SHARD_ROWS.inc(len(pending.rows))
         for future in pending.futures:
             future.set_result(str(path))
 

@@ -1,0 +1,42 @@
+"""The status report as tables for a terminal."""
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+
+
+def _duration(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    hours, rest = divmod(int(seconds), 3600)
+    return f"{hours}h{rest // 60:02d}m{rest % 60:02d}s" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
+def render_status(report: dict) -> Group:
+    counts = Table(title=f"run {report['run']!r} (queue {report['queue']})")
+    columns = ("prompts", "queued", "in_flight", "done", "dead", "samples/s", "tokens/s", "ETA")
+    for column in columns:
+        counts.add_column(column, justify="right")
+    counts.add_row(*(str(report[k]) for k in ("prompts", "queued", "in_flight", "done", "dead")),
+                   f"{report['samples_per_s']:.2f}", f"{report['tokens_per_s']:,.0f}",
+                   "done" if report["finished"] else _duration(report["eta_s"]))
+    parts = [counts]
+    if report["dead_by_reason"]:
+        dead = Table(title="dead letters by reason")
+        dead.add_column("reason")
+        dead.add_column("count", justify="right")
+        for reason, count in report["dead_by_reason"].items():
+            dead.add_row(reason, str(count))
+        parts.append(dead)
+    servers = Table(title="servers, as each worker sees them")
+    for column in ("worker", "seen", "server", "state", "in flight", "model", "note"):
+        servers.add_column(column, overflow="fold")
+    for worker in report["workers"]:
+        for server in worker["servers"]:
+            note = server.get("refusal") or server.get("last_error") or ""
+            servers.add_row(worker["worker"], f"{worker['seen_s_ago']:.0f}s ago", server["url"],
+                            server["state"], str(server["in_flight"]), server.get("model_path") or "", note)
+    if not report["workers"]:
+        servers.add_row("no live worker", "", "", "", "", "", "")
+    parts.append(servers)
+    return Group(*parts)

@@ -1,0 +1,29 @@
+"""What a worker tells Redis about itself, for `python -m producer status`.
+
+After each round of health checks the worker writes its servers' state under
+a key that expires after a few rounds, so a worker that stops writing (dead,
+partitioned) drops out of the status on its own.
+"""
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+
+import redis
+
+from .servers import ServerPool
+
+PREFIX = "fleet:worker:"
+
+
+def publish(client: redis.Redis, worker: str, pool: ServerPool, ttl: float) -> None:
+    record = {"worker": worker, "host": socket.gethostname(), "pid": os.getpid(),
+              "at": time.time(), "servers": pool.snapshot()}
+    client.set(PREFIX + worker, json.dumps(record), ex=max(1, int(ttl)))
+
+
+def read_all(client: redis.Redis) -> list[dict]:
+    keys = sorted(client.scan_iter(match=PREFIX + "*", count=500))
+    return [json.loads(raw) for raw in client.mget(keys) if raw] if keys else []

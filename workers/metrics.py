@@ -1,0 +1,78 @@
+"""Prometheus metrics of one worker process (`FLEET_METRICS_PORT`, 0 to disable).
+
+Counters and histograms are updated where things happen; gauges that describe
+shared state (server health, in-flight requests, queue and dead-letter depth)
+are read when Prometheus scrapes, so they are never stale. Flower has no
+queue-length metric on Redis, hence the queue gauges here.
+"""
+from __future__ import annotations
+
+import logging
+
+from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+
+log = logging.getLogger(__name__)
+
+PROMPTS = Counter("fleet_prompts_total", "Prompts finished, by outcome (stored or dead).", ["run", "outcome"])
+TOKENS = Counter("fleet_tokens_total", "Tokens of stored samples, by direction (prompt or output).", ["direction"])
+LATENCY = Histogram("fleet_generation_seconds", "One /generate request, sent to answered.", ["server"],
+                    buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 3600))
+VERIFY_FAILURES = Counter("fleet_verification_failures_total", "Generations failing a think rule.", ["reason"])
+DEAD_LETTERS = Counter("fleet_dead_letters_total", "Prompts dead-lettered, by reason.", ["reason"])
+RETRIES = Counter("fleet_retries_total", "Requests tried again, by kind (transient or unavailable).", ["kind"])
+SHARD_COMMITS = Counter("fleet_shard_commits_total", "Shard files made durable.")
+SHARD_ROWS = Counter("fleet_shard_rows_total", "Samples written into shards.")
+
+
+class FleetCollector:
+    """Gauges read at scrape time from the worker's runtime and Redis."""
+
+    def __init__(self, runtime):
+        self.runtime = runtime
+
+    def collect(self):
+        up = GaugeMetricFamily("fleet_server_up", "1 when the server is healthy and accepted.", labels=["server"])
+        in_flight = GaugeMetricFamily("fleet_server_in_flight", "Requests in flight.", labels=["server"])
+        for b in self.runtime.pool.bindings:
+            up.add_metric([b.url], 1.0 if b.usable else 0.0)
+            in_flight.add_metric([b.url], b.in_flight)
+        yield up
+        yield in_flight
+        yield from self._depths()
+
+    def _depths(self):
+        from .runs import RUNS_KEY, RunKeys, load_spec, queue_for
+
+        queue = GaugeMetricFamily("fleet_queue_depth", "Prompts waiting in the queue.", labels=["queue"])
+        dead = GaugeMetricFamily("fleet_dead_letter_depth", "Dead letters of a run.", labels=["run"])
+        client, prefix = self.runtime.redis, self.runtime.settings.queue_prefix
+        try:
+            queues = {prefix}
+            for raw in client.smembers(RUNS_KEY):
+                run = raw.decode()
+                spec = load_spec(client, run)
+                queues.add(queue_for(prefix, spec.served_model if spec else None))
+                dead.add_metric([run], client.hlen(RunKeys(run).dead))
+            for name in sorted(queues):
+                queue.add_metric([name], client.llen(name))
+        except Exception as exc:  # Redis restarting: report what we have
+            log.debug("queue depth unavailable: %r", exc)
+        yield queue
+        yield dead
+
+
+def serve(runtime, port: int) -> int | None:
+    """Serve /metrics on `port`, or the next free one (several workers on a node)."""
+    if port <= 0:
+        return None
+    REGISTRY.register(FleetCollector(runtime))
+    for candidate in range(port, port + 32):
+        try:
+            start_http_server(candidate)
+        except OSError:
+            continue
+        log.warning("metrics on http://0.0.0.0:%d/metrics", candidate)
+        return candidate
+    log.warning("no free metrics port in %d-%d; metrics disabled", port, port + 31)
+    return None

@@ -59,6 +59,7 @@ def enqueue(
     think_end: str = typer.Option("</think>", help="Think-end token text."),
     disable_rule: list[str] = typer.Option([], help="Verification rule codes to switch off."),
     max_prompt_tokens: Optional[int] = typer.Option(None, help="Reject longer prompts here."),
+    max_queued: int = typer.Option(100_000, min=0, help="Hold back while the queue is deeper than this (0: never)."),
     run: Optional[str] = RunOpt,
     redis_url: Optional[str] = RedisOpt,
 ) -> None:
@@ -96,7 +97,8 @@ def enqueue(
                   console=err, transient=True) as bar:
         task = bar.add_task("read", total=size)
         summary = enqueue_file(prompts, spec, chat, client, celery_app, settings.queue_prefix,
-                               max_prompt_tokens, on_progress=lambda pos: bar.update(task, completed=pos))
+                               max_prompt_tokens, on_progress=lambda pos: bar.update(task, completed=pos),
+                               max_queue_depth=max_queued)
     _print_enqueue_summary(summary, mode)
     if summary.rejected:
         raise typer.Exit(1)
@@ -117,6 +119,8 @@ def _print_enqueue_summary(summary, mode: str) -> None:
     table.add_row(str(summary.published), str(summary.prompt_tokens), already,
                   str(len(summary.duplicates)), str(len(summary.rejected)), f"{rate:,.0f}")
     out.print(table)
+    if summary.held_back:
+        out.print(f"held back {summary.held_back:.0f}s while the queue was deeper than --max-queued")
 
 
 @app.command()

@@ -23,7 +23,7 @@ from workers.runs import THINK_IN_PROMPT, RunSpec, load_spec, queue_for, save_sp
 from .chat import ChatTokenizer
 from .prompts import BadLine, Prompt, read_prompts
 
-BATCH = 256
+BATCH = 256  # prompts tokenized and published together
 
 
 @dataclass
@@ -43,6 +43,7 @@ class EnqueueSummary:
     duplicates: list[Rejection] = field(default_factory=list)
     rejected: list[Rejection] = field(default_factory=list)
     seconds: float = 0.0
+    held_back: float = 0.0  # seconds spent waiting for the queue to drain
 
     @property
     def skipped(self) -> int:
@@ -69,7 +70,8 @@ def prepare_run(client: redis.Redis, spec: RunSpec) -> RunSpec:
 
 def enqueue_file(path: Path, spec: RunSpec, chat: ChatTokenizer, client: redis.Redis, app,
                  queue_prefix: str, max_prompt_tokens: int | None = None,
-                 on_progress: Callable[[int], None] | None = None) -> EnqueueSummary:
+                 on_progress: Callable[[int], None] | None = None,
+                 max_queue_depth: int = 0) -> EnqueueSummary:
     queue = queue_for(queue_prefix, spec.served_model)
     summary = EnqueueSummary(run=spec.name, queue=queue)
     ledger, seen = Ledger(client, spec.name), set()
@@ -77,6 +79,8 @@ def enqueue_file(path: Path, spec: RunSpec, chat: ChatTokenizer, client: redis.R
     with open(path, "rb") as handle:
         for batch in _batches(read_prompts(handle), BATCH):
             fresh = _select(batch, ledger, seen, summary)
+            if fresh and max_queue_depth:
+                summary.held_back += _hold_back(client, queue, max_queue_depth)
             if fresh:
                 ready = _tokenize(fresh, spec, chat, max_prompt_tokens, summary)
                 _publish(ready, spec, client, app, queue, ledger, summary)
@@ -84,6 +88,18 @@ def enqueue_file(path: Path, spec: RunSpec, chat: ChatTokenizer, client: redis.R
                 on_progress(handle.tell())
     summary.seconds = time.monotonic() - started
     return summary
+
+
+def _hold_back(client: redis.Redis, queue: str, bound: int, poll: float = 1.0) -> float:
+    """Wait while the queue is deeper than `bound`, so a run of 10^7 prompts never sits
+    in Redis at once; returns the seconds waited."""
+    from .status import queue_depth
+
+    waited = 0.0
+    while queue_depth(client, queue) > bound:
+        time.sleep(poll)
+        waited += poll
+    return waited
 
 
 def _batches(items: Iterable, size: int) -> Iterator[list]:

@@ -88,3 +88,17 @@ def test_a_run_refuses_prompts_prepared_differently(fleet, tmp_path):
     assert result.returncode == 2
     assert "sampling" in result.stderr and "--run" in result.stderr
     fleet.producer("enqueue", str(path), "--max-new-tokens", "2000", "--run", "second")
+
+
+def test_enqueue_holds_back_while_the_queue_is_deep(fleet, tmp_path):
+    # Given a slow server and a bound on the queue far below the file's size
+    _, url = fleet.standin("--step-base", "0.01", "--max-running-requests", "32")
+    fleet.worker("w1", [url], FLEET_MAX_INFLIGHT_PER_SERVER="32")
+    records = varied_prompts(300)
+
+    # When the file is enqueued
+    result = fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", records)), "--max-queued", "50")
+
+    # Then enqueue waited for the queue to drain rather than pile every prompt into Redis
+    assert "held back" in result.stdout
+    assert fleet.wait_finished(timeout=300) == {"done": 300}

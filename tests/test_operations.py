@@ -88,3 +88,27 @@ def test_a_redis_password_stays_out_of_logs_and_status(fleet, tmp_path):
     status = fleet.producer("status")
     for text in (worker.log.read_text(), enqueue.stdout, enqueue.stderr, status.stdout, status.stderr):
         assert "pw-hunter2" not in text
+
+
+def test_a_pickled_message_is_refused_by_the_worker(fleet, tmp_path):
+    # Given a worker, and a prompt enqueued normally
+    _, url = fleet.standin()
+    worker = fleet.worker("w1", [url])
+    fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(1))))
+    fleet.wait_finished()
+
+    # When someone publishes a pickle-serialized task onto the queue
+    from kombu import Connection
+
+    with Connection(fleet.redis_url) as connection:
+        producer = connection.Producer(serializer="pickle")
+        producer.publish({"task": "fleet.generate"}, routing_key="fleet.generate",
+                         headers={"task": "fleet.generate", "id": "default:evil"})
+
+    # Then the worker refuses to deserialize it and runs nothing
+    def refused() -> bool:
+        return "content of type pickle" in worker.log.read_text()
+
+    wait_for(refused, 30, "refusal in the worker log")
+    log = worker.log.read_text()
+    assert "default:evil] succeeded" not in log and worker.alive()

@@ -10,7 +10,8 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
+                           TimeRemainingColumn)
 from rich.table import Table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
@@ -216,7 +217,10 @@ def dead_requeue(run: Optional[str] = RunOpt, reason: list[str] = typer.Option([
         return
     if not yes:
         typer.confirm(f"requeue {len(letters)} dead letters of run {spec.name!r}?", abort=True)
-    count = requeue(client, celery_app, spec, letters, settings.queue_prefix, max_new_tokens)
+    with Progress(TextColumn("requeue"), BarColumn(), MofNCompleteColumn(), console=err, transient=True) as bar:
+        task = bar.add_task("requeue", total=len(letters))
+        count = requeue(client, celery_app, spec, letters, settings.queue_prefix, max_new_tokens,
+                        on_progress=lambda n: bar.update(task, completed=n))
     out.print(f"requeued {count} prompts" + (f" with max_new_tokens={max_new_tokens}" if max_new_tokens else ""))
 
 

@@ -1,6 +1,8 @@
 """Replaying dead letters: back onto the queue, optionally with a larger budget."""
 from __future__ import annotations
 
+from typing import Callable
+
 import redis
 
 from workers.deadletter import DeadLetter, DeadLetters
@@ -12,7 +14,7 @@ from workers.runs import RunSpec, queue_for
 
 
 def requeue(client: redis.Redis, app, spec: RunSpec, letters: list[DeadLetter], queue_prefix: str,
-            max_new_tokens: int | None = None) -> int:
+            max_new_tokens: int | None = None, on_progress: Callable[[int], None] | None = None) -> int:
     """Put the letters' prompts back in the ledger and on the queue; the letters go."""
     if not letters:
         return 0
@@ -27,4 +29,6 @@ def requeue(client: redis.Redis, app, spec: RunSpec, letters: list[DeadLetter], 
             pipe.execute()
         publish_prompts(app, spec.name, queue, [
             (d.id, d.prompt_tokens, max_new_tokens or d.sampling.get("max_new_tokens")) for d in chunk])
+        if on_progress:
+            on_progress(start + len(chunk))
     return len(letters)

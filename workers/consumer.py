@@ -1,13 +1,15 @@
 """Celery's consumer, made to survive a Redis restart.
 
 Seen with Celery 5.7.0 / kombu 5.7.0 (threads pool): when Redis restarts, the
-consumer's clean-up calls `connection.collect()`, which can drop the
-transport's client and then fail; the following `connection.close()` makes the
-channel restore its unacknowledged messages, needs a new Redis client, and
-raises `AttributeError: 'NoneType' object has no attribute 'hostname'`. The
-consumer treats that as unrecoverable and never consumes again. Here that one
-error is contained: the messages it could not restore stay in Redis's
-`unacked` set, and the restore sweep (the lease) hands them out again.
+consumer's clean-up (`connection.collect()`) detaches the old transport from
+its connection (`transport.client = None`). Tasks still running then finish
+and acknowledge through their old channel, which needs a new Redis client,
+reads its settings from `transport.client` and raises `AttributeError:
+'NoneType' object has no attribute 'hostname'` on the event loop; the worker
+calls that unrecoverable and stops consuming. Here the old transport keeps its
+connection settings, so those acknowledgements reach the restarted Redis, and
+an error while closing the dead connection is contained: whatever it could
+not restore stays in Redis's unacked set for the lease sweep.
 """
 from __future__ import annotations
 
@@ -21,15 +23,25 @@ log = logging.getLogger(__name__)
 class FleetConsumer(Consumer):
     def on_connection_error_after_connected(self, exc):
         connection = self.connection
+        transport = getattr(connection, "_transport", None)
         if connection is not None:
             close = connection.close
 
-            def close_tolerating_lost_client() -> None:
+            def close_keeping_settings() -> None:
+                _reattach(transport, connection)
                 try:
                     close()
                 except AttributeError as error:
                     log.warning("broker connection closed uncleanly (%r); unacknowledged prompts "
                                 "return through the lease sweep", error)
+                _reattach(transport, connection)
 
-            connection.close = close_tolerating_lost_client
+            connection.close = close_keeping_settings
         super().on_connection_error_after_connected(exc)
+        _reattach(transport, connection)
+
+
+def _reattach(transport, connection) -> None:
+    """Let channels of a dropped transport still build clients (for late acks)."""
+    if transport is not None and getattr(transport, "client", None) is None:
+        transport.client = connection

@@ -40,9 +40,11 @@ def long_prompts(n: int, target_tokens: int, count_tokens) -> list[tuple[str, li
     sizes = [count_tokens(t) for t in texts]
     out = []
     for i in range(n):
-        parts, total, j = [], 0, i
-        while total < target_tokens - 8:  # the template adds a few tokens
+        parts, total, j = [], 4, i  # the template adds a few tokens
+        while total < target_tokens:
             k = j % len(texts)
+            if parts and total + sizes[k] + 1 - target_tokens > target_tokens - total:
+                break  # stopping short is closer to the target than adding this piece
             parts.append(texts[k])
             total += sizes[k] + 1
             j += 1

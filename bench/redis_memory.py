@@ -26,19 +26,18 @@ class RedisOptions:
 
 
 def message_anatomy(element: bytes) -> dict:
-    """Sizes of one queued kombu message: the element, its body, the task arguments."""
+    """Sizes of one queued kombu message: the element, its body, headers, arguments."""
     envelope = json.loads(element)
     body = envelope.get("body", "")
     encoding = envelope.get("properties", {}).get("body_encoding")
     decoded = base64.b64decode(body) if encoding == "base64" else body.encode()
-    args = json.loads(decoded)[0]
     headers = envelope.get("headers", {})
     return {
         "element_bytes": len(element),
         "body_bytes": len(body),
         "body_encoding": encoding,
         "body_decoded_bytes": len(decoded),
-        "packed_ids_chars": len(args[2]) if len(args) > 2 else None,
+        "task_args": json.loads(decoded)[0],
         "headers_bytes": len(json.dumps(headers)),
         "argsrepr_chars": len(headers.get("argsrepr") or ""),
         "rest_bytes": len(element) - len(body) - len(json.dumps(headers)),
@@ -46,6 +45,7 @@ def message_anatomy(element: bytes) -> dict:
 
 
 def run_redis_memory(lab: Lab, opts: RedisOptions, log) -> dict:
+    from workers.runs import RunKeys
     from workers.settings import get_settings
 
     chat = chat_tokenizer()
@@ -59,8 +59,9 @@ def run_redis_memory(lab: Lab, opts: RedisOptions, log) -> dict:
     summary = enqueue(path, "rm", opts.max_new_tokens)
     after = int(client.info("memory")["used_memory"])
     queue = get_settings().queue_prefix
-    queue_bytes = int(client.memory_usage(queue, samples=0) or 0)
-    ledger_bytes = int(client.memory_usage("fleet:run:rm:state", samples=0) or 0)
+    keys = RunKeys("rm")
+    usage = {name: int(client.memory_usage(key, samples=0) or 0) for name, key in
+             (("queue", queue), ("ledger_state", keys.state), ("ledger_prompts", keys.prompts))}
     first = client.lindex(queue, 0)
     result = {
         "prompts": summary.published,
@@ -69,8 +70,8 @@ def run_redis_memory(lab: Lab, opts: RedisOptions, log) -> dict:
         "used_memory_growth": after - before,
         "bytes_per_token": (after - before) / summary.prompt_tokens,
         "bytes_per_prompt": (after - before) / summary.published,
-        "queue_bytes_per_prompt": queue_bytes / summary.published,
-        "ledger_bytes_per_prompt": ledger_bytes / summary.published,
+        "key_bytes_per_prompt": {name: b / summary.published for name, b in usage.items()},
+        "other_bytes_per_prompt": (after - before - sum(usage.values())) / summary.published,
         "queue_length": int(client.llen(queue)),
         "message": message_anatomy(first) if first else None,
     }

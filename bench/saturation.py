@@ -15,6 +15,7 @@ newest shard file's mtime).
 """
 from __future__ import annotations
 
+import threading
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -86,14 +87,48 @@ def _stop_all(lab: Lab, standins: list[Standin]) -> None:
     lab.stop([s.process for s in standins])
 
 
+class RunningSampler:
+    """Requests running on the stand-ins, sampled once a second in a thread.
+
+    The mean over non-idle samples shows how full the batches were on each
+    side; it includes the drain at the end, when both sides run dry.
+    """
+
+    def __init__(self, standins: list[Standin], period: float = 1.0):
+        self.standins, self.period = standins, period
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.period):
+            try:
+                self.samples.append(sum(s.stats()["running"] for s in self.standins))
+            except Exception:  # a stand-in being stopped: the run is over
+                return
+
+    def __enter__(self) -> "RunningSampler":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+
+    def mean(self) -> float | None:
+        busy = [r for r in self.samples if r > 0]
+        return sum(busy) / len(busy) if busy else None
+
+
 def measure_ideal(lab: Lab, topo: Topology, prompt_ids: list[tuple[str, list[int]]],
                   opts: SatOptions) -> dict:
     standins = lab.standins(topo.servers, opts.standin_options(topo.batch))
     try:
         pids = [s.process.popen.pid for s in standins]
         cpu0 = sum(cpu_seconds(p) for p in pids)
-        result = run_ideal([s.url for s in standins], prompt_ids, topo.batch,
-                           sampling_params(opts.max_new_tokens))
+        with RunningSampler(standins) as running:
+            result = run_ideal([s.url for s in standins], prompt_ids, topo.batch,
+                               sampling_params(opts.max_new_tokens))
         standin_cpu = sum(cpu_seconds(p) for p in pids) - cpu0
         stats = [s.stats() for s in standins]
     finally:
@@ -102,7 +137,8 @@ def measure_ideal(lab: Lab, topo: Topology, prompt_ids: list[tuple[str, list[int
         raise RuntimeError(f"ideal client: {result.errors} requests failed")
     return {"throughput": server_throughput(stats), "requests": result.requests,
             "client_tokens": result.output_tokens, "client_cpu_s": result.client_cpu_seconds,
-            "standin_cpu_s": standin_cpu, "wall_s": result.wall_seconds}
+            "standin_cpu_s": standin_cpu, "wall_s": result.wall_seconds,
+            "mean_running_sampled": running.mean()}
 
 
 def measure_fleet(lab: Lab, topo: Topology, prompt_file: Path, total: int, opts: SatOptions) -> dict:
@@ -120,16 +156,9 @@ def measure_fleet(lab: Lab, topo: Topology, prompt_file: Path, total: int, opts:
         worker = lab.worker(f"sat-{topo.name}", env)
         trace = CpuTrace({"worker": worker.popen.pid, "redis": lab.redis_pid,
                           **{f"standin{i}": s.process.popen.pid for i, s in enumerate(standins)}})
-        running: list[int] = []
-        last_look = [0.0]
-
-        def poll() -> None:
-            trace.sample()
-            if time.monotonic() - last_look[0] >= 1.0:  # how full the batches are
-                last_look[0] = time.monotonic()
-                running.append(sum(s.stats()["running"] for s in standins))
-
-        states = lab.wait_finished(run, total, opts.timeout, [worker, *(s.process for s in standins)], poll)
+        with RunningSampler(standins) as running:
+            states = lab.wait_finished(run, total, opts.timeout, [worker, *(s.process for s in standins)],
+                                       trace.sample)
         trace.sample()
         stats = [s.stats() for s in standins]
     finally:
@@ -137,7 +166,6 @@ def measure_fleet(lab: Lab, topo: Topology, prompt_file: Path, total: int, opts:
     throughput = server_throughput(stats)
     durable = newest_shard_mtime(output_dir / run)
     start, end = throughput["first_start"], durable or throughput["last_end"]
-    busy = [r for r in running if r > 0]
     return {
         "throughput": throughput,
         "states": states,
@@ -149,7 +177,7 @@ def measure_fleet(lab: Lab, topo: Topology, prompt_file: Path, total: int, opts:
         "redis_cpu_s_window": trace.window("redis", start, end),
         "standin_cpu_s_window": sum(trace.window(f"standin{i}", start, end) for i in range(len(standins))),
         "window_s": end - start,
-        "mean_running_sampled": sum(busy) / len(busy) if busy else None,
+        "mean_running_sampled": running.mean(),
         "fleet_env": env,
     }
 

@@ -44,7 +44,8 @@ class WorkerOptions:
 def run_worker_cost(lab: Lab, opts: WorkerOptions, log) -> dict:
     lab.flush()
     k = opts.samples
-    phases = [("warmup", opts.warmup), ("k", k), ("4k", 3 * k)]
+    # Cumulative samples after each phase: k, 2k, 4k (the warm-up is not counted).
+    phases = [("warmup", opts.warmup), ("k", k), ("2k", k), ("4k", 2 * k)]
     files, offset = {}, 0
     for name, count in phases:  # distinct ids across phases, all from the examples
         prompts = [(f"{name}-{pid}", m) for pid, m in repeated(offset + count)[offset:]]
@@ -77,11 +78,15 @@ def run_worker_cost(lab: Lab, opts: WorkerOptions, log) -> dict:
     finally:
         lab.stop([worker, standins[0].process])
     tokens = opts.output_len_median
+    after_k = [r for n, r in readings.items() if n != "warmup"]
     return {
         "cpu_ms_per_sample": readings["k"]["worker_cpu_ms_per_sample"],
-        "cpu_ms_per_sample_4k_phase": readings["4k"]["worker_cpu_ms_per_sample"],
+        "cpu_ms_per_sample_after_k": (sum(r["worker_cpu_s"] for r in after_k[1:])
+                                      / sum(r["samples"] for r in after_k[1:]) * 1000),
         "output_tokens_per_sample": tokens,
+        "rss_after_warmup": readings["warmup"]["rss_bytes"],
         "rss_after_k": readings["k"]["rss_bytes"],
+        "rss_after_2k": readings["2k"]["rss_bytes"],
         "rss_after_4k": readings["4k"]["rss_bytes"],
         "rss_ratio": readings["4k"]["rss_bytes"] / readings["k"]["rss_bytes"],
         "k": k,

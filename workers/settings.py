@@ -24,7 +24,8 @@ class Settings(BaseSettings):
     # Routing: requests in flight per server. SGLang batches continuously and
     # needs tens to hundreds of requests in flight to keep a GPU busy.
     max_inflight_per_server: int = 128
-    # Threads in the worker pool; 0 means max_inflight_per_server x servers.
+    # Threads in the worker pool; 0 means twice max_inflight_per_server x servers,
+    # so that samples waiting for their shard's group commit leave no server slot idle.
     concurrency: int = 0
 
     # Health checks: SGLang answers /health in about a second, so never time
@@ -82,7 +83,7 @@ class Settings(BaseSettings):
 
     @property
     def pool_size(self) -> int:
-        return self.concurrency or min(self.max_inflight_per_server * len(self.server_urls), 1024)
+        return self.concurrency or min(2 * self.max_inflight_per_server * len(self.server_urls), 1024)
 
 
 @lru_cache(maxsize=1)

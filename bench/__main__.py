@@ -1,0 +1,215 @@
+"""`python -m bench`: the fleet's figures, measured against real processes.
+
+Parts (each can be chosen with --parts, each sized by its flags):
+  saturation       fleet vs ideal client, server-side tokens/s, and the tail
+  producer         enqueue prompts/s vs tokenizer-only prompts/s
+  worker           worker CPU ms per sample, and worker RSS after k and 4k samples
+  redis            Redis bytes per queued prompt token
+  producer-memory  producer peak RSS for n and 4n input lines
+
+Defaults are sized to finish in about five minutes on a 2-core machine; every
+goal is a ratio or a size measured within the same run.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from .report import Figure, at_least, at_most, print_table, write_json
+
+PARTS = ("saturation", "producer", "worker", "redis", "producer-memory")
+MiB = 1024 * 1024
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {', '.join(PARTS)}")
+    p.add_argument("--json", type=Path, help="also write every figure and its details here")
+    p.add_argument("--workdir", type=Path, help="logs, prompt files and shards (default: a temporary folder)")
+    p.add_argument("--keep", action="store_true", help="keep the work folder (always kept after a failure)")
+    s = p.add_argument_group("saturation")
+    s.add_argument("--prompts", type=int, default=600, help="N prompts per side")
+    s.add_argument("--topologies", default="2x64,1x256", help="SERVERSxBATCH, comma-separated")
+    s.add_argument("--max-new-tokens", type=int, default=8192)
+    s.add_argument("--output-len-median", type=float, default=600)
+    s.add_argument("--output-len-sigma", type=float, default=0.7)
+    s.add_argument("--output-len-max", type=int, default=4000)
+    s.add_argument("--step-base", type=float, default=0.004)
+    s.add_argument("--step-per-request", type=float, default=0.00002)
+    s.add_argument("--fleet-env", action="append", default=[], metavar="KEY=VALUE",
+                   help="extra worker environment for the fleet side, e.g. FLEET_CONCURRENCY=256")
+    s.add_argument("--ratio-goal", type=float, default=0.97)
+    g = p.add_argument_group("producer speed")
+    g.add_argument("--producer-prompts", type=int, default=5000)
+    g.add_argument("--producer-reps", type=int, default=2)
+    w = p.add_argument_group("worker cost and memory")
+    w.add_argument("--worker-samples", type=int, default=500, help="k: RSS after k and after 4k samples")
+    w.add_argument("--worker-warmup", type=int, default=100)
+    w.add_argument("--worker-output-len", type=float, default=4000)
+    r = p.add_argument_group("redis memory")
+    r.add_argument("--redis-prompts", type=int, default=5000)
+    r.add_argument("--redis-prompt-tokens", type=int, default=300)
+    m = p.add_argument_group("producer memory")
+    m.add_argument("--producer-lines", type=int, default=2000, help="n: peak RSS for n and 4n lines")
+    args = p.parse_args(argv)
+    args.parts = [x.strip() for x in args.parts.split(",") if x.strip()]
+    unknown = set(args.parts) - set(PARTS)
+    if unknown:
+        p.error(f"unknown part(s) {sorted(unknown)}")
+    return args
+
+
+def _env_pairs(items: list[str]) -> dict[str, str]:
+    pairs = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise SystemExit(f"--fleet-env wants KEY=VALUE, not {item!r}")
+        pairs[key] = value
+    return pairs
+
+
+def _num(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.0f}"
+
+
+def saturation_figures(results: list[dict], goal: float) -> list[Figure]:
+    figures = []
+    for r in results:
+        part, i, f = f"1 saturation {r['topology']['name']}", r["ideal"], r["fleet"]
+        same = "" if r["same_tokens"] else " (token totals differ!)"
+        figures += [
+            Figure(part, "ideal client, server tokens/s", i["throughput"]["tokens_per_s"], "{:,.0f}",
+                   note=f"{r['prompts']} prompts, {i['throughput']['tokens']:,} tokens{same}"),
+            Figure(part, "fleet, server tokens/s", f["throughput"]["tokens_per_s"], "{:,.0f}",
+                   note="sum over servers of tokens / (last_end - first_start)"),
+            Figure(part, "ratio fleet / ideal", r["ratio"], "{:.3f}", goal=f">= {goal}",
+                   met=at_least(r["ratio"], goal)),
+            Figure(part, "tail: last token -> last shard durable", f["tail_s"], "{:.2f}", "s",
+                   note="includes up to FLEET_SHARD_MAX_WAIT of group commit"),
+            Figure(part, "worker CPU in window", f["worker_cpu_s_window"], "{:.1f}", "s",
+                   note=(f"over {f['window_s']:.1f} s; stand-ins {f['standin_cpu_s_window']:.1f} s, "
+                         f"redis {f['redis_cpu_s_window']:.1f} s, ideal client {i['client_cpu_s']:.1f} s; "
+                         f"2 cores shared")),
+            Figure(part, "requests running, fleet (sampled mean)", f["mean_running_sampled"], "{:.0f}",
+                   note=f"ideal client {_num(i['mean_running_sampled'])}; cap "
+                        f"{r['topology']['servers'] * r['topology']['batch']}; 1/s, drain included"),
+        ]
+    return figures
+
+
+def _exit_on_sigterm(signum, frame) -> None:
+    raise SystemExit(128 + signum)  # so the Lab stops every process it started
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    signal.signal(signal.SIGTERM, _exit_on_sigterm)
+    console = Console(width=None if sys.stdout.isatty() else 150)  # a log file gets the full table
+    log = lambda message: console.print(f"[dim]{time.strftime('%H:%M:%S')}[/dim] {message}")  # noqa: E731
+    root = args.workdir or Path(tempfile.mkdtemp(prefix="fleet-bench-"))
+    root = root.resolve()
+    from .lab import Lab  # after parsing: --help stays instant
+
+    started = time.monotonic()
+    figures: list[Figure] = []
+    details: dict = {}
+    ok = False
+    try:
+        with Lab(root) as lab:
+            log(f"work folder {root}; redis {lab.redis_url}")
+            if "saturation" in args.parts:
+                from .saturation import SatOptions, Topology, run_saturation
+
+                topologies = [Topology(*map(int, t.lower().split("x"))) for t in args.topologies.split(",")]
+                opts = SatOptions(prompts=args.prompts, max_new_tokens=args.max_new_tokens,
+                                  output_len_median=args.output_len_median,
+                                  output_len_sigma=args.output_len_sigma,
+                                  output_len_max=args.output_len_max, step_base=args.step_base,
+                                  step_per_request=args.step_per_request, topologies=topologies,
+                                  fleet_env=_env_pairs(args.fleet_env))
+                details["saturation"] = run_saturation(lab, opts, log)
+                figures += saturation_figures(details["saturation"], args.ratio_goal)
+            if "producer" in args.parts:
+                from .producer_speed import ProducerOptions, run_producer_speed
+
+                d = details["producer"] = run_producer_speed(
+                    lab, ProducerOptions(prompts=args.producer_prompts, reps=args.producer_reps), log)
+                part = "2 producer speed"
+                figures += [
+                    Figure(part, "tokenizer only (render), prompts/s", d["tokenize_prompts_per_s"], "{:,.0f}",
+                           note=f"{d['prompts']} prompts, {d['mean_prompt_tokens']:.0f} tokens each, "
+                                f"batches of {d['batch']}"),
+                    Figure(part, "enqueue_file to Redis, prompts/s", d["enqueue_prompts_per_s"], "{:,.0f}",
+                           note=f"{d['reps'][0]['enqueue_cpu_us_per_prompt']:.0f} us CPU per prompt"),
+                    Figure(part, "ratio enqueue / tokenizer", d["ratio"], "{:.2f}", goal=">= 0.7",
+                           met=at_least(d["ratio"], 0.7), note=f"median of {len(d['reps'])} alternating reps"),
+                ]
+            if "worker" in args.parts:
+                from .worker_cost import WorkerOptions, run_worker_cost
+
+                d = details["worker"] = run_worker_cost(lab, WorkerOptions(
+                    samples=args.worker_samples, warmup=args.worker_warmup,
+                    output_len_median=args.worker_output_len,
+                    output_len_max=int(args.worker_output_len * 1.025)), log)
+                k = d["k"]
+                figures += [
+                    Figure("3 worker cost", "worker CPU per sample", d["cpu_ms_per_sample"], "{:.1f}", "ms",
+                           note=f"over {k} samples of ~{d['output_tokens_per_sample']:.0f} tokens, instant "
+                                f"stand-in; next {3 * k}: {d['cpu_ms_per_sample_after_k']:.1f} ms"),
+                    Figure("5 memory", f"worker RSS after {k} / after {4 * k} samples",
+                           d["rss_ratio"], "{:.3f}", goal="<= 1.10 (flat)", met=at_most(d["rss_ratio"], 1.10),
+                           note=f"RSS after warm-up / k / 2k / 4k: {d['rss_after_warmup'] / MiB:.0f} / "
+                                f"{d['rss_after_k'] / MiB:.0f} / {d['rss_after_2k'] / MiB:.0f} / "
+                                f"{d['rss_after_4k'] / MiB:.0f} MiB"),
+                ]
+            if "redis" in args.parts:
+                from .redis_memory import RedisOptions, run_redis_memory
+
+                d = details["redis"] = run_redis_memory(lab, RedisOptions(
+                    prompts=args.redis_prompts, prompt_tokens=args.redis_prompt_tokens), log)
+                parts = ", ".join(f"{k} {v:.0f}" for k, v in d["key_bytes_per_prompt"].items())
+                figures.append(Figure(
+                    "4 redis memory", "bytes per queued prompt token", d["bytes_per_token"], "{:.2f}", "B",
+                    goal="<= 7", met=at_most(d["bytes_per_token"], 7.0),
+                    note=f"{d['prompts']} prompts x {d['mean_prompt_tokens']:.0f} tokens; per prompt "
+                         f"{d['bytes_per_prompt']:.0f} B ({parts}, other {d['other_bytes_per_prompt']:.0f})"))
+            if "producer-memory" in args.parts:
+                from .producer_memory import ProducerMemoryOptions, run_producer_memory
+
+                d = details["producer_memory"] = run_producer_memory(
+                    lab, ProducerMemoryOptions(lines=args.producer_lines), log)
+                n = d["n"]
+                figures.append(Figure(
+                    "5 memory", f"producer peak RSS {4 * n} / {n} lines", d["ratio"], "{:.3f}",
+                    goal="<= 1.10 (flat)", met=at_most(d["ratio"], 1.10),
+                    note=f"{d['runs']['n']['peak_rss_bytes'] / MiB:.0f} MiB -> "
+                         f"{d['runs']['4n']['peak_rss_bytes'] / MiB:.0f} MiB (python -m producer enqueue)"))
+        ok = True
+    finally:
+        seconds = time.monotonic() - started
+        if figures:
+            print_table(figures, console, f"fleet bench ({seconds:.0f} s, {os.cpu_count()} cores)")
+        if args.json:
+            meta = {"argv": sys.argv, "seconds": seconds, "cpus": os.cpu_count(), "workdir": str(root),
+                    "complete": ok, "time": time.strftime("%Y-%m-%dT%H:%M:%S%z")}
+            write_json(args.json, figures, details, meta)
+            console.print(f"figures written to {args.json}")
+        if ok and not args.keep and not args.workdir:
+            shutil.rmtree(root, ignore_errors=True)
+        elif not ok:
+            console.print(f"[red]failed[/red]; logs kept in {root / 'logs'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -4,7 +4,6 @@ from __future__ import annotations
 import os
 import re
 import secrets
-import shutil
 import socket
 import sys
 from pathlib import Path
@@ -232,7 +231,7 @@ def test_no_password_or_api_key_appears_in_logs_status_or_flower(locked_fleet, t
     status = fleet.producer("status")
     wait_for(lambda: succeeded(url, worker) == 3, 30, "flower counting 3 succeeded tasks")
     pages = {path: httpx.get(url + path, auth=auth, timeout=30) for path in (
-        "/", "/workers?json=1&refresh=1", f"/worker/{worker}", "/tasks", f"/task/default:p-0000",
+        "/", "/workers?json=1&refresh=1", f"/worker/{worker}", "/tasks", "/task/default:p-0000",
         "/broker", "/api/workers?refresh=1", "/api/tasks", "/api/queues/length", "/metrics")}
 
     # Then neither secret shows anywhere: not in Flower's or the worker's log, not in the

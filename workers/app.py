@@ -7,6 +7,7 @@ many requests in flight per SGLang server.
 from __future__ import annotations
 
 import logging
+import ssl
 
 from celery import Celery, signals
 
@@ -21,6 +22,9 @@ settings = get_settings()
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
 
 app = Celery("workers", broker=settings.redis_url, include=["workers.tasks"])
+if settings.redis_url.startswith("rediss://") and "ssl_cert_reqs" not in settings.redis_url:
+    # kombu would otherwise fall back to TLS without certificate checks.
+    app.conf.broker_use_ssl = {"ssl_cert_reqs": ssl.CERT_REQUIRED}
 app.conf.update(
     task_serializer="json",
     result_serializer="json",

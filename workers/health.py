@@ -94,8 +94,9 @@ class HealthMonitor:
         else:
             note = f", reasoning_parser={binding.reasoning_parser} (noted: /generate output_ids stay raw)" \
                 if binding.reasoning_parser else ""
-            log.warning("server %s ready: model=%s max_model_len=%s%s", binding.url,
-                        binding.model_path, binding.max_model_len, note)
+            log.warning("server %s ready: model=%s max_model_len=%s%s; it takes runs enqueued without "
+                        "--served-model or with --served-model %s", binding.url, binding.model_path,
+                        binding.max_model_len, note, " or ".join(sorted(binding.models())) or "?")
         self.pool.changed()
 
     def _probe(self, url: str) -> tuple[str, str]:

@@ -33,7 +33,7 @@ class Settings(BaseSettings):
     health_interval: float = 5.0
     health_timeout: float = 5.0
     health_failures: int = 3
-    health_successes: int = 1
+    health_successes: int = 2
 
     # One /generate request: connect quickly, but let a long generation run.
     connect_timeout: float = 10.0

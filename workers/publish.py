@@ -14,9 +14,11 @@ def publish_prompts(app, run: str, queue: str, prompts: list[tuple[str, int, int
     the prompt, not its ids.
     """
     with app.producer_or_acquire() as producer, producer.batch(max(len(prompts), 1)):
+        target = app.amqp.queues[queue]
+        producer.maybe_declare(target)  # once per batch, not once per message
         for prompt_id, n_tokens, max_new_tokens in prompts:
             args = (run, prompt_id) + ((max_new_tokens,) if max_new_tokens else ())
             app.send_task(
-                TASK, args, task_id=f"{run}:{prompt_id}", queue=queue, producer=producer,
+                TASK, args, task_id=f"{run}:{prompt_id}", queue=target, producer=producer, declare=[],
                 argsrepr=task_argsrepr(run, prompt_id, n_tokens), kwargsrepr="",
             )

@@ -18,7 +18,7 @@ from .deadletter import (PROMPT_TOO_LONG, SERVER_ERROR, SERVER_REJECTED, DeadLet
                          DeadLetters)
 from .ledger import Ledger
 from .payload import ids_to_b64
-from .runs import DONE, RunSpec
+from .runs import RunSpec
 from .runtime import Runtime
 from .servers import NoServer
 from .sglang_client import (Generation, ServerRejected, ServerUnavailable, TransientError,
@@ -51,8 +51,6 @@ def process_prompt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[
                    max_new_tokens: int | None = None) -> str:
     """Generate, verify and store one prompt; returns where it ended up."""
     ledger = Ledger(rt.redis, spec.name)
-    if ledger.state(prompt_id) == DONE:
-        return "already done"
     sampling = dict(spec.sampling)
     if max_new_tokens:
         sampling["max_new_tokens"] = max_new_tokens

@@ -20,7 +20,7 @@ from celery import bootsteps
 
 from .ledger import Ledger
 from .publish import publish_prompts
-from .runs import RUNS_KEY, RunKeys, load_spec, queue_for
+from .runs import RunKeys, run_queues
 from .runtime import get_runtime
 
 log = logging.getLogger(__name__)
@@ -56,12 +56,8 @@ class LostMessageAudit(bootsteps.StartStopStep):
         client, prefix = rt.redis, rt.settings.queue_prefix
         in_flight = _task_ids(json.loads(raw)[0] for raw in client.hvals("unacked"))
         republished = 0
-        for run in sorted(m.decode() for m in client.smembers(RUNS_KEY)):
-            if not client.hlen(RunKeys(run).prompts):
-                continue
-            spec = load_spec(client, run)
-            queue = queue_for(prefix, spec.served_model if spec else None)
-            if client.llen(queue) > rt.settings.audit_max_queue:
+        for run, queue in run_queues(client, prefix).items():
+            if not client.hlen(RunKeys(run).prompts) or client.llen(queue) > rt.settings.audit_max_queue:
                 continue
             queued = _task_ids(json.loads(raw) for raw in client.lrange(queue, 0, -1))
             missing = {pid for pid in Ledger(client, run).pending_ids()

@@ -42,19 +42,16 @@ class FleetCollector:
         yield from self._depths()
 
     def _depths(self):
-        from .runs import RUNS_KEY, RunKeys, load_spec, queue_for
+        from .runs import RunKeys, run_queues
 
         queue = GaugeMetricFamily("fleet_queue_depth", "Prompts waiting in the queue.", labels=["queue"])
         dead = GaugeMetricFamily("fleet_dead_letter_depth", "Dead letters of a run.", labels=["run"])
         client, prefix = self.runtime.redis, self.runtime.settings.queue_prefix
         try:
-            queues = {prefix}
-            for raw in client.smembers(RUNS_KEY):
-                run = raw.decode()
-                spec = load_spec(client, run)
-                queues.add(queue_for(prefix, spec.served_model if spec else None))
+            queues = run_queues(client, prefix)
+            for run in queues:
                 dead.add_metric([run], client.hlen(RunKeys(run).dead))
-            for name in sorted(queues):
+            for name in sorted({prefix, *queues.values()}):
                 queue.add_metric([name], client.llen(name))
         except Exception as exc:  # Redis restarting: report what we have
             log.debug("queue depth unavailable: %r", exc)

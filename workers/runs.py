@@ -75,6 +75,15 @@ def queue_for(prefix: str, served_model: str | None) -> str:
     return f"{prefix}@{served_model}" if served_model else prefix
 
 
+def run_queues(client: redis.Redis, prefix: str) -> dict[str, str]:
+    """Each run's name, and the queue its prompts are published to."""
+    queues = {}
+    for raw in sorted(client.smembers(RUNS_KEY)):
+        spec = load_spec(client, raw.decode())
+        queues[raw.decode()] = queue_for(prefix, spec.served_model if spec else None)
+    return queues
+
+
 def save_spec(client: redis.Redis, spec: RunSpec) -> None:
     client.set(RunKeys(spec.name).spec, spec.to_json())
     client.sadd(RUNS_KEY, spec.name)

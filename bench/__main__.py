@@ -50,7 +50,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     s.add_argument("--ratio-goal", type=float, default=0.97)
     g = p.add_argument_group("producer speed")
     g.add_argument("--producer-prompts", type=int, default=5000)
+    g.add_argument("--producer-prompt-tokens", type=int, default=300)
     g.add_argument("--producer-reps", type=int, default=2)
+    g.add_argument("--server-prompts-per-s", type=float, default=2.0,
+                   help="prompts/s one SGLang server completes, for 'servers one producer feeds' "
+                        "(2.0: batch 64, ~5,000 tokens/s, ~2,500-token outputs)")
     w = p.add_argument_group("worker cost and memory")
     w.add_argument("--worker-samples", type=int, default=500, help="k: RSS after k and after 4k samples")
     w.add_argument("--worker-warmup", type=int, default=100)
@@ -107,6 +111,26 @@ def saturation_figures(results: list[dict], goal: float) -> list[Figure]:
     return figures
 
 
+def producer_figures(d: dict, server_rate: float) -> list[Figure]:
+    part, long, short = "2 producer speed", d["long"], d["short"]
+    return [
+        Figure(part, "tokenizer only (render), prompts/s", long["tokenize_prompts_per_s"], "{:,.0f}",
+               note=f"{long['prompts']} prompts, {long['mean_prompt_tokens']:.0f} tokens each, "
+                    f"batches of {long['batch']}"),
+        Figure(part, "enqueue_file to Redis, prompts/s", long["enqueue_prompts_per_s"], "{:,.0f}",
+               note=f"{long['enqueue_cpu_us_per_prompt']:.0f} us CPU per prompt"),
+        Figure(part, "ratio enqueue / tokenizer", long["ratio"], "{:.2f}", goal=">= 0.7",
+               met=at_least(long["ratio"], 0.7), note=f"median of {len(long['reps'])} alternating reps"),
+        Figure(part, "same, short prompts", short["ratio"], "{:.2f}",
+               note=f"{short['mean_prompt_tokens']:.0f} tokens: tokenizer {short['tokenize_prompts_per_s']:,.0f}/s, "
+                    f"enqueue {short['enqueue_prompts_per_s']:,.0f}/s, "
+                    f"{short['enqueue_cpu_us_per_prompt']:.0f} us CPU per prompt"),
+        Figure(part, "servers one producer feeds", long["enqueue_prompts_per_s"] / server_rate, "{:,.0f}",
+               goal=">= 100", met=at_least(long["enqueue_prompts_per_s"] / server_rate, 100),
+               note=f"at {server_rate:g} prompts/s per server (--server-prompts-per-s)"),
+    ]
+
+
 def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(128 + signum)  # so the Lab stops every process it started
 
@@ -142,18 +166,10 @@ def main(argv: list[str] | None = None) -> int:
             if "producer" in args.parts:
                 from .producer_speed import ProducerOptions, run_producer_speed
 
-                d = details["producer"] = run_producer_speed(
-                    lab, ProducerOptions(prompts=args.producer_prompts, reps=args.producer_reps), log)
-                part = "2 producer speed"
-                figures += [
-                    Figure(part, "tokenizer only (render), prompts/s", d["tokenize_prompts_per_s"], "{:,.0f}",
-                           note=f"{d['prompts']} prompts, {d['mean_prompt_tokens']:.0f} tokens each, "
-                                f"batches of {d['batch']}"),
-                    Figure(part, "enqueue_file to Redis, prompts/s", d["enqueue_prompts_per_s"], "{:,.0f}",
-                           note=f"{d['reps'][0]['enqueue_cpu_us_per_prompt']:.0f} us CPU per prompt"),
-                    Figure(part, "ratio enqueue / tokenizer", d["ratio"], "{:.2f}", goal=">= 0.7",
-                           met=at_least(d["ratio"], 0.7), note=f"median of {len(d['reps'])} alternating reps"),
-                ]
+                d = details["producer"] = run_producer_speed(lab, ProducerOptions(
+                    prompts=args.producer_prompts, prompt_tokens=args.producer_prompt_tokens,
+                    reps=args.producer_reps), log)
+                figures += producer_figures(d, args.server_prompts_per_s)
             if "worker" in args.parts:
                 from .worker_cost import WorkerOptions, run_worker_cost
 

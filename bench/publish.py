@@ -20,19 +20,27 @@ def chat_tokenizer():
     return ChatTokenizer("bundled")
 
 
+@lru_cache(maxsize=1)
+def _tokenizer_identity() -> tuple:
+    """What a RunSpec records of the tokenizer, computed once (hashing the vocabulary
+    takes a few tenths of a second, a fixed cost the producer pays once per command)."""
+    chat = chat_tokenizer()
+    return (chat.fingerprint(), chat.template_fingerprint(), chat.detect_thinking(),
+            chat.think_start_id, chat.think_end_id, tuple(chat.stop_ids()))
+
+
 def build_spec(run: str, max_new_tokens: int, temperature: float = 0.6, top_p: float = 0.95):
     """The RunSpec `python -m producer enqueue --run RUN --max-new-tokens M` would store."""
     from workers.runs import RunSpec
 
-    chat = chat_tokenizer()
+    fingerprint, template, thinking, start, end, stops = _tokenizer_identity()
     return RunSpec(
-        name=run, tokenizer="bundled", tokenizer_fingerprint=chat.fingerprint(),
-        template_fingerprint=chat.template_fingerprint(),
+        name=run, tokenizer="bundled", tokenizer_fingerprint=fingerprint,
+        template_fingerprint=template,
         sampling={"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
                   "skip_special_tokens": False},
-        thinking=chat.detect_thinking(), think_start_id=chat.think_start_id,
-        think_end_id=chat.think_end_id, stop_ids=chat.stop_ids(), served_model=None,
-        disabled_rules=[],
+        thinking=thinking, think_start_id=start, think_end_id=end, stop_ids=list(stops),
+        served_model=None, disabled_rules=[],
     )
 
 

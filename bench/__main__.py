@@ -2,12 +2,12 @@
 
 Parts (each can be chosen with --parts, each sized by its flags):
   saturation       fleet vs ideal client, server-side tokens/s, and the tail
-  producer         enqueue prompts/s vs tokenizer-only prompts/s
-  worker           worker CPU ms per sample, and worker RSS after k and 4k samples
+  producer         enqueue prompts/s vs tokenizer-only prompts/s, servers one producer feeds
+  worker           worker CPU ms per sample, and worker RSS after m and 10m samples
   redis            Redis bytes per queued prompt token
   producer-memory  producer peak RSS for n and 4n input lines
 
-Defaults are sized to finish in about five minutes on a 2-core machine; every
+Defaults are sized to finish in about ten minutes on a 2-core machine; every
 goal is a ratio or a size measured within the same run.
 """
 from __future__ import annotations
@@ -37,7 +37,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--workdir", type=Path, help="logs, prompt files and shards (default: a temporary folder)")
     p.add_argument("--keep", action="store_true", help="keep the work folder (always kept after a failure)")
     s = p.add_argument_group("saturation")
-    s.add_argument("--prompts", type=int, default=600, help="N prompts per side")
+    s.add_argument("--prompts", type=int, help="N prompts per side (default: --prompts-per-slot x servers x batch)")
+    s.add_argument("--prompts-per-slot", type=float, default=5.0,
+                   help="prompts per batch slot, so every topology runs the same number of batches")
     s.add_argument("--topologies", default="2x64,1x256", help="SERVERSxBATCH, comma-separated")
     s.add_argument("--max-new-tokens", type=int, default=8192)
     s.add_argument("--output-len-median", type=float, default=600)
@@ -56,7 +58,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="prompts/s one SGLang server completes, for 'servers one producer feeds' "
                         "(2.0: batch 64, ~5,000 tokens/s, ~2,500-token outputs)")
     w = p.add_argument_group("worker cost and memory")
-    w.add_argument("--worker-samples", type=int, default=500, help="k: RSS after k and after 4k samples")
+    w.add_argument("--worker-samples", type=int, default=500, help="k: CPU per sample over k samples")
+    w.add_argument("--worker-memory-samples", type=int, default=500,
+                   help="m: RSS after m more samples and after 10m (10000: the 10,000 vs 100,000 check)")
     w.add_argument("--worker-warmup", type=int, default=100)
     w.add_argument("--worker-output-len", type=float, default=4000)
     r = p.add_argument_group("redis memory")
@@ -106,7 +110,7 @@ def saturation_figures(results: list[dict], goal: float) -> list[Figure]:
                          f"2 cores shared")),
             Figure(part, "requests running, fleet (sampled mean)", f["mean_running_sampled"], "{:.0f}",
                    note=f"ideal client {_num(i['mean_running_sampled'])}; cap "
-                        f"{r['topology']['servers'] * r['topology']['batch']}; 1/s, drain included"),
+                        f"{r['topology']['servers'] * r['topology']['batch']}; 4/s, drain included"),
         ]
     return figures
 
@@ -128,6 +132,20 @@ def producer_figures(d: dict, server_rate: float) -> list[Figure]:
         Figure(part, "servers one producer feeds", long["enqueue_prompts_per_s"] / server_rate, "{:,.0f}",
                goal=">= 100", met=at_least(long["enqueue_prompts_per_s"] / server_rate, 100),
                note=f"at {server_rate:g} prompts/s per server (--server-prompts-per-s)"),
+    ]
+
+
+def worker_figures(d: dict) -> list[Figure]:
+    m = d["m"]
+    return [
+        Figure("3 worker cost", "worker CPU per sample", d["cpu_ms_per_sample"], "{:.1f}", "ms",
+               note=f"over {d['k']} samples of ~{d['output_tokens_per_sample']:.0f} tokens, instant "
+                    f"stand-in; over the next {10 * m}: {d['cpu_ms_per_sample_memory_phases']:.1f} ms"),
+        Figure("5 memory", f"worker RSS after {10 * m:,} / after {m:,} samples",
+               d["rss_ratio"], "{:.3f}", goal="<= 1.10 (flat)", met=at_most(d["rss_ratio"], 1.10),
+               note=f"RSS after warm-up / {d['k']} / {m} / {10 * m} more: {d['rss_after_warmup'] / MiB:.0f} / "
+                    f"{d['rss_after_cost'] / MiB:.0f} / {d['rss_after_m'] / MiB:.0f} / "
+                    f"{d['rss_after_10m'] / MiB:.0f} MiB"),
     ]
 
 
@@ -155,7 +173,8 @@ def main(argv: list[str] | None = None) -> int:
                 from .saturation import SatOptions, Topology, run_saturation
 
                 topologies = [Topology(*map(int, t.lower().split("x"))) for t in args.topologies.split(",")]
-                opts = SatOptions(prompts=args.prompts, max_new_tokens=args.max_new_tokens,
+                opts = SatOptions(prompts=args.prompts, prompts_per_slot=args.prompts_per_slot,
+                                  max_new_tokens=args.max_new_tokens,
                                   output_len_median=args.output_len_median,
                                   output_len_sigma=args.output_len_sigma,
                                   output_len_max=args.output_len_max, step_base=args.step_base,
@@ -174,20 +193,10 @@ def main(argv: list[str] | None = None) -> int:
                 from .worker_cost import WorkerOptions, run_worker_cost
 
                 d = details["worker"] = run_worker_cost(lab, WorkerOptions(
-                    samples=args.worker_samples, warmup=args.worker_warmup,
-                    output_len_median=args.worker_output_len,
+                    samples=args.worker_samples, memory_samples=args.worker_memory_samples,
+                    warmup=args.worker_warmup, output_len_median=args.worker_output_len,
                     output_len_max=int(args.worker_output_len * 1.025)), log)
-                k = d["k"]
-                figures += [
-                    Figure("3 worker cost", "worker CPU per sample", d["cpu_ms_per_sample"], "{:.1f}", "ms",
-                           note=f"over {k} samples of ~{d['output_tokens_per_sample']:.0f} tokens, instant "
-                                f"stand-in; next {3 * k}: {d['cpu_ms_per_sample_after_k']:.1f} ms"),
-                    Figure("5 memory", f"worker RSS after {k} / after {4 * k} samples",
-                           d["rss_ratio"], "{:.3f}", goal="<= 1.10 (flat)", met=at_most(d["rss_ratio"], 1.10),
-                           note=f"RSS after warm-up / k / 2k / 4k: {d['rss_after_warmup'] / MiB:.0f} / "
-                                f"{d['rss_after_k'] / MiB:.0f} / {d['rss_after_2k'] / MiB:.0f} / "
-                                f"{d['rss_after_4k'] / MiB:.0f} MiB"),
-                ]
+                figures += worker_figures(d)
             if "redis" in args.parts:
                 from .redis_memory import RedisOptions, run_redis_memory
 

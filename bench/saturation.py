@@ -39,7 +39,8 @@ class Topology:
 
 @dataclass
 class SatOptions:
-    prompts: int = 600
+    prompts: int | None = None   # fixed N per topology; by default prompts_per_slot x slots
+    prompts_per_slot: float = 5.0
     max_new_tokens: int = 8192
     output_len_median: float = 600
     output_len_sigma: float = 0.7
@@ -88,13 +89,13 @@ def _stop_all(lab: Lab, standins: list[Standin]) -> None:
 
 
 class RunningSampler:
-    """Requests running on the stand-ins, sampled once a second in a thread.
+    """Requests running on the stand-ins, sampled four times a second in a thread.
 
     The mean over non-idle samples shows how full the batches were on each
     side; it includes the drain at the end, when both sides run dry.
     """
 
-    def __init__(self, standins: list[Standin], period: float = 1.0):
+    def __init__(self, standins: list[Standin], period: float = 0.25):
         self.standins, self.period = standins, period
         self.samples: list[int] = []
         self._stop = threading.Event()
@@ -138,7 +139,7 @@ def measure_ideal(lab: Lab, topo: Topology, prompt_ids: list[tuple[str, list[int
     return {"throughput": server_throughput(stats), "requests": result.requests,
             "client_tokens": result.output_tokens, "client_cpu_s": result.client_cpu_seconds,
             "standin_cpu_s": standin_cpu, "wall_s": result.wall_seconds,
-            "mean_running_sampled": running.mean()}
+            "mean_running_sampled": running.mean(), "running_samples": running.samples}
 
 
 def measure_fleet(lab: Lab, topo: Topology, prompt_file: Path, total: int, opts: SatOptions) -> dict:
@@ -178,19 +179,24 @@ def measure_fleet(lab: Lab, topo: Topology, prompt_file: Path, total: int, opts:
         "standin_cpu_s_window": sum(trace.window(f"standin{i}", start, end) for i in range(len(standins))),
         "window_s": end - start,
         "mean_running_sampled": running.mean(),
+        "running_samples": running.samples,
         "fleet_env": env,
     }
 
 
+def prompt_count(opts: SatOptions, topo: Topology) -> int:
+    """The same work per batch slot for every topology: ramp-up and drain weigh alike."""
+    return opts.prompts or round(opts.prompts_per_slot * topo.servers * topo.batch)
+
+
 def run_saturation(lab: Lab, opts: SatOptions, log) -> list[dict]:
-    prompts = repeated(opts.prompts)
-    prompt_file = write_jsonl(lab.root / "prompts" / f"saturation-{opts.prompts}.jsonl", prompts)
     chat = chat_tokenizer()
-    ids = chat.render([m for _, m in prompts])
-    prompt_ids = list(zip([i for i, _ in prompts], ids))
     results = []
     for topo in opts.topologies:
-        log(f"saturation {topo.name}: ideal client")
+        prompts = repeated(prompt_count(opts, topo))
+        prompt_file = write_jsonl(lab.root / "prompts" / f"saturation-{len(prompts)}.jsonl", prompts)
+        prompt_ids = list(zip([i for i, _ in prompts], chat.render([m for _, m in prompts])))
+        log(f"saturation {topo.name}: ideal client, {len(prompts)} prompts")
         ideal = measure_ideal(lab, topo, prompt_ids, opts)
         log(f"saturation {topo.name}: fleet")
         fleet = measure_fleet(lab, topo, prompt_file, len(prompts), opts)

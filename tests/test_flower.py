@@ -159,6 +159,26 @@ def test_task_arguments_show_the_prompt_id_and_size_not_token_ids(fleet, tmp_pat
     assert not re.search(r"\d+, \d+, \d+, \d+", page)
 
 
+def test_tasks_published_before_any_worker_runs_show_as_sent(fleet, tmp_path, tokenizer):
+    # Given Flower (basic auth, which its API needs) watching a fleet with no worker yet
+    auth = ("admin", "pw-" + secrets.token_hex(8))
+    _, url = start_flower(fleet, FLOWER_BASIC_AUTH=":".join(auth))
+    records = varied_prompts(300)
+
+    # When the producer publishes 300 prompts (their task-sent events go out one message a batch)
+    fleet.producer("enqueue", str(write_prompts(tmp_path / "prompts.jsonl", records)))
+
+    # Then Flower lists every task as sent (PENDING), with its prompt id and size as arguments
+    wait_for(lambda: len(httpx.get(f"{url}/api/tasks", auth=auth, timeout=10).json()) == 300, 30,
+             "300 tasks in flower")
+    tasks = httpx.get(f"{url}/api/tasks", auth=auth, timeout=10).json()
+    assert {task["state"] for task in tasks.values()} == {"PENDING"}
+    sizes = {r["id"]: len(render(tokenizer, messages_of(r))) for r in records}
+    shown = {m[1]: int(m[2]) for m in (ARGSREPR.match(t["args"]) for t in tasks.values()) if m}
+    assert shown == sizes
+    assert set(tasks) == {f"default:{r['id']}" for r in records}
+
+
 @pytest.mark.parametrize("how", [
     pytest.param({"address": "0.0.0.0"}, id="--address=0.0.0.0"),
     pytest.param({"address": None}, id="no-address"),

@@ -27,9 +27,9 @@ def publish_prompts(app, run: str, queue: str, prompts: list[tuple[str, int, int
     if not prompts:
         return
     origin, target = anon_nodename(), app.amqp.queues[queue]
-    with app.producer_or_acquire() as producer, producer.batch(len(prompts)):
+    with app.producer_or_acquire() as producer, producer.batch(len(prompts)), \
+            _sent_events(app, producer, len(prompts)) as events:
         producer.maybe_declare(target)
-        events = _sent_events(app, producer, len(prompts))
         for prompt_id, n_tokens, max_new_tokens in prompts:
             task_id = f"{run}:{prompt_id}"
             args = (run, prompt_id) + ((max_new_tokens,) if max_new_tokens else ())
@@ -37,18 +37,15 @@ def publish_prompts(app, run: str, queue: str, prompts: list[tuple[str, int, int
             headers, properties, body, _ = app.amqp.as_task_v2(
                 task_id, TASK, args, argsrepr=argsrepr, kwargsrepr="", origin=origin)
             producer.publish(body, exchange="", routing_key=queue, headers=headers, declare=[],
-                             serializer="json", delivery_mode=2, retry=False,
-                             retry_policy=app.conf.task_publish_retry_policy, **properties)
-            if events:
-                events.send("task-sent", uuid=task_id, root_id=task_id, parent_id=None, name=TASK,
-                            args=argsrepr, kwargs="", retries=0, eta=None, expires=None,
-                            queue=queue, exchange="", routing_key=queue)
-        if events:
-            events.flush()
+                             serializer="json", delivery_mode=2, **properties)
+            events.send("task-sent", uuid=task_id, root_id=task_id, parent_id=None, name=TASK,
+                        args=argsrepr, kwargs="", retries=0, eta=None, expires=None,
+                        queue=queue, exchange="", routing_key=queue)
+        events.flush()
 
 
 def _sent_events(app, producer, count: int):
-    """A dispatcher that holds this batch's `task-sent` events and publishes them as one message."""
-    if not app.conf.task_send_sent_event:
-        return None
-    return app.events.Dispatcher(producer.connection, buffer_group=["task"], buffer_limit=count + 1)
+    """A dispatcher that holds this batch's `task-sent` events and publishes them as one
+    message (a no-op when `task_send_sent_event` is off)."""
+    return app.events.Dispatcher(producer.connection, enabled=app.conf.task_send_sent_event,
+                                 buffer_group=["task"], buffer_limit=count + 1)

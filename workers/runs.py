@@ -63,7 +63,7 @@ class RunKeys:
         self.counters = f"{base}:counters"  # hash: enqueued, done, dead, tokens_in, tokens_out, ...
         self.crashes = f"{base}:crashes"    # hash: prompt id -> unexpected task failures
         self.minutes = f"{base}:minutes"    # hash: "<minute>:samples|tokens" -> count, for rates
-        self.prompts = f"{base}:prompts"    # hash: prompt id -> int32 token ids, while not done or dead
+        self.prompts = f"{base}:prompts"    # hash: prompt id -> packed token ids (payload.py), while not done or dead
 
 
 RUNS_KEY = "fleet:runs"

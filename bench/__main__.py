@@ -27,6 +27,7 @@ from .report import Figure, at_least, at_most, print_table, write_json
 
 PARTS = ("saturation", "producer", "worker", "redis", "producer-memory")
 MiB = 1024 * 1024
+MEMORY_SCALE = 10_000  # worker RSS: after 10,000 and after 100,000 samples, as the issue sets it
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -137,15 +138,20 @@ def producer_figures(d: dict, server_rate: float) -> list[Figure]:
 
 def worker_figures(d: dict) -> list[Figure]:
     m = d["m"]
+    judged = m >= MEMORY_SCALE  # below it, the first samples' warm-up (thread stacks, arenas) dominates
     return [
         Figure("3 worker cost", "worker CPU per sample", d["cpu_ms_per_sample"], "{:.1f}", "ms",
                note=f"over {d['k']} samples of ~{d['output_tokens_per_sample']:.0f} tokens, instant "
                     f"stand-in; over the next {10 * m}: {d['cpu_ms_per_sample_memory_phases']:.1f} ms"),
         Figure("5 memory", f"worker RSS after {10 * m:,} / after {m:,} samples",
-               d["rss_ratio"], "{:.3f}", goal="<= 1.10 (flat)", met=at_most(d["rss_ratio"], 1.10),
-               note=f"RSS after warm-up / {d['k']} / {m} / {10 * m} more: {d['rss_after_warmup'] / MiB:.0f} / "
+               d["rss_ratio"], "{:.3f}", goal="<= 1.10 (flat)" if judged else "",
+               met=at_most(d["rss_ratio"], 1.10) if judged else None,
+               note=f"RSS after the warm-up, the {d['k']} cost samples, then {m:,} and {10 * m:,} samples: "
+                    f"{d['rss_after_warmup'] / MiB:.0f} / "
                     f"{d['rss_after_cost'] / MiB:.0f} / {d['rss_after_m'] / MiB:.0f} / "
-                    f"{d['rss_after_10m'] / MiB:.0f} MiB"),
+                    f"{d['rss_after_10m'] / MiB:.0f} MiB"
+                    + ("" if judged else f"; the goal is judged at the issue's scale, "
+                                         f"--worker-memory-samples {MEMORY_SCALE} (17 minutes here)")),
     ]
 
 

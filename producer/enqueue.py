@@ -97,6 +97,7 @@ def enqueue_file(path: Path, spec: RunSpec, chat: ChatTokenizer, client: redis.R
                 on_progress(handle.tell())
         if tokenized:
             publish(tokenized.result())
+    summary.rejected.sort(key=lambda r: r.line)  # bad lines and tokenizer refusals, found in two threads
     summary.seconds = time.monotonic() - started
     return summary
 

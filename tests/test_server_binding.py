@@ -7,11 +7,12 @@ import time
 import httpx
 import redis
 
-from producer.local import free_port
+from producer.local import free_port, wait_for
 
 from conftest import varied_prompts, write_prompts
 
 QUEUE = "fleet.generate"
+GATE_CLOSED = "consuming from nothing"  # the worker's log line when its gate closes
 
 
 def _queue_untouched(fleet, n: int) -> bool:
@@ -56,9 +57,11 @@ def test_a_worker_whose_only_server_is_down_takes_no_tasks_until_it_returns(flee
     worker = fleet.worker("w1", [url])
     fleet.producer("enqueue", str(write_prompts(tmp_path / "a.jsonl", varied_prompts(5, "a"))))
     fleet.wait_finished()
+    closed_before = worker.tail(10_000).count(GATE_CLOSED)
     server.signal(signal.SIGKILL)
+    wait_for(lambda: worker.tail(10_000).count(GATE_CLOSED) > closed_before, 30, "w1 to stop consuming")
 
-    # When prompts are enqueued while it is down
+    # When prompts are enqueued while it is down (as the worker sees it)
     fleet.producer("enqueue", str(write_prompts(tmp_path / "b.jsonl", varied_prompts(30, "b"))))
 
     # Then the worker takes none of them: they stay queued in Redis

@@ -19,6 +19,7 @@ import time
 from celery import bootsteps
 
 from .ledger import Ledger
+from .payload import count_ids
 from .publish import publish_prompts
 from .runs import RunKeys, run_queues
 from .runtime import get_runtime
@@ -76,7 +77,7 @@ class LostMessageAudit(bootsteps.StartStopStep):
         if not confirmed:
             return 0
         payloads = client.hmget(RunKeys(run).prompts, confirmed)
-        batch = [(pid, len(raw) // 4, None) for pid, raw in zip(confirmed, payloads) if raw]
+        batch = [(pid, count_ids(raw), None) for pid, raw in zip(confirmed, payloads) if raw]
         publish_prompts(app, run, queue, batch)
         for pid in confirmed:
             self._suspects.pop((run, pid), None)

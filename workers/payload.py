@@ -57,6 +57,11 @@ def unpack_ids(raw: bytes) -> list[int]:
     return _from_int32_le(wide)
 
 
+def count_ids(raw: bytes) -> int:
+    """How many token ids a packed list holds, without unpacking it."""
+    return (len(raw) - 1) // raw[0]
+
+
 def ids_to_b64(ids: list[int]) -> str:
     return base64.b64encode(_int32_le(ids)).decode("ascii")
 

@@ -15,17 +15,21 @@ from celery.utils.nodenames import anon_nodename
 from .payload import task_argsrepr
 
 TASK = "fleet.generate"
+CHUNK = 500  # messages a pipeline carries, and task-sent events one event message carries
 
 
 def publish_prompts(app, run: str, queue: str, prompts: list[tuple[str, int, int | None]]) -> None:
-    """Publish (id, prompt tokens, max_new_tokens override) tuples in one pipelined batch.
+    """Publish (id, prompt tokens, max_new_tokens override) tuples, in pipelined chunks.
 
     The message carries only the run and prompt id (the token ids are in the
     ledger) and a short `argsrepr`, so publishing costs little and Flower shows
     the prompt, not its ids.
     """
-    if not prompts:
-        return
+    for start in range(0, len(prompts), CHUNK):
+        _publish_chunk(app, run, queue, prompts[start:start + CHUNK])
+
+
+def _publish_chunk(app, run: str, queue: str, prompts: list[tuple[str, int, int | None]]) -> None:
     origin, target = anon_nodename(), app.amqp.queues[queue]
     with app.producer_or_acquire() as producer, producer.batch(len(prompts)), \
             _sent_events(app, producer, len(prompts)) as events:
@@ -35,7 +39,8 @@ def publish_prompts(app, run: str, queue: str, prompts: list[tuple[str, int, int
             args = (run, prompt_id) + ((max_new_tokens,) if max_new_tokens else ())
             argsrepr = task_argsrepr(run, prompt_id, n_tokens)
             headers, properties, body, _ = app.amqp.as_task_v2(
-                task_id, TASK, args, argsrepr=argsrepr, kwargsrepr="", origin=origin)
+                task_id, TASK, args, argsrepr=argsrepr, kwargsrepr="", origin=origin,
+                ignore_result=None)  # as send_task: the task's own setting decides
             producer.publish(body, exchange="", routing_key=queue, headers=headers, declare=[],
                              serializer="json", delivery_mode=2, **properties)
             events.send("task-sent", uuid=task_id, root_id=task_id, parent_id=None, name=TASK,

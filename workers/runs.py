@@ -63,7 +63,9 @@ class RunKeys:
         self.counters = f"{base}:counters"  # hash: enqueued, done, dead, tokens_in, tokens_out, ...
         self.crashes = f"{base}:crashes"    # hash: prompt id -> unexpected task failures
         self.minutes = f"{base}:minutes"    # hash: "<minute>:samples|tokens" -> count, for rates
-        self.prompts = f"{base}:prompts"    # hash: prompt id -> packed token ids (payload.py), while not done or dead
+        # hash: prompt id -> packed token ids (payload.py), while not done or dead. Named
+        # `ids`, not `prompts` as when it held int32: no version reads the other's bytes.
+        self.prompts = f"{base}:ids"
 
 
 RUNS_KEY = "fleet:runs"

@@ -43,10 +43,21 @@ def generate(self, run: str, prompt_id: str, max_new_tokens: int | None = None) 
         crashes = rt.redis.hincrby(RunKeys(run).crashes, prompt_id, 1)
         if crashes < rt.settings.max_crashes or raw is None or ledger.state(prompt_id) == DONE:
             raise Reject(f"requeued after {exc!r}", requeue=True) from exc
-        ids = unpack_ids(raw)
+        ids = _readable_ids(raw)
         DeadLetters(rt.redis, run).put(DeadLetter(
-            id=prompt_id, run=run, reason=WORKER_ERROR, message=f"{crashes} crashes; last: {exc!r}",
-            attempts=crashes, servers=[], worker=rt.worker, prompt_b64=ids_to_b64(ids),
-            prompt_tokens=len(ids), sampling={"max_new_tokens": max_new_tokens},
+            id=prompt_id, run=run, reason=WORKER_ERROR,
+            message=f"{crashes} crashes; last: {exc!r}" + ("" if ids is not None else
+                                                            "; its ledger entry is unreadable"),
+            attempts=crashes, servers=[], worker=rt.worker, prompt_b64=ids_to_b64(ids or []),
+            prompt_tokens=len(ids or []), sampling={"max_new_tokens": max_new_tokens},
             excerpt={"traceback": traceback.format_exc()[-4000:]}))
         return f"dead: {WORKER_ERROR}"
+
+
+def _readable_ids(raw: bytes) -> list[int] | None:
+    """The prompt's ids for its dead letter; None when the ledger entry itself is what failed
+    (the letter must still be written, or the prompt would be requeued forever)."""
+    try:
+        return unpack_ids(raw)
+    except (ValueError, IndexError):
+        return None

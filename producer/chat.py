@@ -48,9 +48,9 @@ class ChatTokenizer:
 
     def render(self, conversations: list[list[dict]]) -> list[list[int]]:
         """Token ids of each conversation with the generation prompt appended."""
-        if self.tok.is_fast:
+        if self.tok.is_fast:  # render, then encode in Rust directly: the same ids, less Python
             texts = self.tok.apply_chat_template(conversations, add_generation_prompt=True, tokenize=False)
-            return [list(ids) for ids in self.tok(texts, add_special_tokens=False)["input_ids"]]
+            return [e.ids for e in self.tok.backend_tokenizer.encode_batch(texts, add_special_tokens=False)]
         return [self.render_one(c) for c in conversations]
 
     def render_one(self, messages: list[dict]) -> list[int]:

@@ -5,6 +5,7 @@ import json
 from collections import Counter
 
 import httpx
+import pytest
 import redis
 
 from sglang_standin.cli import parse_config
@@ -122,20 +123,27 @@ def test_a_prompt_longer_than_the_context_is_dead_lettered_before_sending(fleet,
     assert "long" not in stats["attempts"]
 
 
-def test_a_prompt_whose_ledger_entry_is_unreadable_ends_as_a_worker_error(fleet, tmp_path):
-    # Given two queued prompts, one of whose token ids in the ledger got corrupted
+@pytest.mark.parametrize("damage, why", [
+    ("corrupt", "2 crashes; last: ValueError"),
+    ("delete", "queued, but the ledger holds no token ids"),
+])
+def test_a_prompt_whose_ledger_entry_is_damaged_ends_as_a_worker_error(fleet, tmp_path, damage, why):
+    # Given two queued prompts, the token ids of one of them corrupted or gone from the ledger
     _, url = fleet.standin()
     records = varied_prompts(2)
     fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", records)))
     client = redis.Redis.from_url(fleet.redis_url)
-    client.hset(RunKeys("default").prompts, records[0]["id"], b"\x07not token ids")
+    if damage == "corrupt":
+        client.hset(RunKeys("default").prompts, records[0]["id"], b"\x07not token ids")
+    else:
+        client.hdel(RunKeys("default").prompts, records[0]["id"])
 
     # When a worker that gives a prompt two tries takes them
     fleet.worker("w1", [url], FLEET_MAX_CRASHES="2")
 
-    # Then the corrupted one is a worker_error dead letter that says why (not requeued forever),
-    # and the other is stored
+    # Then the damaged one is a worker_error dead letter that says why (neither requeued forever
+    # nor acknowledged and forgotten), and the other is stored
     assert fleet.wait_finished() == {"done": 1, "dead": 1}
     [letter] = fleet.dead_letters()
     assert letter["id"] == records[0]["id"] and letter["reason"] == "worker_error"
-    assert "2 crashes" in letter["message"] and "ledger entry is unreadable" in letter["message"]
+    assert why in letter["message"]

@@ -58,7 +58,7 @@ def process_prompt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[
     while True:
         outcome = _attempt(rt, spec, prompt_id, prompt_ids, sampling, tries)
         if isinstance(outcome, DeadLetter):
-            return _bury(rt, outcome)
+            return bury(rt, outcome)
         if outcome is None:
             continue
         generation, verdict = outcome
@@ -67,7 +67,7 @@ def process_prompt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[
                 tries.resampled = True
                 continue
             metrics.VERIFY_FAILURES.labels(verdict.reason).inc()
-            return _bury(rt, _dead(rt, spec, prompt_id, prompt_ids, generation.sampling, tries,
+            return bury(rt, _dead(rt, spec, prompt_id, prompt_ids, generation.sampling, tries,
                                    verdict.reason, verdict.message, generation))
         row = _row(rt, spec, prompt_id, prompt_ids, tries, generation, verdict)
         path = rt.shards.submit(spec.name, row).result()
@@ -78,7 +78,8 @@ def process_prompt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[
         return path
 
 
-def _bury(rt: Runtime, letter: DeadLetter) -> str:
+def bury(rt: Runtime, letter: DeadLetter) -> str:
+    """Every dead letter goes through here: stored, counted in the metrics, logged."""
     DeadLetters(rt.redis, letter.run).put(letter)
     metrics.PROMPTS.labels(letter.run, "dead").inc()
     metrics.DEAD_LETTERS.labels(letter.reason).inc()

@@ -15,8 +15,8 @@ import traceback
 from celery import shared_task
 from celery.exceptions import Reject
 
-from .deadletter import WORKER_ERROR, DeadLetter, DeadLetters
-from .generation import GiveBack, process_prompt
+from .deadletter import WORKER_ERROR, DeadLetter
+from .generation import GiveBack, bury, process_prompt
 from .ledger import Ledger
 from .payload import ids_to_b64, unpack_ids
 from .runs import DONE, QUEUED, RunKeys, cached_spec
@@ -32,12 +32,12 @@ def generate(self, run: str, prompt_id: str, max_new_tokens: int | None = None) 
     raw = None
     try:
         raw = ledger.payload(prompt_id)
-        if raw is None:  # a redelivery of a prompt already stored or dead-lettered
+        if raw is None:
             state = ledger.state(prompt_id)
-            if state != QUEUED:
+            if state != QUEUED:  # a redelivery of a prompt already stored or dead-lettered
                 return f"nothing to do: prompt is {state or 'unknown'}"
-            return _bury(rt, run, prompt_id, None, max_new_tokens, 0, "queued, but the ledger holds no "
-                         "token ids for it (enqueued by another version of the fleet?)")
+            return _bury_worker_error(rt, run, prompt_id, None, max_new_tokens, 0, "queued, but the ledger "
+                                      "holds no token ids for it (enqueued by another version of the fleet?)")
         spec = cached_spec(rt.settings.redis_url, run)
         return process_prompt(rt, spec, prompt_id, unpack_ids(raw), max_new_tokens)
     except GiveBack as exc:
@@ -47,21 +47,20 @@ def generate(self, run: str, prompt_id: str, max_new_tokens: int | None = None) 
         crashes = rt.redis.hincrby(RunKeys(run).crashes, prompt_id, 1)
         if crashes < rt.settings.max_crashes or raw is None or ledger.state(prompt_id) == DONE:
             raise Reject(f"requeued after {exc!r}", requeue=True) from exc
-        return _bury(rt, run, prompt_id, raw, max_new_tokens, crashes, f"{crashes} crashes; last: {exc!r}",
-                     traceback.format_exc()[-4000:])
+        return _bury_worker_error(rt, run, prompt_id, raw, max_new_tokens, crashes,
+                                  f"{crashes} crashes; last: {exc!r}", traceback.format_exc()[-4000:])
 
 
-def _bury(rt, run: str, prompt_id: str, raw: bytes | None, max_new_tokens: int | None, attempts: int,
-          message: str, trace: str = "") -> str:
+def _bury_worker_error(rt, run: str, prompt_id: str, raw: bytes | None, max_new_tokens: int | None,
+                       attempts: int, message: str, trace: str = "") -> str:
     """A `worker_error` dead letter: the prompt ends somewhere, with what is known of it."""
     ids = _readable_ids(raw)
     if raw is not None and ids is None:
         message += "; its ledger entry is unreadable"
-    DeadLetters(rt.redis, run).put(DeadLetter(
+    return bury(rt, DeadLetter(
         id=prompt_id, run=run, reason=WORKER_ERROR, message=message, attempts=attempts, servers=[],
         worker=rt.worker, prompt_b64=ids_to_b64(ids or []), prompt_tokens=len(ids or []),
         sampling={"max_new_tokens": max_new_tokens}, excerpt={"traceback": trace} if trace else {}))
-    return f"dead: {WORKER_ERROR}"
 
 
 def _readable_ids(raw: bytes | None) -> list[int] | None:

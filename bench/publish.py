@@ -20,28 +20,11 @@ def chat_tokenizer():
     return ChatTokenizer("bundled")
 
 
-@lru_cache(maxsize=1)
-def _tokenizer_identity() -> tuple:
-    """What a RunSpec records of the tokenizer, computed once (hashing the vocabulary
-    takes a few tenths of a second, a fixed cost the producer pays once per command)."""
-    chat = chat_tokenizer()
-    return (chat.fingerprint(), chat.template_fingerprint(), chat.detect_thinking(),
-            chat.think_start_id, chat.think_end_id, tuple(chat.stop_ids()))
-
-
 def build_spec(run: str, max_new_tokens: int, temperature: float = 0.6, top_p: float = 0.95):
     """The RunSpec `python -m producer enqueue --run RUN --max-new-tokens M` would store."""
-    from workers.runs import RunSpec
+    from producer.enqueue import new_spec
 
-    fingerprint, template, thinking, start, end, stops = _tokenizer_identity()
-    return RunSpec(
-        name=run, tokenizer="bundled", tokenizer_fingerprint=fingerprint,
-        template_fingerprint=template,
-        sampling={"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
-                  "skip_special_tokens": False},
-        thinking=thinking, think_start_id=start, think_end_id=end, stop_ids=list(stops),
-        served_model=None, disabled_rules=[],
-    )
+    return new_spec(chat_tokenizer(), run, "bundled", max_new_tokens, temperature, top_p)
 
 
 def enqueue(path: Path, run: str, max_new_tokens: int):

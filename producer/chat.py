@@ -37,6 +37,7 @@ class ChatTokenizer:
         self.think_start_id = self.token_id(think_start)
         self.think_end_id = self.token_id(think_end)
         self._think_tail: list[int] | None = None
+        self._fingerprint: str | None = None
 
     def token_id(self, token: str) -> int | None:
         """The id of a single token named by its text, or None when the vocabulary lacks it."""
@@ -85,9 +86,12 @@ class ChatTokenizer:
         return [eos] if isinstance(eos, int) else list(eos or [])
 
     def fingerprint(self) -> str:
-        vocab = sorted(self.tok.get_vocab().items(), key=lambda item: item[1])
-        blob = json.dumps([vocab, sorted(self.tok.all_special_tokens)], ensure_ascii=False).encode()
-        return hashlib.sha256(blob).hexdigest()[:16]
+        """A hash of the vocabulary and special tokens (a few tenths of a second: computed once)."""
+        if self._fingerprint is None:
+            vocab = sorted(self.tok.get_vocab().items(), key=lambda item: item[1])
+            blob = json.dumps([vocab, sorted(self.tok.all_special_tokens)], ensure_ascii=False).encode()
+            self._fingerprint = hashlib.sha256(blob).hexdigest()[:16]
+        return self._fingerprint
 
     def template_fingerprint(self) -> str:
         template = self.tok.chat_template

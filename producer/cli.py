@@ -66,26 +66,18 @@ def enqueue(
 ) -> None:
     """Tokenize each prompt with the chat template and publish one task per prompt."""
     settings, client = _connect(redis_url)
-    from workers.runs import RunSpec
     from workers.verify import ALL_RULES
 
     from .chat import ChatTokenizer
-    from .enqueue import RunMismatch, enqueue_file, prepare_run
+    from .enqueue import RunMismatch, enqueue_file, new_spec, prepare_run
 
     unknown = set(disable_rule) - set(ALL_RULES)
     if unknown:
         err.print(f"[red]unknown rule(s) {sorted(unknown)}[/red]; known: {', '.join(ALL_RULES)}")
         raise typer.Exit(2)
     chat = ChatTokenizer(tokenizer, trust_remote_code, think_start, think_end)
-    mode = chat.detect_thinking() if thinking == "auto" else thinking
-    spec = RunSpec(
-        name=run or "default", tokenizer=tokenizer, tokenizer_fingerprint=chat.fingerprint(),
-        template_fingerprint=chat.template_fingerprint(),
-        sampling={"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
-                  "skip_special_tokens": False},
-        thinking=mode, think_start_id=chat.think_start_id, think_end_id=chat.think_end_id,
-        stop_ids=chat.stop_ids(), served_model=served_model, disabled_rules=sorted(disable_rule),
-    )
+    spec = new_spec(chat, run or "default", tokenizer, max_new_tokens, temperature, top_p, thinking,
+                    served_model, disable_rule)
     try:
         spec = prepare_run(client, spec)
     except RunMismatch as exc:
@@ -100,7 +92,7 @@ def enqueue(
         summary = enqueue_file(prompts, spec, chat, client, celery_app, settings.queue_prefix,
                                max_prompt_tokens, on_progress=lambda pos: bar.update(task, completed=pos),
                                max_queue_depth=max_queued)
-    _print_enqueue_summary(summary, mode)
+    _print_enqueue_summary(summary, spec.thinking)
     if summary.rejected:
         raise typer.Exit(1)
 

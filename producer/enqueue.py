@@ -57,6 +57,21 @@ class RunMismatch(Exception):
     """The run was started with another tokenizer, template or sampling."""
 
 
+def new_spec(chat: ChatTokenizer, name: str, tokenizer: str, max_new_tokens: int, temperature: float,
+             top_p: float, thinking: str = "auto", served_model: str | None = None,
+             disabled_rules: Iterable[str] = ()) -> RunSpec:
+    """The spec `enqueue` records for a run: tokenizer identity, sampling, think tokens."""
+    return RunSpec(
+        name=name, tokenizer=tokenizer, tokenizer_fingerprint=chat.fingerprint(),
+        template_fingerprint=chat.template_fingerprint(),
+        sampling={"max_new_tokens": max_new_tokens, "temperature": temperature, "top_p": top_p,
+                  "skip_special_tokens": False},
+        thinking=chat.detect_thinking() if thinking == "auto" else thinking,
+        think_start_id=chat.think_start_id, think_end_id=chat.think_end_id,
+        stop_ids=chat.stop_ids(), served_model=served_model, disabled_rules=sorted(disabled_rules),
+    )
+
+
 def prepare_run(client: redis.Redis, spec: RunSpec) -> RunSpec:
     """Store a new run's spec, or check that this enqueue matches the stored one."""
     existing = load_spec(client, spec.name)

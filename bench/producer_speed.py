@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from .lab import Lab
 from .prompts import long_prompts, repeated, write_jsonl
-from .publish import build_spec, chat_tokenizer, enqueue
+from .publish import build_spec, chat_tokenizer, enqueue, token_count
 
 
 @dataclass
@@ -73,8 +73,6 @@ def measure(lab: Lab, name: str, prompts: list, opts: ProducerOptions, log) -> d
 
 
 def run_producer_speed(lab: Lab, opts: ProducerOptions, log) -> dict:
-    chat = chat_tokenizer()
-    long = long_prompts(opts.prompts, opts.prompt_tokens,
-                        lambda text: len(chat.tok(text, add_special_tokens=False)["input_ids"]))
+    long = long_prompts(opts.prompts, opts.prompt_tokens, token_count)
     return {"long": measure(lab, "long", long, opts, log),
             "short": measure(lab, "short", repeated(opts.prompts), opts, log)}

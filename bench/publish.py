@@ -20,6 +20,11 @@ def chat_tokenizer():
     return ChatTokenizer("bundled")
 
 
+def token_count(text: str) -> int:
+    """Tokens of a piece of text alone (no template), for sizing prompts."""
+    return len(chat_tokenizer().tok(text, add_special_tokens=False)["input_ids"])
+
+
 def build_spec(run: str, max_new_tokens: int, temperature: float = 0.6, top_p: float = 0.95):
     """The RunSpec `python -m producer enqueue --run RUN --max-new-tokens M` would store."""
     from producer.enqueue import new_spec

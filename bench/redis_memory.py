@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from .lab import Lab
 from .prompts import long_prompts, write_jsonl
-from .publish import chat_tokenizer, enqueue
+from .publish import enqueue, token_count
 
 
 @dataclass
@@ -48,9 +48,7 @@ def run_redis_memory(lab: Lab, opts: RedisOptions, log) -> dict:
     from workers.runs import RunKeys
     from workers.settings import get_settings
 
-    chat = chat_tokenizer()
-    prompts = long_prompts(opts.prompts, opts.prompt_tokens,
-                           lambda text: len(chat.tok(text, add_special_tokens=False)["input_ids"]))
+    prompts = long_prompts(opts.prompts, opts.prompt_tokens, token_count)
     path = write_jsonl(lab.root / "prompts" / f"redis-{opts.prompts}x{opts.prompt_tokens}.jsonl", prompts)
     log(f"redis memory: {opts.prompts} prompts of ~{opts.prompt_tokens} tokens, no worker")
     lab.flush()

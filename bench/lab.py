@@ -2,9 +2,9 @@
 
 Every figure is taken against real processes started with the project's own
 helpers (`producer.local`), so what is measured is what a user runs. One
-Redis serves the whole bench and is flushed between measurements: the Celery
-app reads `REDIS_URL` once, on first import of `workers`, so the bench sets it
-before anything imports the fleet's code. Stand-ins are restarted for every
+Redis serves the whole bench and is flushed between measurements; the bench
+sets `REDIS_URL` in its own environment, which the settings read and the
+workers it starts inherit. Stand-ins are restarted for every
 measurement so that their `/standin/stats` window belongs to it alone.
 """
 from __future__ import annotations
@@ -50,7 +50,7 @@ class Lab:
         self.root.mkdir(parents=True, exist_ok=True)
         self.redis_process, self.redis_url = start_redis(self.logs, data_dir=self.root / "redis")
         self.stack.callback(self.redis_process.stop)
-        # Before any import of `workers`: its Celery app and settings read this once.
+        # Read by the settings built in this process, and inherited by the workers it starts.
         os.environ["REDIS_URL"] = self.redis_url
         os.environ.setdefault("PYTHONPATH", str(ROOT))
         self.client = redis.Redis.from_url(self.redis_url)

@@ -2,9 +2,8 @@
 
 `python -m producer enqueue` builds a `RunSpec` and calls
 `producer.enqueue.enqueue_file`; the bench does the same (so the tokenizer is
-loaded once for all parts rather than once per subprocess). Every import of
-the fleet's code is inside a function: `workers` reads `REDIS_URL` on first
-import, which `Lab` sets first.
+loaded once for all parts rather than once per subprocess). The settings are
+read from the environment when `enqueue` runs, after `Lab` has set `REDIS_URL`.
 """
 from __future__ import annotations
 
@@ -34,12 +33,13 @@ def build_spec(run: str, max_new_tokens: int, temperature: float = 0.6, top_p: f
 
 def enqueue(path: Path, run: str, max_new_tokens: int):
     """Publish a prompt file as run `run`; returns the producer's EnqueueSummary."""
+    from contract.broker import celery_app
+    from contract.connections import redis_for
+    from contract.settings import SharedSettings
     from producer.enqueue import enqueue_file, prepare_run
-    from workers import app
-    from workers.redis_client import redis_for
-    from workers.settings import get_settings
 
-    settings = get_settings()
+    settings = SharedSettings()
+    app = celery_app(settings.redis_url, queue=settings.queue_prefix)
     client = redis_for(settings.redis_url)
     spec = prepare_run(client, build_spec(run, max_new_tokens))
     summary = enqueue_file(path, spec, chat_tokenizer(), client, app, settings.queue_prefix)

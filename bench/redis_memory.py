@@ -45,8 +45,8 @@ def message_anatomy(element: bytes) -> dict:
 
 
 def run_redis_memory(lab: Lab, opts: RedisOptions, log) -> dict:
-    from workers.runs import RunKeys
-    from workers.settings import get_settings
+    from contract.keys import RunKeys
+    from contract.settings import SharedSettings
 
     prompts = long_prompts(opts.prompts, opts.prompt_tokens, token_count)
     path = write_jsonl(lab.root / "prompts" / f"redis-{opts.prompts}x{opts.prompt_tokens}.jsonl", prompts)
@@ -56,7 +56,7 @@ def run_redis_memory(lab: Lab, opts: RedisOptions, log) -> dict:
     before = int(client.info("memory")["used_memory"])
     summary = enqueue(path, "rm", opts.max_new_tokens)
     after = int(client.info("memory")["used_memory"])
-    queue = get_settings().queue_prefix
+    queue = SharedSettings().queue_prefix
     keys = RunKeys("rm")
     usage = {name: int(client.memory_usage(key, samples=0) or 0) for name, key in
              (("queue", queue), ("ledger_state", keys.state), ("ledger_prompts", keys.prompts))}

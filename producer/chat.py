@@ -18,7 +18,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
 
 from transformers import AutoTokenizer  # noqa: E402
 
-from workers.runs import THINK_IN_OUTPUT, THINK_IN_PROMPT, THINK_OFF  # noqa: E402
+from contract.names import Thinking  # noqa: E402
 
 from .bundled import resolve_tokenizer  # noqa: E402
 
@@ -62,10 +62,10 @@ class ChatTokenizer:
     def detect_thinking(self) -> str:
         """Where think-start goes: in the prompt (template), in the output (model), or nowhere."""
         if self.think_start_id is None or self.think_end_id is None:
-            return THINK_OFF
+            return Thinking.OFF.value
         probe = self.render_one(PROBE)
         tail = self._tail_after_think_start(probe)
-        return THINK_IN_PROMPT if tail is not None else THINK_IN_OUTPUT
+        return Thinking.PROMPT.value if tail is not None else Thinking.OUTPUT.value
 
     def ends_with_think_start(self, ids: list[int]) -> bool:
         if self._think_tail is None:

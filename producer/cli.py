@@ -1,8 +1,11 @@
-"""`python -m producer`: enqueue prompts, watch a run, handle dead letters, export."""
+"""`python -m producer`: enqueue prompts, watch a run, handle dead letters, export.
+
+The entry point: each command builds the settings once (flags over the
+environment) and passes them on; importing this module reads nothing.
+"""
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -25,20 +28,35 @@ RedisOpt = typer.Option(None, "--redis-url", help="Overrides REDIS_URL.")
 
 
 def _connect(redis_url: str | None):
-    """Settings are read once, so a --redis-url flag must land in the environment first."""
-    if redis_url:
-        os.environ["REDIS_URL"] = redis_url
-    from workers.redis_client import redis_for
-    from workers.settings import get_settings
+    """The shared settings (a --redis-url flag over REDIS_URL), and a Redis client."""
+    from contract.connections import redis_for
+    from contract.settings import SharedSettings
 
-    settings = get_settings()
+    settings = SharedSettings(**({"redis_url": redis_url} if redis_url else {}))
     return settings, redis_for(settings.redis_url)
 
 
-def _spec(client, run: str | None):
-    from workers.runs import load_spec
+def _publisher(settings):
+    """A Celery app that only publishes (the worker's app is never built here)."""
+    from contract.broker import celery_app
 
-    name = run or "default"
+    return celery_app(settings.redis_url, queue=settings.queue_prefix)
+
+
+def _run_name(run: str | None) -> str:
+    from contract.spec import BadRunName, check_run_name
+
+    try:
+        return check_run_name(run or "default")
+    except BadRunName as exc:
+        err.print(f"[red]{exc}[/red]")
+        raise typer.Exit(2)
+
+
+def _spec(client, run: str | None):
+    from contract.spec import load_spec
+
+    name = _run_name(run)
     spec = load_spec(client, name)
     if spec is None:
         err.print(f"[red]no run named {name!r} in Redis[/red] (enqueue one first, or pass --run)")
@@ -66,24 +84,25 @@ def enqueue(
 ) -> None:
     """Tokenize each prompt with the chat template and publish one task per prompt."""
     settings, client = _connect(redis_url)
-    from workers.verify import ALL_RULES
+    from contract.names import VERIFY_RULES
 
     from .chat import ChatTokenizer
     from .enqueue import RunMismatch, enqueue_file, new_spec, prepare_run
 
-    unknown = set(disable_rule) - set(ALL_RULES)
+    name = _run_name(run)
+    unknown = set(disable_rule) - {str(r) for r in VERIFY_RULES}
     if unknown:
-        err.print(f"[red]unknown rule(s) {sorted(unknown)}[/red]; known: {', '.join(ALL_RULES)}")
+        err.print(f"[red]unknown rule(s) {sorted(unknown)}[/red]; known: {', '.join(map(str, VERIFY_RULES))}")
         raise typer.Exit(2)
     chat = ChatTokenizer(tokenizer, trust_remote_code, think_start, think_end)
-    spec = new_spec(chat, run or "default", tokenizer, max_new_tokens, temperature, top_p, thinking,
+    spec = new_spec(chat, name, tokenizer, max_new_tokens, temperature, top_p, thinking,
                     served_model, disable_rule)
     try:
         spec = prepare_run(client, spec)
     except RunMismatch as exc:
         err.print(f"[red]{exc}[/red]")
         raise typer.Exit(2)
-    from workers import app as celery_app
+    celery_app = _publisher(settings)
 
     size = prompts.stat().st_size
     with Progress(TextColumn("enqueue"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
@@ -145,7 +164,7 @@ def dead_list(run: Optional[str] = RunOpt, reason: list[str] = typer.Option([], 
               as_json: bool = typer.Option(False, "--json"), redis_url: Optional[str] = RedisOpt) -> None:
     """Every dead-lettered prompt with its reason (`--json`: a JSON array)."""
     _, client = _connect(redis_url)
-    from workers.deadletter import DeadLetters
+    from contract.deadletters import DeadLetters
 
     letters = DeadLetters(client, _spec(client, run).name).select(reason or None)
     if as_json:
@@ -163,8 +182,8 @@ def dead_list(run: Optional[str] = RunOpt, reason: list[str] = typer.Option([], 
 def dead_show(prompt_id: str, run: Optional[str] = RunOpt, redis_url: Optional[str] = RedisOpt) -> None:
     """One dead letter in full, with its prompt's token ids."""
     _, client = _connect(redis_url)
-    from workers.deadletter import DeadLetters
-    from workers.payload import b64_to_ids
+    from contract.codec import b64_to_ids
+    from contract.deadletters import DeadLetters
 
     letter = DeadLetters(client, _spec(client, run).name).get(prompt_id)
     if letter is None:
@@ -179,7 +198,7 @@ def dead_stats(run: Optional[str] = RunOpt, as_json: bool = typer.Option(False, 
                redis_url: Optional[str] = RedisOpt) -> None:
     """Dead letters counted by reason."""
     _, client = _connect(redis_url)
-    from workers.deadletter import DeadLetters
+    from contract.deadletters import DeadLetters
 
     stats = DeadLetters(client, _spec(client, run).name).stats()
     if as_json:
@@ -197,8 +216,7 @@ def dead_requeue(run: Optional[str] = RunOpt, reason: list[str] = typer.Option([
                  yes: bool = typer.Option(False, "--yes", "-y"), redis_url: Optional[str] = RedisOpt) -> None:
     """Publish dead-lettered prompts again (all, or by --reason / --id)."""
     settings, client = _connect(redis_url)
-    from workers import app as celery_app
-    from workers.deadletter import DeadLetters
+    from contract.deadletters import DeadLetters
 
     from .dead import requeue
 
@@ -211,7 +229,7 @@ def dead_requeue(run: Optional[str] = RunOpt, reason: list[str] = typer.Option([
         typer.confirm(f"requeue {len(letters)} dead letters of run {spec.name!r}?", abort=True)
     with Progress(TextColumn("requeue"), BarColumn(), MofNCompleteColumn(), console=err, transient=True) as bar:
         task = bar.add_task("requeue", total=len(letters))
-        count = requeue(client, celery_app, spec, letters, settings.queue_prefix, max_new_tokens,
+        count = requeue(client, _publisher(settings), spec, letters, settings.queue_prefix, max_new_tokens,
                         on_progress=lambda n: bar.update(task, completed=n))
     out.print(f"requeued {count} prompts" + (f" with max_new_tokens={max_new_tokens}" if max_new_tokens else ""))
 
@@ -221,7 +239,7 @@ def dead_purge(run: Optional[str] = RunOpt, reason: list[str] = typer.Option([])
                yes: bool = typer.Option(False, "--yes", "-y"), redis_url: Optional[str] = RedisOpt) -> None:
     """Delete dead letters (all, or by --reason). Their prompts stay marked dead."""
     _, client = _connect(redis_url)
-    from workers.deadletter import DeadLetters
+    from contract.deadletters import DeadLetters
 
     store = DeadLetters(client, _spec(client, run).name)
     letters = store.select(reason or None)

@@ -5,12 +5,12 @@ from typing import Callable
 
 import redis
 
-from workers.deadletter import DeadLetter, DeadLetters
-from workers.ledger import Ledger
-from workers.payload import b64_to_ids, pack_ids
-from workers.publish import publish_prompts
-from workers.runs import RunSpec, queue_for
-
+from contract.codec import b64_to_ids, pack_ids
+from contract.deadletters import DeadLetter, DeadLetters
+from contract.keys import queue_for
+from contract.ledger import Ledger
+from contract.publish import publish_prompts
+from contract.spec import RunSpec
 
 
 def requeue(client: redis.Redis, app, spec: RunSpec, letters: list[DeadLetter], queue_prefix: str,

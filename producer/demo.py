@@ -85,14 +85,14 @@ def _fleet_env(stack: ExitStack, workdir: Path, logs: Path, console: Console) ->
 
 
 def _wait(env: dict[str, str], console: Console, worker, timeout: float = 900) -> dict:
-    os.environ.update(env)
-    from workers.redis_client import redis_for
-    from workers.runs import load_spec
-    from workers.settings import get_settings
+    from contract.connections import redis_for
+    from contract.deadletters import DeadLetters
+    from contract.settings import SharedSettings
+    from contract.spec import load_spec
 
     from .status import collect_status
 
-    settings = get_settings()
+    settings = SharedSettings(redis_url=env["REDIS_URL"], output_dir=env["OUTPUT_DIR"])
     client = redis_for(settings.redis_url)
     spec = load_spec(client, RUN)
     deadline = time.monotonic() + timeout
@@ -106,8 +106,6 @@ def _wait(env: dict[str, str], console: Console, worker, timeout: float = 900) -
             bar.update(task, completed=report["done"] + report["dead"], dead=report["dead"])
     if not worker.alive():
         console.print(f"[red]the worker exited:[/red]\n{worker.tail()}")
-    from workers.deadletter import DeadLetters
-
     report["examples"] = [d.summary() for d in DeadLetters(client, RUN).select()[:5]]
     return report
 

@@ -18,10 +18,13 @@ from typing import Callable, Iterable, Iterator
 
 import redis
 
-from workers.ledger import Ledger
-from workers.payload import pack_ids
-from workers.publish import publish_prompts
-from workers.runs import THINK_IN_PROMPT, RunSpec, load_spec, queue_for, save_spec
+from contract.codec import pack_ids
+from contract.keys import queue_for
+from contract.kombu_redis import queue_depth
+from contract.ledger import Ledger
+from contract.names import Thinking
+from contract.publish import publish_prompts
+from contract.spec import RunSpec, load_spec, save_spec
 
 from .chat import ChatTokenizer
 from .prompts import BadLine, Prompt, read_prompts
@@ -120,8 +123,6 @@ def enqueue_file(path: Path, spec: RunSpec, chat: ChatTokenizer, client: redis.R
 def _hold_back(client: redis.Redis, queue: str, bound: int, poll: float = 1.0) -> float:
     """Wait while the queue is deeper than `bound`, so a run of 10^7 prompts never sits
     in Redis at once; returns the seconds waited."""
-    from .status import queue_depth
-
     waited = 0.0
     while queue_depth(client, queue) > bound:
         time.sleep(poll)
@@ -168,7 +169,7 @@ def _tokenize(prompts: list[Prompt], spec: RunSpec, chat: ChatTokenizer,
     for prompt, ids in zip(prompts, rendered):
         if ids is None:
             continue
-        if spec.thinking == THINK_IN_PROMPT and not chat.ends_with_think_start(ids):
+        if spec.thinking == Thinking.PROMPT and not chat.ends_with_think_start(ids):
             summary.rejected.append(Rejection(prompt.line, prompt.id,
                                               "rendered prompt does not end with the think-start token"))
         elif max_prompt_tokens and len(ids) > max_prompt_tokens:

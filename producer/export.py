@@ -18,15 +18,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import redis
 
-from workers.deadletter import DeadLetters
-from workers.ledger import Ledger
-from workers.runs import RunSpec
-from workers.shards import SCHEMA, is_shard
-
-
-def shard_files(output_dir: str | Path, run: str) -> list[Path]:
-    folder = Path(output_dir) / run
-    return sorted(p for p in folder.glob("*.parquet") if is_shard(p)) if folder.exists() else []
+from contract.deadletters import DeadLetters
+from contract.ledger import Ledger
+from contract.schema import arrow_schema, shard_files
+from contract.spec import RunSpec
 
 
 def export_run(spec: RunSpec, client: redis.Redis, output_dir: str, dest: Path,
@@ -38,7 +33,7 @@ def export_run(spec: RunSpec, client: redis.Redis, output_dir: str, dest: Path,
     seen: set[str] = set()
     read_rows = 0
     for number, path in enumerate(sources, start=1):
-        table = pq.read_table(path, schema=SCHEMA)
+        table = pq.read_table(path, schema=arrow_schema())
         read_rows += table.num_rows
         ids = table.column("id").to_pylist()
         keep = [i not in seen and not seen.add(i) for i in ids]  # first copy of each id wins

@@ -10,18 +10,16 @@ import time
 
 import redis
 
-from workers import heartbeat
-from workers.deadletter import DeadLetters
-from workers.ledger import Ledger
-from workers.runs import DEAD, DONE, QUEUED, RunSpec, queue_for
+from contract import heartbeats
+from contract.deadletters import DeadLetters
+from contract.keys import queue_for
+from contract.kombu_redis import queue_depth
+from contract.ledger import Ledger
+from contract.names import PromptState
+from contract.spec import RunSpec
 
 RATE_MINUTES = 5
-
-
-def queue_depth(client: redis.Redis, queue: str) -> int:
-    """Messages waiting in a Celery queue on Redis (all priority sub-lists)."""
-    return sum(int(client.llen(name)) for name in
-               [queue] + [f"{queue}\x06\x16{p}" for p in (3, 6, 9)])
+DONE, DEAD, QUEUED = PromptState.DONE, PromptState.DEAD, PromptState.QUEUED
 
 
 def collect_status(client: redis.Redis, spec: RunSpec, queue_prefix: str) -> dict:
@@ -58,4 +56,4 @@ def _workers(client: redis.Redis) -> list[dict]:
     now = time.time()
     return [{"worker": w["worker"], "host": w["host"], "pid": w["pid"],
              "seen_s_ago": round(now - w["at"], 1), "servers": w["servers"]}
-            for w in heartbeat.read_all(client)]
+            for w in heartbeats.read_all(client)]

@@ -10,7 +10,7 @@ import redis
 
 from sglang_standin.cli import parse_config
 from sglang_standin.outputs import fault_for, generate_output
-from workers.runs import RunKeys
+from contract.keys import RunKeys
 
 from conftest import messages_of, render, varied_prompts, write_prompts
 

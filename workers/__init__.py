@@ -1,17 +1,17 @@
 """The worker side of the fleet: `celery -A workers worker`.
 
-Parts, one idea each:
-- `app`: the Celery app and its broker settings.
+Importing this package builds nothing: Celery finds the app in `workers.celery`,
+which reads the settings once and builds it. Parts, one idea each:
+- `celery`: the Celery app and its broker settings (the entry point).
 - `tasks` / `generation`: one prompt from token ids to a sample or a dead letter.
 - `servers`, `health`, `preflight`: the SGLang servers a worker is bound to.
 - `gate`: consume only while a bound server is healthy.
 - `lease`: keep in-flight prompts leased to this worker.
+- `shutdown`, `consumer`, `audit`: SIGTERM, broker reconnects, lost messages.
 - `sglang_client`: the `/generate` call and its failure classes.
 - `verify`: the think structure, by token id.
 - `shards`: Parquet shards by group commit.
-- `deadletter`, `ledger`, `runs`: what Redis holds about a run.
+- `runtime`, `settings`, `metrics`: what one worker process shares between threads.
+What the producer shares with the workers (keys, ledger, dead letters, the
+token-id codec, publishing, the shard schema) is the `contract` package.
 """
-from . import flower_guard  # noqa: F401  (Flower refuses to listen beyond localhost without auth)
-from .app import app
-
-__all__ = ["app"]

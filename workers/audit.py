@@ -11,21 +11,22 @@ queue is found as the queue drains.
 """
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
 
 from celery import bootsteps
 
-from .ledger import Ledger
-from .payload import count_ids
-from .publish import publish_prompts
-from .runs import RunKeys, run_queues
+from contract import kombu_redis
+from contract.codec import count_ids
+from contract.keys import AUDIT_LOCK, RunKeys, task_id
+from contract.ledger import Ledger
+from contract.publish import publish_prompts
+from contract.spec import run_queues
+
 from .runtime import get_runtime
 
 log = logging.getLogger(__name__)
-LOCK = "fleet:audit:lock"
 
 
 class LostMessageAudit(bootsteps.StartStopStep):
@@ -44,25 +45,25 @@ class LostMessageAudit(bootsteps.StartStopStep):
         self._stop.set()
 
     def _run(self, c) -> None:
-        rt = get_runtime(worker=c.hostname)
+        rt = get_runtime(c.app.fleet_settings, c.hostname)
         interval = rt.settings.audit_interval
         while not self._stop.wait(interval):
             try:
-                if rt.redis.set(LOCK, rt.worker, nx=True, ex=max(1, int(interval))):
+                if rt.redis.set(AUDIT_LOCK, rt.worker, nx=True, ex=max(1, int(interval))):
                     self.audit(c.app, rt)
             except Exception as exc:  # the broker may be restarting: try next time
                 log.warning("lost-message audit skipped: %r", exc)
 
     def audit(self, app, rt) -> int:
         client, prefix = rt.redis, rt.settings.queue_prefix
-        in_flight = _task_ids(json.loads(raw)[0] for raw in client.hvals("unacked"))
+        in_flight = _task_ids(kombu_redis.unacked_messages(client))
         republished = 0
         for run, queue in run_queues(client, prefix).items():
             if not client.hlen(RunKeys(run).prompts) or client.llen(queue) > rt.settings.audit_max_queue:
                 continue
-            queued = _task_ids(json.loads(raw) for raw in client.lrange(queue, 0, -1))
+            queued = _task_ids(kombu_redis.queued_messages(client, queue))
             missing = {pid for pid in Ledger(client, run).pending_ids()
-                       if f"{run}:{pid}" not in queued and f"{run}:{pid}" not in in_flight}
+                       if task_id(run, pid) not in queued and task_id(run, pid) not in in_flight}
             republished += self._republish(app, client, run, queue, missing)
         return republished
 

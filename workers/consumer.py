@@ -17,31 +17,27 @@ import logging
 
 from celery.worker.consumer import Consumer
 
+from contract.kombu_redis import reattach, transport_of
+
 log = logging.getLogger(__name__)
 
 
 class FleetConsumer(Consumer):
     def on_connection_error_after_connected(self, exc):
         connection = self.connection
-        transport = getattr(connection, "_transport", None)
+        transport = transport_of(connection)
         if connection is not None:
             close = connection.close
 
             def close_keeping_settings() -> None:
-                _reattach(transport, connection)
+                reattach(transport, connection)
                 try:
                     close()
                 except AttributeError as error:
                     log.warning("broker connection closed uncleanly (%r); unacknowledged prompts "
                                 "return through the lease sweep", error)
-                _reattach(transport, connection)
+                reattach(transport, connection)
 
             connection.close = close_keeping_settings
         super().on_connection_error_after_connected(exc)
-        _reattach(transport, connection)
-
-
-def _reattach(transport, connection) -> None:
-    """Let channels of a dropped transport still build clients (for late acks)."""
-    if transport is not None and getattr(transport, "client", None) is None:
-        transport.client = connection
+        reattach(transport, connection)

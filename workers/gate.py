@@ -13,7 +13,8 @@ import logging
 
 from celery import bootsteps
 
-from .runs import queue_for
+from contract.keys import queue_for
+
 from .runtime import get_runtime
 
 log = logging.getLogger(__name__)
@@ -27,7 +28,7 @@ class HealthGate(bootsteps.StartStopStep):
         self.tref = None
 
     def start(self, c) -> None:
-        self.runtime = get_runtime(worker=c.hostname)
+        self.runtime = get_runtime(c.app.fleet_settings, c.hostname)
         self.reconcile(c)  # before the event loop fetches anything
         # A set comparison, no I/O: cheap enough to run often, which narrows the window
         # between a health check marking the last server down and consuming stopping.

@@ -14,11 +14,13 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
 from . import metrics
-from .deadletter import (PROMPT_TOO_LONG, SERVER_ERROR, SERVER_REJECTED, DeadLetter,
-                         DeadLetters)
-from .ledger import Ledger
-from .payload import ids_to_b64
-from .runs import RunSpec
+from contract.codec import ids_to_b64
+from contract.deadletters import DeadLetter, DeadLetters
+from contract.ledger import Ledger
+from contract.names import Reason
+from contract.schema import Sample
+from contract.spec import RunSpec
+
 from .runtime import Runtime
 from .servers import NoServer
 from .sglang_client import (Generation, ServerRejected, ServerUnavailable, TransientError,
@@ -95,7 +97,7 @@ def _attempt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], 
     try:
         with rt.pool.acquire(spec.served_model, s.server_wait, avoid=avoid) as binding:
             if binding.max_model_len and len(prompt_ids) >= binding.max_model_len:
-                return _dead(rt, spec, prompt_id, prompt_ids, sampling, tries, PROMPT_TOO_LONG,
+                return _dead(rt, spec, prompt_id, prompt_ids, sampling, tries, Reason.PROMPT_TOO_LONG,
                              f"{len(prompt_ids)} prompt tokens do not fit the context of "
                              f"{binding.max_model_len} tokens of {binding.url}")
             tries.servers.append(binding.url)
@@ -105,7 +107,7 @@ def _attempt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], 
     except NoServer as exc:
         raise GiveBack(str(exc)) from exc
     except ServerRejected as exc:
-        return _dead(rt, spec, prompt_id, prompt_ids, sampling, tries, SERVER_REJECTED, str(exc))
+        return _dead(rt, spec, prompt_id, prompt_ids, sampling, tries, Reason.SERVER_REJECTED, str(exc))
     except ServerUnavailable as exc:
         rt.monitor.suspect(binding, str(exc))
         if _pause(tries, str(exc), 0.5, 5.0, transient=False, limit=s.max_unavailable) is None:
@@ -146,7 +148,7 @@ def _pause(tries: Attempts, error: str, base: float, cap: float, *, transient: b
 
 def _server_error(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int],
                   sampling: dict, tries: Attempts) -> DeadLetter:
-    return _dead(rt, spec, prompt_id, prompt_ids, sampling, tries, SERVER_ERROR,
+    return _dead(rt, spec, prompt_id, prompt_ids, sampling, tries, Reason.SERVER_ERROR,
                  f"gave up after {tries.total} requests; last error: {tries.last_error}")
 
 
@@ -175,30 +177,30 @@ def _dead(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], sam
 
 
 def _row(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], tries: Attempts,
-         generation: Generation, verdict: Verdict) -> dict:
+         generation: Generation, verdict: Verdict) -> Sample:
     out, meta, sampling = generation.output_ids, generation.meta_info, generation.sampling
     finish = meta.get("finish_reason") or {}
     matched = finish.get("matched") if isinstance(finish, dict) else None
     binding_model = next((b.model_path for b in rt.pool.bindings if b.url == generation.server), None)
-    return {
-        "id": prompt_id,
-        "input_ids": prompt_ids + out,
-        "prompt_len": len(prompt_ids),
-        "output_len": len(out),
-        "finish_reason": finish.get("type") if isinstance(finish, dict) else str(finish),
-        "stop_token": matched if isinstance(matched, int) else None,
-        "think_end_index": None if verdict.think_end_pos is None else len(prompt_ids) + verdict.think_end_pos,
-        "run": spec.name,
-        "server": generation.server,
-        "model": binding_model,
-        "max_new_tokens": sampling.get("max_new_tokens"),
-        "temperature": sampling.get("temperature"),
-        "top_p": sampling.get("top_p"),
-        "attempts": tries.total,
-        "worker": rt.worker,
-        "tokenizer_fingerprint": spec.tokenizer_fingerprint,
-        "template_fingerprint": spec.template_fingerprint,
-        "e2e_latency": meta.get("e2e_latency"),
-        "started_at": datetime.fromtimestamp(tries.started_at, timezone.utc),
-        "finished_at": datetime.now(timezone.utc),
-    }
+    return Sample(
+        id=prompt_id,
+        input_ids=prompt_ids + out,
+        prompt_len=len(prompt_ids),
+        output_len=len(out),
+        finish_reason=finish.get("type") if isinstance(finish, dict) else str(finish),
+        stop_token=matched if isinstance(matched, int) else None,
+        think_end_index=None if verdict.think_end_pos is None else len(prompt_ids) + verdict.think_end_pos,
+        run=spec.name,
+        server=generation.server,
+        model=binding_model,
+        max_new_tokens=sampling.get("max_new_tokens"),
+        temperature=sampling.get("temperature"),
+        top_p=sampling.get("top_p"),
+        attempts=tries.total,
+        worker=rt.worker,
+        tokenizer_fingerprint=spec.tokenizer_fingerprint,
+        template_fingerprint=spec.template_fingerprint,
+        e2e_latency=meta.get("e2e_latency"),
+        started_at=datetime.fromtimestamp(tries.started_at, timezone.utc),
+        finished_at=datetime.now(timezone.utc),
+    )

@@ -15,6 +15,8 @@ import time
 
 from celery import bootsteps
 
+from contract import kombu_redis
+
 from .runtime import get_runtime
 
 log = logging.getLogger(__name__)
@@ -37,7 +39,7 @@ class LeaseKeeper(bootsteps.StartStopStep):
         self._stop.set()
 
     def _run(self, c) -> None:
-        rt = get_runtime(worker=c.hostname)
+        rt = get_runtime(c.app.fleet_settings, c.hostname)
         period = max(1.0, rt.settings.lease_seconds / 4)
         while not self._stop.wait(period):
             try:
@@ -54,17 +56,9 @@ class LeaseKeeper(bootsteps.StartStopStep):
         if consumer is None:
             return 0
         channel = consumer.channel
-        qos = channel.qos
-        for _ in range(3):
-            try:
-                held = [tag for tag in list(qos._delivered) if tag not in qos._dirty]
-                break
-            except RuntimeError:  # changed size during iteration; try again
-                continue
-        else:
-            return 0
+        held = kombu_redis.held_tags(channel)
         if not held:
             return 0
         now = time.time()
-        client.zadd(channel.unacked_index_key, {tag: now for tag in held}, xx=True)
+        client.zadd(kombu_redis.index_key(channel), {tag: now for tag in held}, xx=True)
         return len(held)

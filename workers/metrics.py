@@ -42,7 +42,8 @@ class FleetCollector:
         yield from self._depths()
 
     def _depths(self):
-        from .runs import RunKeys, run_queues
+        from contract.keys import RunKeys
+        from contract.spec import run_queues
 
         queue = GaugeMetricFamily("fleet_queue_depth", "Prompts waiting in the queue.", labels=["queue"])
         dead = GaugeMetricFamily("fleet_dead_letter_depth", "Dead letters of a run.", labels=["run"])

@@ -1,7 +1,7 @@
 """The parts one worker process shares between its task threads.
 
-Built once, when the worker's consumer starts (never on import, so that the
-producer can import the Celery app without starting health checks).
+Built once, when the worker's consumer starts, from the settings the Celery
+app read at its entry point (never on import).
 """
 from __future__ import annotations
 
@@ -13,11 +13,13 @@ from dataclasses import dataclass
 import httpx
 import redis
 
-from . import heartbeat, metrics
+from contract import heartbeats
+from contract.connections import redact_url, redis_for
+
+from . import metrics
 from .health import HealthMonitor
-from .redis_client import redis_for
 from .servers import ServerPool
-from .settings import Settings, get_settings, redact_url
+from .settings import Settings
 from .sglang_client import make_client
 from .shards import ShardWriter
 
@@ -44,11 +46,12 @@ _runtime: Runtime | None = None
 _lock = threading.Lock()
 
 
-def get_runtime(worker: str | None = None) -> Runtime:
+def get_runtime(settings: Settings, worker: str | None = None) -> Runtime:
+    """The process's runtime, built by the first caller (a consumer step, with the worker's name)."""
     global _runtime
     with _lock:
         if _runtime is None:
-            _runtime = _build(worker or f"{socket.gethostname()}")
+            _runtime = _build(settings, worker or socket.gethostname())
         return _runtime
 
 
@@ -60,14 +63,13 @@ def close_runtime() -> None:
             _runtime = None
 
 
-def _build(worker: str) -> Runtime:
-    s = get_settings()
+def _build(s: Settings, worker: str) -> Runtime:
     key = s.sglang_api_key.get_secret_value() if s.sglang_api_key else None
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     pool = ServerPool(s.server_urls, s.max_inflight_per_server)
     client = redis_for(s.redis_url)
-    monitor = HealthMonitor(pool, s, headers, after_round=lambda: heartbeat.publish(
-        client, worker, pool, ttl=3 * s.health_interval + s.health_timeout))
+    monitor = HealthMonitor(pool, s, headers, after_round=lambda: heartbeats.publish(
+        client, worker, pool.snapshot(), ttl=3 * s.health_interval + s.health_timeout))
     runtime = Runtime(
         settings=s, worker=worker, pool=pool, monitor=monitor,
         http=make_client(s.pool_size, s.connect_timeout, s.request_timeout, key),

@@ -16,17 +16,18 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator
 
+from contract.names import ServerState
 
 log = logging.getLogger(__name__)
 
-UNKNOWN, LOADING, WARMING, HEALTHY, DOWN, REFUSED = (
-    "unknown", "loading", "warming", "healthy", "down", "refused")
+UNKNOWN, LOADING, WARMING, HEALTHY = ServerState.UNKNOWN, ServerState.LOADING, ServerState.WARMING, ServerState.HEALTHY
+DOWN, REFUSED = ServerState.DOWN, ServerState.REFUSED
 
 
 @dataclass
 class ServerBinding:
     url: str
-    state: str = UNKNOWN
+    state: ServerState = UNKNOWN
     in_flight: int = 0
     failures: int = 0
     successes: int = 0

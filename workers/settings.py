@@ -6,20 +6,16 @@ continuous batching rather than for a CPU pool.
 """
 from __future__ import annotations
 
-from functools import lru_cache
-from urllib.parse import urlsplit, urlunsplit
-
 from pydantic import AliasChoices, Field, SecretStr, field_validator
-from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from contract.settings import SharedSettings
 
 
-class Settings(BaseSettings):
-    model_config = SettingsConfigDict(env_prefix="FLEET_", frozen=True)
+class Settings(SharedSettings):
+    """`REDIS_URL`, `OUTPUT_DIR` and the queue prefix come from `SharedSettings`."""
 
-    redis_url: str = Field("redis://localhost:6379/0", validation_alias=AliasChoices("REDIS_URL"))
-    sglang_urls: str = Field("http://localhost:30000", validation_alias=AliasChoices("SGLANG_URLS"))
-    output_dir: str = Field("./shards", validation_alias=AliasChoices("OUTPUT_DIR"))
-    sglang_api_key: SecretStr | None = Field(None, validation_alias=AliasChoices("SGLANG_API_KEY"))
+    sglang_urls: str = Field("http://localhost:30000", validation_alias=AliasChoices("SGLANG_URLS", "sglang_urls"))
+    sglang_api_key: SecretStr | None = Field(None, validation_alias=AliasChoices("SGLANG_API_KEY", "sglang_api_key"))
 
     # Routing: requests in flight per server. SGLang batches continuously and
     # needs tens to hundreds of requests in flight to keep a GPU busy.
@@ -68,7 +64,6 @@ class Settings(BaseSettings):
     shard_max_rows: int = 1000
     shard_max_wait: float = 2.0
 
-    queue_prefix: str = "fleet.generate"
     # Prometheus metrics; the next free port is taken when several workers share a node.
     metrics_port: int = 9808
 
@@ -84,20 +79,3 @@ class Settings(BaseSettings):
     @property
     def pool_size(self) -> int:
         return self.concurrency or min(2 * self.max_inflight_per_server * len(self.server_urls), 1024)
-
-
-@lru_cache(maxsize=1)
-def get_settings() -> Settings:
-    return Settings()
-
-
-def redact_url(url: str) -> str:
-    """Hide the password of a URL so that it can be logged or printed."""
-    parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    host = parts.hostname or ""
-    if parts.port:
-        host = f"{host}:{parts.port}"
-    user = f"{parts.username}:***@" if parts.username else ":***@"
-    return urlunsplit((parts.scheme, user + host, parts.path, parts.query, parts.fragment))

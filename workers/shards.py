@@ -2,60 +2,38 @@
 
 A task hands its sample to the writer and waits; the writer gathers samples
 until a shard is full or its oldest sample has waited `max_wait` seconds,
-writes one Parquet file under a temporary name, fsyncs it, renames it into
+writes one Parquet file under a temporary name, fsyncs it, links it into
 place and only then releases the waiting tasks, which are then acknowledged.
 So an acknowledged prompt is always in a shard, and shards stay large.
+
+Two workers never write the same file, even when their node names and pids
+coincide (containers where every worker is pid 1): each name carries a random
+component, the temporary file is created exclusively, and the final name is
+made with a hard link, which fails rather than replace an existing file.
 """
 from __future__ import annotations
 
 import logging
 import os
 import re
+import secrets
 import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.parquet as pq
+
+from contract.schema import Sample, samples_to_table
 
 from . import metrics
 
 log = logging.getLogger(__name__)
 
-SCHEMA = pa.schema([
-    ("id", pa.string()),
-    ("input_ids", pa.list_(pa.int32())),
-    ("prompt_len", pa.int32()),
-    ("output_len", pa.int32()),
-    ("finish_reason", pa.string()),
-    ("stop_token", pa.int32()),
-    ("think_end_index", pa.int32()),
-    ("run", pa.string()),
-    ("server", pa.string()),
-    ("model", pa.string()),
-    ("max_new_tokens", pa.int32()),
-    ("temperature", pa.float32()),
-    ("top_p", pa.float32()),
-    ("attempts", pa.int16()),
-    ("worker", pa.string()),
-    ("tokenizer_fingerprint", pa.string()),
-    ("template_fingerprint", pa.string()),
-    ("e2e_latency", pa.float32()),
-    ("started_at", pa.timestamp("ms", tz="UTC")),
-    ("finished_at", pa.timestamp("ms", tz="UTC")),
-])
-
-
-def is_shard(path: Path) -> bool:
-    """Names starting with `.` or `_` are temporary or metadata files."""
-    return path.suffix == ".parquet" and not path.name.startswith((".", "_"))
-
-
 @dataclass
 class _Pending:
-    rows: list[dict] = field(default_factory=list)
+    rows: list[Sample] = field(default_factory=list)
     futures: list[Future] = field(default_factory=list)
     oldest: float = 0.0
 
@@ -74,7 +52,7 @@ class ShardWriter:
         self._thread = threading.Thread(target=self._run, name="fleet-shards", daemon=True)
         self._thread.start()
 
-    def submit(self, run: str, row: dict) -> Future:
+    def submit(self, run: str, row: Sample) -> Future:
         """Queue one sample; the future resolves to its shard path once durable."""
         future: Future = Future()
         with self._lock:
@@ -138,21 +116,35 @@ class ShardWriter:
         for future in pending.futures:
             future.set_result(str(path))
 
-    def _write(self, run: str, rows: list[dict]) -> Path:
+    def _write(self, run: str, rows: list[Sample]) -> Path:
         folder = self.root / run
         folder.mkdir(parents=True, exist_ok=True)
         self._seq += 1
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        name = f"part-{self.worker}-{os.getpid()}-{stamp}-{self._seq:06d}.parquet"
+        name = f"part-{self.worker}-{os.getpid()}-{stamp}-{self._seq:06d}-{secrets.token_hex(6)}.parquet"
         final, temporary = folder / name, folder / f".tmp-{name}"
-        table = pa.Table.from_pylist(rows, schema=SCHEMA)
-        with open(temporary, "wb") as sink:
+        table = samples_to_table(rows)
+        with open(temporary, "xb") as sink:  # exclusive: never another writer's file
             pq.write_table(table, sink, compression="zstd")
             sink.flush()
             os.fsync(sink.fileno())
-        os.replace(temporary, final)
+        _publish(temporary, final)
         _fsync_dir(folder)
         return final
+
+
+def _publish(temporary: Path, final: Path) -> None:
+    """Give the file its final name without ever replacing one (a link fails if it exists)."""
+    try:
+        os.link(temporary, final)
+    except FileExistsError:
+        raise
+    except OSError:  # a file system without hard links: the random name keeps it unique
+        if final.exists():
+            raise FileExistsError(final)
+        os.rename(temporary, final)
+        return
+    os.unlink(temporary)
 
 
 def _fsync_dir(folder: Path) -> None:

@@ -15,8 +15,9 @@ import threading
 
 from celery import bootsteps, signals
 
+from contract import kombu_redis
+
 from .runtime import close_runtime
-from .settings import get_settings
 
 log = logging.getLogger(__name__)
 _consumer: list = []
@@ -32,7 +33,9 @@ class ShutdownGrace(bootsteps.StartStopStep):
 
 @signals.worker_shutting_down.connect
 def _arm_grace_timer(sig=None, how=None, exitcode=None, **_) -> None:
-    grace = get_settings().shutdown_grace
+    if not _consumer:  # stopped before consuming: nothing is held
+        return
+    grace = _consumer[0].app.fleet_settings.shutdown_grace
     log.warning("%s received: draining in-flight prompts for up to %.0fs", sig, grace)
     timer = threading.Timer(grace, _hand_back)
     timer.daemon = True
@@ -45,9 +48,9 @@ def _hand_back() -> None:
     except Exception:
         log.exception("flushing shards at the end of the grace period failed")
     if _consumer and _consumer[0].task_consumer is not None:
-        qos = _consumer[0].task_consumer.channel.qos
-        held = len(qos._delivered) - len(qos._dirty)
-        log.warning("grace period over: handing %d in-flight prompts back to the queue", held)
-        qos.restore_unacked()
+        channel = _consumer[0].task_consumer.channel
+        log.warning("grace period over: handing %d in-flight prompts back to the queue",
+                    kombu_redis.held_count(channel))
+        kombu_redis.restore_held(channel)
     logging.shutdown()
     os._exit(0)

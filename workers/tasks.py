@@ -15,26 +15,29 @@ import traceback
 from celery import shared_task
 from celery.exceptions import Reject
 
-from .deadletter import WORKER_ERROR, DeadLetter
+from contract.codec import ids_to_b64, unpack_ids
+from contract.deadletters import DeadLetter
+from contract.keys import TASK_NAME, RunKeys
+from contract.ledger import Ledger
+from contract.names import PromptState, Reason
+
 from .generation import GiveBack, bury, process_prompt
-from .ledger import Ledger
-from .payload import ids_to_b64, unpack_ids
-from .runs import DONE, QUEUED, RunKeys, cached_spec
 from .runtime import get_runtime
+from .specs import cached_spec
 
 log = logging.getLogger(__name__)
 
 
-@shared_task(name="fleet.generate", bind=True, acks_late=True, ignore_result=True)
+@shared_task(name=TASK_NAME, bind=True, acks_late=True, ignore_result=True)
 def generate(self, run: str, prompt_id: str, max_new_tokens: int | None = None) -> str:
-    rt = get_runtime()
+    rt = get_runtime(self.app.fleet_settings)
     ledger = Ledger(rt.redis, run)
     raw = None
     try:
         raw = ledger.payload(prompt_id)
         if raw is None:
             state = ledger.state(prompt_id)
-            if state != QUEUED:  # a redelivery of a prompt already stored or dead-lettered
+            if state != PromptState.QUEUED:  # a redelivery of a prompt already stored or dead-lettered
                 return f"nothing to do: prompt is {state or 'unknown'}"
             return _bury_worker_error(rt, run, prompt_id, None, max_new_tokens, 0, "queued, but the ledger "
                                       "holds no token ids for it (enqueued by another version of the fleet?)")
@@ -45,7 +48,7 @@ def generate(self, run: str, prompt_id: str, max_new_tokens: int | None = None) 
     except Exception as exc:
         log.exception("prompt %s of run %s failed unexpectedly", prompt_id, run)
         crashes = rt.redis.hincrby(RunKeys(run).crashes, prompt_id, 1)
-        if crashes < rt.settings.max_crashes or raw is None or ledger.state(prompt_id) == DONE:
+        if crashes < rt.settings.max_crashes or raw is None or ledger.state(prompt_id) == PromptState.DONE:
             raise Reject(f"requeued after {exc!r}", requeue=True) from exc
         return _bury_worker_error(rt, run, prompt_id, raw, max_new_tokens, crashes,
                                   f"{crashes} crashes; last: {exc!r}", traceback.format_exc()[-4000:])
@@ -58,7 +61,7 @@ def _bury_worker_error(rt, run: str, prompt_id: str, raw: bytes | None, max_new_
     if raw is not None and ids is None:
         message += "; its ledger entry is unreadable"
     return bury(rt, DeadLetter(
-        id=prompt_id, run=run, reason=WORKER_ERROR, message=message, attempts=attempts, servers=[],
+        id=prompt_id, run=run, reason=Reason.WORKER_ERROR, message=message, attempts=attempts, servers=[],
         worker=rt.worker, prompt_b64=ids_to_b64(ids or []), prompt_tokens=len(ids or []),
         sampling={"max_new_tokens": max_new_tokens}, excerpt={"traceback": trace} if trace else {}))
 

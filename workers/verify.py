@@ -8,22 +8,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .runs import THINK_IN_OUTPUT, THINK_OFF, RunSpec
+from contract.names import Reason, Thinking
+from contract.spec import RunSpec
 
-ABORTED = "aborted"
-TRUNCATED = "truncated"
-TOKEN_COUNT_MISMATCH = "token_count_mismatch"
-THINK_START_IN_OUTPUT = "think_start_in_output"
-MISSING_THINK_START = "missing_think_start"
-MISSING_THINK_END = "missing_think_end"
-MULTIPLE_THINK_END = "multiple_think_end"
-EMPTY_REASONING = "empty_reasoning"
-EMPTY_ANSWER = "empty_answer"
-UNEXPECTED_FINISH = "unexpected_finish"
-
-THINK_RULES = (THINK_START_IN_OUTPUT, MISSING_THINK_START, MISSING_THINK_END,
-               MULTIPLE_THINK_END, EMPTY_REASONING, EMPTY_ANSWER)
-ALL_RULES = (ABORTED, TRUNCATED, TOKEN_COUNT_MISMATCH, UNEXPECTED_FINISH) + THINK_RULES
+ABORTED, TRUNCATED, UNEXPECTED_FINISH = Reason.ABORTED, Reason.TRUNCATED, Reason.UNEXPECTED_FINISH
+TOKEN_COUNT_MISMATCH = Reason.TOKEN_COUNT_MISMATCH
+THINK_START_IN_OUTPUT, MISSING_THINK_START = Reason.THINK_START_IN_OUTPUT, Reason.MISSING_THINK_START
+MISSING_THINK_END, MULTIPLE_THINK_END = Reason.MISSING_THINK_END, Reason.MULTIPLE_THINK_END
+EMPTY_REASONING, EMPTY_ANSWER = Reason.EMPTY_REASONING, Reason.EMPTY_ANSWER
 
 
 @dataclass(frozen=True)
@@ -44,7 +36,7 @@ def verify(output_ids: list[int], meta_info: dict, prompt_len: int, spec: RunSpe
         verdict = check(output_ids, meta_info, prompt_len)
         if verdict and verdict.reason not in off:
             return verdict
-    if spec.thinking == THINK_OFF:
+    if spec.thinking == Thinking.OFF:
         return Verdict(None)
     return _think(output_ids, meta_info, spec, off)
 
@@ -77,7 +69,7 @@ def _think(output_ids: list[int], meta: dict, spec: RunSpec, off: set[str]) -> V
     body_start = 0
     failures: list[Verdict] = []
     starts = [i for i, t in enumerate(output_ids) if t == start_id]
-    if spec.thinking == THINK_IN_OUTPUT:
+    if spec.thinking == Thinking.OUTPUT:
         if not starts or starts[0] != 0:
             failures.append(Verdict(MISSING_THINK_START, "output does not begin with think-start"))
         else:

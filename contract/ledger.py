@@ -13,7 +13,10 @@ import time
 
 import redis
 
-from .runs import DEAD, DONE, QUEUED, RunKeys
+from .keys import RunKeys
+from .names import PromptState
+
+QUEUED, DONE, DEAD = PromptState.QUEUED, PromptState.DONE, PromptState.DEAD
 
 
 class Ledger:

@@ -13,17 +13,16 @@ import time
 
 import redis
 
-from .servers import ServerPool
-
-PREFIX = "fleet:worker:"
+from .keys import WORKER_PREFIX
 
 
-def publish(client: redis.Redis, worker: str, pool: ServerPool, ttl: float) -> None:
+def publish(client: redis.Redis, worker: str, servers: list[dict], ttl: float, **extra) -> None:
+    """`servers`: each bound server's snapshot; `extra`: more of the worker's own state."""
     record = {"worker": worker, "host": socket.gethostname(), "pid": os.getpid(),
-              "at": time.time(), "servers": pool.snapshot()}
-    client.set(PREFIX + worker, json.dumps(record), ex=max(1, int(ttl)))
+              "at": time.time(), "servers": servers, **extra}
+    client.set(WORKER_PREFIX + worker, json.dumps(record), ex=max(1, int(ttl)))
 
 
 def read_all(client: redis.Redis) -> list[dict]:
-    keys = sorted(client.scan_iter(match=PREFIX + "*", count=500))
+    keys = sorted(client.scan_iter(match=WORKER_PREFIX + "*", count=500))
     return [json.loads(raw) for raw in client.mget(keys) if raw] if keys else []

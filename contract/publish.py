@@ -10,11 +10,9 @@ receivers, Flower's included, unpack such lists).
 """
 from __future__ import annotations
 
-from celery.utils.nodenames import anon_nodename
+from .codec import task_argsrepr
+from .keys import TASK_NAME, task_id
 
-from .payload import task_argsrepr
-
-TASK = "fleet.generate"
 CHUNK = 500  # messages a pipeline carries, and task-sent events one event message carries
 
 
@@ -30,20 +28,22 @@ def publish_prompts(app, run: str, queue: str, prompts: list[tuple[str, int, int
 
 
 def _publish_chunk(app, run: str, queue: str, prompts: list[tuple[str, int, int | None]]) -> None:
+    from celery.utils.nodenames import anon_nodename
+
     origin, target = anon_nodename(), app.amqp.queues[queue]
     with app.producer_or_acquire() as producer, producer.batch(len(prompts)), \
             _sent_events(app, producer, len(prompts)) as events:
         producer.maybe_declare(target)
         for prompt_id, n_tokens, max_new_tokens in prompts:
-            task_id = f"{run}:{prompt_id}"
+            tid = task_id(run, prompt_id)
             args = (run, prompt_id) + ((max_new_tokens,) if max_new_tokens else ())
             argsrepr = task_argsrepr(run, prompt_id, n_tokens)
             headers, properties, body, _ = app.amqp.as_task_v2(
-                task_id, TASK, args, argsrepr=argsrepr, kwargsrepr="", origin=origin,
+                tid, TASK_NAME, args, argsrepr=argsrepr, kwargsrepr="", origin=origin,
                 ignore_result=None)  # as send_task: the task's own setting decides
             producer.publish(body, exchange="", routing_key=queue, headers=headers, declare=[],
                              serializer="json", delivery_mode=2, **properties)
-            events.send("task-sent", uuid=task_id, root_id=task_id, parent_id=None, name=TASK,
+            events.send("task-sent", uuid=tid, root_id=tid, parent_id=None, name=TASK_NAME,
                         args=argsrepr, kwargs="", retries=0, eta=None, expires=None,
                         queue=queue, exchange="", routing_key=queue)
         events.flush()

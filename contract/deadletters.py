@@ -15,14 +15,8 @@ from typing import Iterator
 
 import redis
 
+from .keys import RunKeys
 from .ledger import Ledger
-from .runs import RunKeys
-
-# Reasons that come from the fleet rather than from verification.
-SERVER_ERROR = "server_error"
-SERVER_REJECTED = "server_rejected"
-PROMPT_TOO_LONG = "prompt_too_long"
-WORKER_ERROR = "worker_error"
 
 
 @dataclass

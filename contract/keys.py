@@ -1,0 +1,41 @@
+"""Every Redis key name the fleet uses, in one place.
+
+The producer and the workers agree on these names, and so does any version of
+the fleet that reads a run another version wrote: a key whose bytes change
+meaning gets a new name (`RunKeys.prompts` is `:ids` since ids were packed in
+three bytes). kombu's own keys (`unacked`, `unacked_index`, the queues'
+priority lists) are named by kombu and read only through `kombu_redis`.
+"""
+from __future__ import annotations
+
+RUNS = "fleet:runs"                  # set: every run's name
+WORKER_PREFIX = "fleet:worker:"      # string per worker: its heartbeat (JSON, expires)
+AUDIT_LOCK = "fleet:audit:lock"      # string: the worker running the lost-message audit
+TASK_NAME = "fleet.generate"         # the one Celery task
+DEFAULT_QUEUE = "fleet.generate"     # queue prefix (FLEET_QUEUE_PREFIX)
+
+
+class RunKeys:
+    """Redis key names of one run."""
+
+    def __init__(self, run: str):
+        base = f"fleet:run:{run}"
+        self.spec = base                    # string: the run's spec (JSON)
+        self.state = f"{base}:state"        # hash: prompt id -> queued | done | dead
+        self.dead = f"{base}:dead"          # hash: prompt id -> dead letter JSON
+        self.counters = f"{base}:counters"  # hash: enqueued, done, dead, tokens_in, tokens_out, ...
+        self.crashes = f"{base}:crashes"    # hash: prompt id -> unexpected task failures
+        self.minutes = f"{base}:minutes"    # hash: "<minute>:samples|tokens" -> count, for rates
+        # hash: prompt id -> packed token ids (codec.py), while not done or dead. Named
+        # `ids`, not `prompts` as when it held int32: no version reads the other's bytes.
+        self.prompts = f"{base}:ids"
+
+
+def queue_for(prefix: str, served_model: str | None) -> str:
+    """Runs that name a model get their own queue, consumed only beside that model."""
+    return f"{prefix}@{served_model}" if served_model else prefix
+
+
+def task_id(run: str, prompt_id: str) -> str:
+    """A prompt's Celery task id: the same every time it is published."""
+    return f"{run}:{prompt_id}"

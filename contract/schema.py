@@ -1,0 +1,87 @@
+"""The shard contract: Parquet columns, and the `Sample` record a worker fills.
+
+A shard is a Parquet file under `OUTPUT_DIR/<run>/` whose name does not start
+with `.` or `_` (temporary and metadata files). `input_ids` is the prompt's
+ids then the server's `output_ids`, exactly; `prompt_len` says where one ends.
+The Arrow schema is built from `Sample`'s fields, so the record a worker fills
+and the columns a reader sees cannot drift apart; pyarrow is imported only
+when the schema is asked for.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from datetime import datetime
+from functools import lru_cache
+from pathlib import Path
+
+INT32_MAX = 2**31 - 1
+
+
+@dataclass(frozen=True)
+class Sample:
+    id: str
+    input_ids: list[int]
+    prompt_len: int
+    output_len: int
+    finish_reason: str | None
+    stop_token: int | None
+    think_end_index: int | None
+    run: str
+    server: str
+    model: str | None
+    max_new_tokens: int | None
+    temperature: float | None
+    top_p: float | None
+    attempts: int
+    worker: str
+    tokenizer_fingerprint: str
+    template_fingerprint: str
+    e2e_latency: float | None
+    started_at: datetime
+    finished_at: datetime
+
+
+# Arrow type of each column, by name: the order is Sample's.
+_TYPES = {
+    "id": "string", "input_ids": "list<int32>", "prompt_len": "int32", "output_len": "int32",
+    "finish_reason": "string", "stop_token": "int32", "think_end_index": "int32", "run": "string",
+    "server": "string", "model": "string", "max_new_tokens": "int32", "temperature": "float32",
+    "top_p": "float32", "attempts": "int16", "worker": "string", "tokenizer_fingerprint": "string",
+    "template_fingerprint": "string", "e2e_latency": "float32", "started_at": "timestamp[ms, UTC]",
+    "finished_at": "timestamp[ms, UTC]",
+}
+COLUMNS = tuple(f.name for f in fields(Sample))
+
+
+@lru_cache(maxsize=1)
+def arrow_schema():
+    import pyarrow as pa
+
+    def arrow_type(name: str):
+        if name == "list<int32>":
+            return pa.list_(pa.int32())
+        if name.startswith("timestamp"):
+            return pa.timestamp("ms", tz="UTC")
+        return getattr(pa, name)()
+
+    return pa.schema([(column, arrow_type(_TYPES[column])) for column in COLUMNS])
+
+
+def samples_to_table(samples: list[Sample]):
+    """One Arrow table of many samples, column by column."""
+    import pyarrow as pa
+
+    columns = [[getattr(s, c) for s in samples] for c in COLUMNS]
+    return pa.Table.from_arrays([pa.array(list(c), type=t) for c, t in zip(columns, arrow_schema().types)],
+                                schema=arrow_schema())
+
+
+def is_shard(path: Path) -> bool:
+    """Names starting with `.` or `_` are temporary or metadata files."""
+    return path.suffix == ".parquet" and not path.name.startswith((".", "_"))
+
+
+def shard_files(output_dir: str | Path, run: str) -> list[Path]:
+    """A run's shards, in name order."""
+    folder = Path(output_dir) / run
+    return sorted(p for p in folder.glob("*.parquet") if is_shard(p)) if folder.exists() else []

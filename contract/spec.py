@@ -1,0 +1,85 @@
+"""A run: prompts tokenized one way, generated one way, stored together.
+
+The producer writes the run's spec once; workers read it to know the sampling
+parameters and which token ids mark the reasoning. A run's name becomes a
+Redis key part and a folder under `OUTPUT_DIR`, so it is checked against a safe
+pattern wherever a run is named: no path separator, no `..`, nothing absolute,
+no `:` (which would let one run's keys collide with another's).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import time
+from dataclasses import asdict, dataclass, field
+
+import redis
+
+from .keys import RUNS, RunKeys, queue_for
+
+RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+class BadRunName(ValueError):
+    """A run name that could escape `OUTPUT_DIR` or collide with another run's keys."""
+
+
+def check_run_name(name: str) -> str:
+    if not isinstance(name, str) or not RUN_NAME.fullmatch(name) or ".." in name:
+        raise BadRunName(f"run name {name!r} is not allowed: use 1-128 letters, digits, '_', '.' or '-', "
+                         f"starting with a letter or digit, without '..'")
+    return name
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    name: str
+    tokenizer: str
+    tokenizer_fingerprint: str
+    template_fingerprint: str
+    sampling: dict
+    thinking: str
+    think_start_id: int | None
+    think_end_id: int | None
+    stop_ids: list[int]
+    served_model: str | None = None
+    disabled_rules: list[str] = field(default_factory=list)
+    created_at: float = field(default_factory=time.time)
+
+    def identity(self) -> dict:
+        """What must match for two enqueues to belong to the same run."""
+        keep = ("tokenizer_fingerprint", "template_fingerprint", "sampling", "thinking",
+                "think_start_id", "think_end_id", "served_model", "disabled_rules")
+        return {k: getattr(self, k) for k in keep}
+
+    def fingerprint(self) -> str:
+        blob = json.dumps(self.identity(), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "RunSpec":
+        return cls(**json.loads(text))
+
+
+def run_queues(client: redis.Redis, prefix: str) -> dict[str, str]:
+    """Each run's name, and the queue its prompts are published to."""
+    queues = {}
+    for raw in sorted(client.smembers(RUNS)):
+        spec = load_spec(client, raw.decode())
+        queues[raw.decode()] = queue_for(prefix, spec.served_model if spec else None)
+    return queues
+
+
+def save_spec(client: redis.Redis, spec: RunSpec) -> None:
+    check_run_name(spec.name)
+    client.set(RunKeys(spec.name).spec, spec.to_json())
+    client.sadd(RUNS, spec.name)
+
+
+def load_spec(client: redis.Redis, run: str) -> RunSpec | None:
+    raw = client.get(RunKeys(check_run_name(run)).spec)
+    return RunSpec.from_json(raw) if raw else None

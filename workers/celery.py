@@ -1,0 +1,57 @@
+"""The Celery app: `celery -A workers worker` finds it here (Celery looks up `workers.celery`).
+
+This is the worker's entry point, so it is the one place that reads the
+settings (once) and builds the app; everything else gets them passed in
+(`app.fleet_settings`). JSON only on the broker (never pickle), late
+acknowledgement after the sample is durable, prefetch of one per thread, and a
+threads pool large enough to keep many requests in flight per SGLang server.
+"""
+from __future__ import annotations
+
+import logging
+
+from celery import signals
+
+from contract.broker import celery_app
+
+from . import flower_guard  # noqa: F401  (Flower refuses to listen beyond localhost without auth)
+from .audit import LostMessageAudit
+from .gate import HealthGate
+from .lease import LeaseKeeper
+from .runtime import close_runtime
+from .settings import Settings
+from .shutdown import ShutdownGrace
+
+settings = Settings()
+logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
+
+app = celery_app(
+    settings.redis_url, name="workers", queue=settings.queue_prefix,
+    transport={
+        "visibility_timeout": settings.lease_seconds,
+        "unacked_restore_interval": settings.restore_interval,
+        "unacked_restore_throttle": 1,
+        # A worker killed during a restore sweep leaves the sweep's lock behind;
+        # kombu's 5 minutes would stall every restore for that long.
+        "unacked_mutex_expire": max(10, int(settings.lease_seconds / 2)),
+    },
+    include=["workers.tasks"],
+    task_acks_late=True,
+    task_reject_on_worker_lost=True,
+    worker_prefetch_multiplier=1,
+    worker_pool="threads",
+    worker_concurrency=settings.pool_size,
+    broker_connection_max_retries=None,
+    worker_send_task_events=True,
+    worker_hijack_root_logger=False,
+    worker_consumer="workers.consumer:FleetConsumer",
+)
+app.set_current()
+app.fleet_settings = settings
+for step in (HealthGate, LeaseKeeper, ShutdownGrace, LostMessageAudit):
+    app.steps["consumer"].add(step)
+
+
+@signals.worker_shutdown.connect
+def _flush_on_shutdown(**_) -> None:
+    close_runtime()

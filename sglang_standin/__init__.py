@@ -7,6 +7,24 @@ batching time model and deterministic fault injection. Nothing in `workers/`
 imports it; tests import `outputs` to know the exact expected tokens.
 
 Run it with `python -m sglang_standin --port 30000 [options]` (see --help).
+
+Faults are shares of prompts (`--fault-NAME SHARE`, names in FAULT_NAMES),
+decided per prompt, so a test can predict them: `outputs.fault_for(ids, cfg)`
+draws u = Random(sha256(b"sglang-standin/fault/" + seed as 16-byte signed
+little-endian + ids as uint32 little-endian)).random() and fault i owns
+[sum of earlier shares, + its share). Delivery faults, non-streaming only:
+
+- `--fault-bad-output S [--bad-output-kinds a,b] [--huge-body-ids N]`: a 200
+  a correct client must refuse; the kind per prompt is
+  `bad_outputs.bad_output_kind(ids, cfg)` (same hash, purpose
+  b"bad-output-kind"). /standin/stats `bad_outputs` maps each prompt key
+  (rid, else sha256 of the ids) to the kinds it was sent.
+- `--fault-trickle S --trickle-seconds T`: the body is sent a few bytes at a
+  time over T seconds; /standin/stats `trickled` counts them per key.
+
+Load as SGLang reports it: `/v1/loads`, `/get_load`, `num_running_reqs` and
+`num_waiting_reqs` in meta_info (see `routes_load`). `--api-key` guards every
+route but /health* and /metrics* (see `auth`).
 """
 
 from sglang_standin.config import FAULT_NAMES, StandinConfig

@@ -84,6 +84,12 @@ class Engine:
     def waiting_count(self) -> int:
         return len(self._waiting)
 
+    def token_counts(self) -> tuple[int, int]:
+        """(tokens held by running requests, prompt tokens still waiting), for load reports."""
+        used = sum(j.prompt_len + self.produced(j) for j in self._running)
+        used += sum(j.prompt_len for j in self._delayed)
+        return used, sum(j.prompt_len for j in self._waiting)
+
     def submit(self, jobs: list[Job]) -> bool:
         """Hand jobs to the scheduler; False (nothing taken) if the queue is full."""
         if not self._has_room(sum(1 for j in jobs if j.delay <= 0)):

@@ -11,9 +11,17 @@ from __future__ import annotations
 import argparse
 from typing import Sequence
 
-from sglang_standin.config import FAULT_NAMES, StandinConfig
+from sglang_standin.config import BAD_OUTPUT_KINDS, FAULT_NAMES, StandinConfig
 
 _D = StandinConfig()  # the dataclass is the single source of defaults
+
+#: Help for the fault shares that need more than their name (see the package docstring).
+_FAULT_HELP: dict[str, str] = {
+    "bad_output": "share of prompts answered 200 with a body a correct client must refuse "
+                  "(kind per prompt from --bad-output-kinds); non-streaming answers only",
+    "trickle": "share of prompts whose answer body is sent a few bytes at a time over "
+               "--trickle-seconds (a per-read timeout never fires); non-streaming answers only",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,7 +45,9 @@ def _server_options(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--model-path", default=_D.model_path)
     g.add_argument("--tokenizer-path", default=None, help="default: the model path")
     g.add_argument("--served-model-name", default=None, help="default: the model path")
-    g.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY'")
+    g.add_argument("--api-key", default=None,
+                   help="require 'Authorization: Bearer KEY' on every route but /health* and "
+                        "/metrics* (as SGLang); 401 {\"error\": \"Unauthorized\"} otherwise")
     g.add_argument("--context-length", type=int, default=_D.context_length)
     g.add_argument("--allow-auto-truncate", action="store_true",
                    help="cut over-long inputs instead of answering 400")
@@ -47,7 +57,8 @@ def _server_options(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--max-queued-requests", type=int, default=None,
                    help="503 queue-full beyond this many waiting requests (default unbounded)")
     g.add_argument("--vocab-size", type=int, default=None,
-                   help="input ids must be below this (default: max(129280, special ids + 1))")
+                   help="input ids must be below this, and the beyond_vocab bad output is this id "
+                        "(default: max(129280, special ids + 1, --vocab-high))")
 
 
 def _lifecycle_options(g: argparse._ArgumentGroup) -> None:
@@ -87,11 +98,33 @@ def _output_options(g: argparse._ArgumentGroup) -> None:
 def _fault_options(g: argparse._ArgumentGroup) -> None:
     for name in FAULT_NAMES:
         flag = "--fault-" + name.replace("_", "-")
-        g.add_argument(flag, dest=f"fault_{name}", type=float, default=0.0, metavar="SHARE")
+        g.add_argument(flag, dest=f"fault_{name}", type=float, default=0.0, metavar="SHARE",
+                       help=_FAULT_HELP.get(name))
     g.add_argument("--fault-truncate-tokens", type=int, default=_D.fault_truncate_tokens,
                    help="natural length of prompts with the truncate fault")
     g.add_argument("--slow-seconds", type=float, default=_D.slow_seconds,
                    help="extra seconds a prompt with the slow fault takes")
+    g.add_argument("--bad-output-kinds", type=_kinds, default=",".join(_D.bad_output_kinds),
+                   metavar="A,B,...",
+                   help="bad-output kinds to draw from: " + ", ".join(BAD_OUTPUT_KINDS)
+                        + " (negative/null/bool/float/string/huge_id/beyond_vocab: one such "
+                        "entry in output_ids; meta_types: completion_tokens a string and "
+                        "finish_reason a list; not_json: a cut-off body still labelled "
+                        "application/json; huge_body: --huge-body-ids output ids)")
+    g.add_argument("--huge-body-ids", type=int, default=_D.huge_body_ids,
+                   help="output_ids length of the huge_body bad output (3,000,000 is about 12 MB of JSON)")
+    g.add_argument("--trickle-seconds", type=float, default=_D.trickle_seconds,
+                   help="seconds over which a trickle-fault answer's body is spread")
+
+
+def _kinds(text: str) -> tuple[str, ...]:
+    """`a,b,c` -> ("a", "b", "c"), rejecting unknown kinds with argparse's error."""
+    kinds = tuple(k.strip() for k in text.split(",") if k.strip())
+    unknown = [k for k in kinds if k not in BAD_OUTPUT_KINDS]
+    if unknown or not kinds:
+        raise argparse.ArgumentTypeError(
+            f"unknown kind(s) {unknown or text!r}; choose from {', '.join(BAD_OUTPUT_KINDS)}")
+    return kinds
 
 
 def parse_config(argv: Sequence[str] | None = None) -> StandinConfig:

@@ -26,6 +26,23 @@ FAULT_NAMES: tuple[str, ...] = (
     "http500_first",
     "queue_full_first",
     "slow",
+    "bad_output",
+    "trickle",
+)
+
+#: Kinds of the bad-output fault, in the fixed order a hit prompt's kind is
+#: drawn from (see `bad_outputs.bad_output_kind`). Changing it changes kinds.
+BAD_OUTPUT_KINDS: tuple[str, ...] = (
+    "negative",
+    "null",
+    "bool",
+    "float",
+    "string",
+    "huge_id",
+    "beyond_vocab",
+    "meta_types",
+    "not_json",
+    "huge_body",
 )
 
 DEFAULT_MODEL_PATH = "deepseek-ai/DeepSeek-R1"
@@ -88,8 +105,13 @@ class StandinConfig:
     fault_http500_first: float = 0.0
     fault_queue_full_first: float = 0.0
     fault_slow: float = 0.0
+    fault_bad_output: float = 0.0
+    fault_trickle: float = 0.0
     fault_truncate_tokens: int = 512
     slow_seconds: float = 30.0
+    bad_output_kinds: tuple[str, ...] = BAD_OUTPUT_KINDS  # a "a,b" string is accepted too
+    huge_body_ids: int = 3_000_000
+    trickle_seconds: float = 10.0
 
     def __post_init__(self) -> None:
         if self.tokenizer_path is None:
@@ -101,6 +123,11 @@ class StandinConfig:
             object.__setattr__(
                 self, "vocab_size", max(DEEPSEEK_VOCAB_SIZE, needed, self.vocab_high)
             )
+        if isinstance(self.bad_output_kinds, str):
+            kinds = tuple(k.strip() for k in self.bad_output_kinds.split(",") if k.strip())
+            object.__setattr__(self, "bad_output_kinds", kinds)
+        elif not isinstance(self.bad_output_kinds, tuple):
+            object.__setattr__(self, "bad_output_kinds", tuple(self.bad_output_kinds))
         _validate(self)
 
     @property
@@ -112,6 +139,16 @@ class StandinConfig:
     def instant(self) -> bool:
         """True when no time is modelled: answers come back immediately."""
         return self.step_base == 0 and self.step_per_request == 0 and self.prefill_per_token == 0
+
+    @property
+    def enabled_bad_output_kinds(self) -> tuple[str, ...]:
+        """The enabled bad-output kinds in BAD_OUTPUT_KINDS order (not CLI order)."""
+        return tuple(k for k in BAD_OUTPUT_KINDS if k in self.bad_output_kinds)
+
+    @property
+    def max_total_num_tokens(self) -> int:
+        """The modelled KV-cache capacity in tokens (reported by info and load routes)."""
+        return self.context_length * self.max_running_requests
 
     def fault_share(self, name: str) -> float:
         """The share of prompts given fault `name` (one of FAULT_NAMES)."""
@@ -138,13 +175,17 @@ def _validate(cfg: StandinConfig) -> None:
         "max_queued_requests must be >= 0",
     )
     for name in ("load_seconds", "warmup_seconds", "health_latency", "step_base",
-                 "step_per_request", "prefill_per_token", "slow_seconds"):
+                 "step_per_request", "prefill_per_token", "slow_seconds", "trickle_seconds"):
         value = getattr(cfg, name)
         _check(math.isfinite(value) and value >= 0, f"{name} must be a finite number >= 0")
     _check(cfg.output_len_median > 0, "output_len_median must be > 0")
     _check(cfg.output_len_sigma >= 0, "output_len_sigma must be >= 0")
     _check(cfg.output_len_max >= 4, "output_len_max must be at least 4")
     _check(cfg.fault_truncate_tokens >= 4, "fault_truncate_tokens must be at least 4")
+    _check(cfg.huge_body_ids >= 1, "huge_body_ids must be at least 1")
+    unknown = sorted(set(cfg.bad_output_kinds) - set(BAD_OUTPUT_KINDS))
+    _check(not unknown, f"unknown bad output kinds {unknown}; known: {', '.join(BAD_OUTPUT_KINDS)}")
+    _check(len(cfg.bad_output_kinds) >= 1, "bad_output_kinds must name at least one kind")
     usable = cfg.vocab_high - cfg.vocab_low - sum(
         1 for i in cfg.special_ids if cfg.vocab_low <= i < cfg.vocab_high
     )

@@ -1,8 +1,9 @@
 """`POST /generate`: validate, decide the outputs, schedule, answer.
 
-Everything about a prompt's answer (tokens, finish reason, fault) is decided
-up front by the pure functions in `outputs`; the scheduler only decides WHEN
-it is answered (or how much was produced when it is aborted).
+Everything about a prompt's answer (tokens, finish reason, fault, bad-output
+kind) is decided up front by the pure functions in `outputs` and
+`bad_outputs`; the scheduler only decides WHEN it is answered (or how much
+was produced when it is aborted), and `delivery` how the bytes go out.
 """
 
 from __future__ import annotations
@@ -12,14 +13,16 @@ import logging
 import time
 
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.responses import Response, StreamingResponse
 
 from sglang_standin import errors
+from sglang_standin.bad_outputs import bad_output_kind
 from sglang_standin.batching import Job
 from sglang_standin.config import StandinConfig
+from sglang_standin.delivery import deliver
 from sglang_standin.outputs import fault_for, generate_output, prompt_key
 from sglang_standin.request_model import GenerateCall, SubRequest, load_body, parse_generate
-from sglang_standin.responses import Planned, final_body, queue_full_stream_body
+from sglang_standin.responses import Load, Planned, final_body, queue_full_stream_body
 from sglang_standin.state import StandinState
 from sglang_standin.streaming import sse_error, sse_events, sse_single
 
@@ -48,11 +51,12 @@ async def generate(request: Request) -> Response:
 
 
 def plan(sub: SubRequest, cfg: StandinConfig) -> Planned:
-    """Decide a sub-request's key, fault and full output."""
+    """Decide a sub-request's key, fault, bad-output kind and full output."""
     ids, finish = generate_output(sub.input_ids, sub.max_new_tokens, cfg,
                                   sub.sampling.stop_token_ids, sub.sampling.ignore_eos)
     key = sub.rid if sub.rid_given else prompt_key(sub.input_ids)
-    return Planned(sub=sub, key=key, fault=fault_for(sub.input_ids, cfg), output_ids=ids, finish=finish)
+    return Planned(sub=sub, key=key, fault=fault_for(sub.input_ids, cfg), output_ids=ids,
+                   finish=finish, bad_kind=bad_output_kind(sub.input_ids, cfg))
 
 
 async def _schedule_and_answer(state: StandinState, call: GenerateCall, plans: list[Planned],
@@ -80,6 +84,7 @@ async def _schedule_and_answer(state: StandinState, call: GenerateCall, plans: l
         outcomes = await asyncio.gather(*(job.outcome for job in jobs))
     finally:
         lifecycle.inflight -= 1
-    bodies = [final_body(p, o, state.cfg, started) for p, o in zip(plans, outcomes)]
-    return JSONResponse(bodies[0] if call.is_single else bodies)
+    load = Load(state.engine.running_count, state.engine.waiting_count)
+    bodies = [final_body(p, o, state.cfg, started, load) for p, o in zip(plans, outcomes)]
+    return deliver(plans, bodies, call.is_single, state.cfg, state.stats)
 

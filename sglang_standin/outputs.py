@@ -43,7 +43,7 @@ def prompt_key(prompt_ids: Sequence[int]) -> str:
     return hashlib.sha256(prompt_bytes(prompt_ids)).hexdigest()
 
 
-def _rng(prompt_ids: Sequence[int], cfg: StandinConfig, purpose: bytes) -> random.Random:
+def prompt_rng(prompt_ids: Sequence[int], cfg: StandinConfig, purpose: bytes) -> random.Random:
     """An independent random stream per (prompt, seed, purpose)."""
     h = hashlib.sha256()
     h.update(b"sglang-standin/" + purpose + b"/")
@@ -57,8 +57,10 @@ def fault_for(prompt_ids: Sequence[int], cfg: StandinConfig) -> str | None:
 
     One uniform draw u per prompt, independent of the length draw; fault i
     owns [sum of earlier shares, + its share), so a prompt has at most one.
+    "bad_output" and "trickle" (last in FAULT_NAMES, so adding them moved no
+    other fault) leave the tokens alone: they act on delivery (`delivery`).
     """
-    u = _rng(prompt_ids, cfg, b"fault").random()
+    u = prompt_rng(prompt_ids, cfg, b"fault").random()
     edge = 0.0
     for name in FAULT_NAMES:
         share = cfg.fault_share(name)
@@ -74,7 +76,7 @@ def natural_length(prompt_ids: Sequence[int], cfg: StandinConfig) -> int:
     Box-Muller on two uniforms instead of `random.lognormvariate`, so the
     draw does not depend on the Python version's normal sampler.
     """
-    rng = _rng(prompt_ids, cfg, b"length")
+    rng = prompt_rng(prompt_ids, cfg, b"length")
     u1 = 1.0 - rng.random()  # (0, 1]: log is finite
     u2 = rng.random()
     z = math.sqrt(-2.0 * math.log(u1)) * math.cos(2.0 * math.pi * u2)
@@ -114,7 +116,7 @@ def natural_output(prompt_ids: Sequence[int], cfg: StandinConfig) -> list[int]:
     lead = 1 if cfg.emit_think_start else 0
     if fault == "truncate":
         reasoning_n += max(0, cfg.fault_truncate_tokens - (lead + reasoning_n + answer_n + 2))
-    rng = _rng(prompt_ids, cfg, b"content")
+    rng = prompt_rng(prompt_ids, cfg, b"content")
     reasoning = _content_ids(rng, reasoning_n, cfg)
     answer = _content_ids(rng, answer_n, cfg)
     if fault == "double_think_end":
@@ -133,7 +135,7 @@ def natural_output(prompt_ids: Sequence[int], cfg: StandinConfig) -> list[int]:
 
 def _continuation(prompt_ids: Sequence[int], cfg: StandinConfig, n: int) -> list[int]:
     """What the model writes past eos when told to ignore it (content ids)."""
-    return _content_ids(_rng(prompt_ids, cfg, b"past-eos"), n, cfg)
+    return _content_ids(prompt_rng(prompt_ids, cfg, b"past-eos"), n, cfg)
 
 
 def generate_output(

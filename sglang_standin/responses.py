@@ -4,12 +4,18 @@ Key set and types follow SGLang's `_handle_batch_output` (2026 main): the eos
 or matched stop id stays in `output_ids` and counts in `completion_tokens`,
 while `text` drops it (SGLang's `trim_matched_stop`). With no tokenizer the
 text is a placeholder, `t<id>` per token, so it is deterministic too.
+
+2026 main also copies the scheduler's load into every answer ("so clients can
+do response-based flow control without polling /v1/loads"): `num_running_reqs`
+and `num_waiting_reqs` right after `num_retractions`; the stand-in passes its
+engine's counts at the moment the body is built (`Load`).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from sglang_standin.batching import Outcome
 from sglang_standin.config import StandinConfig
@@ -17,6 +23,13 @@ from sglang_standin.outputs import ABORT_FINISH
 from sglang_standin.request_model import SubRequest
 
 WAITING_ABORT: dict = {"type": "abort", "message": "Abort in waiting queue"}
+
+
+class Load(NamedTuple):
+    """The scheduler's queue sizes, as 2026 SGLang reports them in meta_info."""
+
+    num_running_reqs: int
+    num_waiting_reqs: int
 
 
 @dataclass
@@ -28,6 +41,7 @@ class Planned:
     fault: str | None
     output_ids: list[int]  # what it will produce if it runs to the end
     finish: dict
+    bad_kind: str | None = None  # bad-output kind (fault "bad_output"), applied on delivery
 
 
 def placeholder_text(output_ids: list[int], finish: dict | None, cfg: StandinConfig) -> str:
@@ -49,7 +63,7 @@ def reasoning_tokens(output_ids: list[int], cfg: StandinConfig) -> int:
 
 
 def result_body(plan: Planned, ids: list[int], finish: dict | None, cfg: StandinConfig,
-                started: float | None) -> dict:
+                started: float | None, load: Load | None = None) -> dict:
     """One result object; `started` (perf_counter) None marks a stream chunk."""
     completion = len(ids) + (1 if plan.fault == "count_mismatch" else 0)
     meta: dict = {
@@ -58,6 +72,7 @@ def result_body(plan: Planned, ids: list[int], finish: dict | None, cfg: Standin
         "prompt_tokens": len(plan.sub.input_ids),
         "weight_version": "default",
         "num_retractions": 0,
+        **(load._asdict() if load is not None else {}),
         "reasoning_tokens": reasoning_tokens(ids, cfg),
         "completion_tokens": completion,
         "cached_tokens": 0,
@@ -70,7 +85,8 @@ def result_body(plan: Planned, ids: list[int], finish: dict | None, cfg: Standin
     return {"text": placeholder_text(ids, finish, cfg), "output_ids": list(ids), "meta_info": meta}
 
 
-def final_body(plan: Planned, outcome: Outcome, cfg: StandinConfig, started: float) -> dict:
+def final_body(plan: Planned, outcome: Outcome, cfg: StandinConfig, started: float,
+               load: Load | None = None) -> dict:
     """The finished result, honouring aborts from /abort_request."""
     if outcome.aborted == "waiting":  # SGLang sends a reduced meta_info here
         return {"text": "", "output_ids": [], "meta_info": {
@@ -78,8 +94,9 @@ def final_body(plan: Planned, outcome: Outcome, cfg: StandinConfig, started: flo
             "e2e_latency": time.perf_counter() - started, "completion_tokens": 0,
             "response_sent_to_client_ts": time.time()}}
     if outcome.aborted == "running":
-        return result_body(plan, plan.output_ids[: outcome.produced], dict(ABORT_FINISH), cfg, started)
-    return result_body(plan, plan.output_ids, plan.finish, cfg, started)
+        return result_body(plan, plan.output_ids[: outcome.produced], dict(ABORT_FINISH), cfg,
+                           started, load)
+    return result_body(plan, plan.output_ids, plan.finish, cfg, started, load)
 
 
 def queue_full_stream_body(plan: Planned, started: float) -> dict:

@@ -72,10 +72,15 @@ def server_args(state: StandinState) -> dict:
 
 
 async def server_info(request: Request) -> Response:
-    """GET /server_info and /get_server_info."""
+    """GET /server_info and /get_server_info: server args + scheduler info + internal_states.
+
+    `max_running_requests` / `max_queued_requests` are the stand-in's limits
+    (null = unbounded queue); `internal_states` has one entry (one DP rank)
+    holding `effective_max_running_requests_per_dp`.
+    """
     state = _state(request)
     args = server_args(state)
-    max_total = state.cfg.context_length * state.cfg.max_running_requests
+    max_total = state.cfg.max_total_num_tokens
     internal = {**args, "last_gen_throughput": 0.0,
                 "memory_usage": {"weight": 0.0, "kvcache": 0.0, "token_capacity": max_total, "graph": 0.0},
                 "effective_max_running_requests_per_dp": state.cfg.max_running_requests}

@@ -10,36 +10,12 @@ from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
 
-from sglang_standin import errors, routes_info as info
+from sglang_standin import routes_info as info, routes_load as loads
+from sglang_standin.auth import ApiKeyMiddleware
 from sglang_standin.config import StandinConfig
 from sglang_standin.generate import generate
 from sglang_standin.state import StandinState
-
-
-class ApiKeyMiddleware:
-    """`--api-key`: every route but /health* and /ping needs `Bearer KEY`.
-
-    Plain ASGI (not BaseHTTPMiddleware) so streaming responses pass through
-    untouched and the check costs nothing per token.
-    """
-
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
-        self.app = app
-        self.expected = f"Bearer {api_key}".encode()
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not _exempt(scope["path"]):
-            auth = dict(scope["headers"]).get(b"authorization")
-            if auth != self.expected:
-                await errors.unauthorized()(scope, receive, send)
-                return
-        await self.app(scope, receive, send)
-
-
-def _exempt(path: str) -> bool:
-    return path.startswith("/health") or path == "/ping"
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -58,6 +34,8 @@ def routes() -> list[Route]:
         Route("/get_model_info", info.model_info, methods=["GET"]),
         Route("/server_info", info.server_info, methods=["GET"]),
         Route("/get_server_info", info.server_info, methods=["GET"]),
+        Route("/get_load", loads.get_load, methods=["GET"]),
+        Route("/v1/loads", loads.v1_loads, methods=["GET"]),
         Route("/v1/models", info.list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", info.get_model, methods=["GET"]),
         Route("/flush_cache", info.flush_cache, methods=["GET", "POST"]),

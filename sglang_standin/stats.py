@@ -2,7 +2,9 @@
 
 Tests use them to prove retries really reached the server (attempts vs
 generations per prompt) and benchmarks to measure how busy the "GPU" was
-(busy_seconds over the window first_start..last_end).
+(busy_seconds over the window first_start..last_end). `bad_outputs` and
+`trickled` say which prompts got those delivery faults, keyed like
+`attempts` (the rid when the request gave one, else the prompt's sha256).
 """
 
 from __future__ import annotations
@@ -18,6 +20,8 @@ class Stats:
         self.requests = 0
         self.attempts: dict[str, int] = defaultdict(int)
         self.generations: dict[str, int] = defaultdict(int)
+        self.bad_outputs: dict[str, list[str]] = defaultdict(list)
+        self.trickled: dict[str, int] = defaultdict(int)
         self.tokens_generated = 0
         self.first_start: float | None = None
         self.last_end: float | None = None
@@ -36,6 +40,14 @@ class Stats:
     def note_generation(self, key: str) -> None:
         """A generation for `key` was started (not a fault-injected 500/503)."""
         self.generations[key] += 1
+
+    def note_bad_output(self, key: str, kind: str) -> None:
+        """An answer for `key` was sent with the bad-output fault `kind`."""
+        self.bad_outputs[key].append(kind)
+
+    def note_trickle(self, key: str) -> None:
+        """An answer for `key` was sent with the trickle fault."""
+        self.trickled[key] += 1
 
     def note_started(self) -> None:
         """A request entered the running batch."""
@@ -67,6 +79,8 @@ class Stats:
             "requests": self.requests,
             "generations": dict(self.generations),
             "attempts": dict(self.attempts),
+            "bad_outputs": {k: list(v) for k, v in self.bad_outputs.items()},
+            "trickled": dict(self.trickled),
             "tokens_generated": self.tokens_generated,
             "busy_seconds": self.busy_seconds(),
             "first_start": self.first_start,

@@ -17,7 +17,7 @@ from typing import AsyncIterator
 from starlette.responses import StreamingResponse
 
 from sglang_standin.batching import Job
-from sglang_standin.responses import Planned, final_body, result_body
+from sglang_standin.responses import Load, Planned, final_body, result_body
 from sglang_standin.state import StandinState
 
 DONE = b"data: [DONE]\n\n"
@@ -62,14 +62,16 @@ async def sse_events(state: StandinState, plans: list[Planned], jobs: list[Job],
             for i, (plan, job) in enumerate(zip(plans, jobs)):
                 if finished[i]:
                     continue
+                load = Load(engine.running_count, engine.waiting_count)
                 if job.outcome.done():
                     finished[i] = True
-                    yield encode(_indexed(final_body(plan, job.outcome.result(), cfg, started), i, is_single))
+                    body = final_body(plan, job.outcome.result(), cfg, started, load)
+                    yield encode(_indexed(body, i, is_single))
                     continue
                 produced = engine.produced(job)
                 if produced - sent[i] >= plan.sub.sampling.stream_interval:
                     sent[i] = produced
-                    body = result_body(plan, plan.output_ids[:produced], None, cfg, None)
+                    body = result_body(plan, plan.output_ids[:produced], None, cfg, None, load)
                     yield encode(_indexed(body, i, is_single))
             if all(finished):
                 break

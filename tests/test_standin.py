@@ -24,8 +24,10 @@ from typing import Iterator
 import httpx
 import pytest
 
-from sglang_standin.config import StandinConfig
-from sglang_standin.outputs import fault_for, generate_output, natural_output
+from sglang_standin.bad_outputs import HUGE_ID, bad_output_kind
+from sglang_standin.cli import parse_config
+from sglang_standin.config import BAD_OUTPUT_KINDS, StandinConfig
+from sglang_standin.outputs import fault_for, generate_output, natural_output, prompt_key
 
 ROOT = Path(__file__).resolve().parents[1]
 INSTANT = ["--step-base", "0", "--step-per-request", "0", "--prefill-per-token", "0"]
@@ -347,3 +349,193 @@ def test_api_key_guards_everything_but_health() -> None:
         assert ok.status_code == 200
         info = s.http.get("/server_info", headers={"Authorization": "Bearer sekret"}).json()
         assert info["api_key"] is None
+
+
+# --------------------------------------------------------------------------- bad outputs
+BAD_ARGS = [*INSTANT, "--health-latency", "0", "--fault-bad-output", "1", "--huge-body-ids", "500000"]
+BAD_CFG = StandinConfig(fault_bad_output=1.0, huge_body_ids=500_000)
+
+
+def _prompts_by_kind(cfg: StandinConfig) -> dict[str, list[int]]:
+    """One prompt per bad-output kind, found with the stand-in's own pure rule."""
+    found: dict[str, list[int]] = {}
+    for k in range(10_000):
+        ids = [2000 + k + i for i in range(11)] + [cfg.think_start_id]
+        found.setdefault(bad_output_kind(ids, cfg), ids)  # type: ignore[arg-type]
+        if set(found) >= set(cfg.enabled_bad_output_kinds):
+            return found
+    raise AssertionError(f"kinds never drawn: {set(cfg.enabled_bad_output_kinds) - set(found)}")
+
+
+def test_each_bad_output_kind_is_a_200_a_strict_client_must_refuse() -> None:
+    # given a stand-in that gives every prompt a bad output, and one prompt per kind
+    prompts = _prompts_by_kind(BAD_CFG)
+    with standin(*BAD_ARGS) as s:
+        for kind, prompt in prompts.items():
+            # when the prompt is generated
+            r = s.generate({"input_ids": prompt, "rid": f"bad-{kind}"})
+            # then the answer is 200 application/json, wrong in exactly the predicted way
+            assert r.status_code == 200 and r.headers["content-type"] == "application/json", kind
+            expected, finish = generate_output(prompt, 128, BAD_CFG)
+            if kind == "not_json":
+                with pytest.raises(ValueError):
+                    json.loads(r.content)
+                continue
+            body = r.json()
+            ids, meta = body["output_ids"], body["meta_info"]
+            if kind == "meta_types":
+                assert ids == expected
+                assert meta["completion_tokens"] == str(len(expected))
+                assert meta["finish_reason"] == [finish]
+                continue
+            assert meta["completion_tokens"] == len(ids)
+            if kind == "huge_body":
+                assert len(ids) == 500_000 and len(r.content) > 1_500_000
+                continue
+            pos = len(expected) // 2
+            bad = {"negative": -1, "null": None, "bool": True, "float": 1.5,
+                   "string": str(expected[pos]), "huge_id": HUGE_ID,
+                   "beyond_vocab": BAD_CFG.vocab_size}[kind]
+            assert ids[:pos] + ids[pos + 1:] == expected[:pos] + expected[pos + 1:], kind
+            assert ids[pos] == bad and type(ids[pos]) is type(bad), kind
+        # and the stats say which rid got which kind
+        assert s.stats()["bad_outputs"] == {f"bad-{k}": [k] for k in prompts}
+    assert BAD_CFG.vocab_size == 129280  # DeepSeek-V3/R1's vocabulary: ids 0..129279
+
+
+def test_bad_output_hits_exactly_the_predicted_prompts_with_the_enabled_kinds() -> None:
+    # given a third of prompts hit, only null and negative enabled (listed in any order)
+    cfg = StandinConfig(fault_bad_output=0.34, bad_output_kinds="null,negative", seed=3)
+    prompts = [[3000 + k + i for i in range(9)] for k in range(24)]
+    predicted = {f"p{k}": bad_output_kind(p, cfg) for k, p in enumerate(prompts)}
+    assert set(predicted.values()) == {None, "null", "negative"}
+    with standin(*INSTANT, "--health-latency", "0", "--seed", "3", "--fault-bad-output", "0.34",
+                 "--bad-output-kinds", "null,negative") as s:
+        # when every prompt is generated once (plus one without rid: keyed by sha256)
+        for k, p in enumerate(prompts):
+            body = s.generate({"input_ids": p, "rid": f"p{k}"}).json()
+            # then unhit prompts are untouched and hit ones carry their kind's entry
+            kind = predicted[f"p{k}"]
+            if kind is None:
+                assert body["output_ids"] == generate_output(p, 128, cfg)[0]
+            else:
+                assert ({"null": None, "negative": -1}[kind]) in body["output_ids"]
+        hit = next(p for p in prompts if bad_output_kind(p, cfg))
+        s.generate({"input_ids": hit})
+        # and the stats record exactly the predicted hits, under the same keys as attempts
+        stats = s.stats()
+        expected = {key: [kind] for key, kind in predicted.items() if kind}
+        expected[prompt_key(hit)] = [bad_output_kind(hit, cfg)]  # type: ignore[list-item]
+        assert stats["bad_outputs"] == expected
+        assert set(stats["bad_outputs"]) <= set(stats["attempts"])
+
+
+def test_bad_output_kinds_option_rejects_unknown_kinds() -> None:
+    assert parse_config(["--bad-output-kinds", "huge_id, null"]).bad_output_kinds == ("huge_id", "null")
+    assert parse_config([]).bad_output_kinds == BAD_OUTPUT_KINDS
+    with pytest.raises(SystemExit):
+        parse_config(["--bad-output-kinds", "negative,bogus"])
+
+
+# --------------------------------------------------------------------------- trickle
+def test_trickle_sends_the_body_slowly_so_a_per_read_timeout_never_fires() -> None:
+    # given a stand-in that trickles every answer over 2 s
+    cfg = StandinConfig(fault_trickle=1.0)
+    prompt = prompt_with("trickle", cfg)
+    with standin(*INSTANT, "--health-latency", "0", "--fault-trickle", "1",
+                 "--trickle-seconds", "2") as s:
+        # when a client whose only timeout is 0.5 s per read asks for it
+        timeout = httpx.Timeout(connect=5, read=0.5, write=5, pool=5)
+        arrivals: list[float] = []
+        content = b""
+        with httpx.Client(base_url=s.url, timeout=timeout, trust_env=False) as client:
+            started = time.monotonic()
+            with client.stream("POST", "/generate", json={"input_ids": prompt, "rid": "slow-1"}) as r:
+                assert r.status_code == 200 and r.headers["content-type"] == "application/json"
+                for piece in r.iter_raw():
+                    arrivals.append(time.monotonic() - started)
+                    content += piece
+        # then it never times out, the bytes arrive spread over ~2 s, and the body is right
+        assert arrivals[0] < 0.5 and arrivals[-1] >= 1.8, (arrivals[0], arrivals[-1])
+        assert len(arrivals) >= 10
+        assert len(content) == int(r.headers["content-length"])
+        assert json.loads(content)["output_ids"] == generate_output(prompt, 128, cfg)[0]
+        assert s.stats()["trickled"] == {"slow-1": 1}
+
+
+# --------------------------------------------------------------------------- load reporting
+LOAD_KEYS = {"dp_rank", "num_running_reqs", "num_waiting_reqs", "num_used_tokens",
+             "max_total_num_tokens", "token_usage", "gen_throughput", "cache_hit_rate",
+             "utilization", "max_running_requests", "memory", "queues", "num_total_reqs"}
+
+
+def test_loads_report_live_running_and_waiting_like_sglang() -> None:
+    # given 2 running slots, a queue of 5, 10 ms per step, and three long generations
+    cfg = StandinConfig()
+    prompts = [p for p in (prompt_with(None, cfg, 6 + i) for i in range(40))
+               if len(natural_output(p, cfg)) > 80][:3]
+    args = ["--max-running-requests", "2", "--max-queued-requests", "5", "--step-base", "0.01",
+            "--step-per-request", "0", "--prefill-per-token", "0", "--health-latency", "0"]
+    with standin(*args) as s:
+        info = s.http.get("/server_info").json()
+        # then server_info reports the limits and one internal state
+        assert (info["max_running_requests"], info["max_queued_requests"]) == (2, 5)
+        assert [st["effective_max_running_requests_per_dp"] for st in info["internal_states"]] == [2]
+        assert s.http.get("/get_server_info").json()["internal_states"] == info["internal_states"]
+
+        async def scenario() -> tuple[list[httpx.Response], dict, list]:
+            async with httpx.AsyncClient(base_url=s.url, timeout=20, trust_env=False) as client:
+                tasks = [asyncio.create_task(client.post("/generate", json={
+                    "input_ids": p, "sampling_params": {"max_new_tokens": 80}})) for p in prompts]
+                await asyncio.sleep(0.3)
+                # when the load is asked while 2 run and 1 waits
+                loads = (await client.get("/v1/loads")).json()
+                legacy = (await client.get("/get_load")).json()
+                return list(await asyncio.gather(*tasks)), loads, legacy
+
+        answers, loads, legacy = asyncio.run(scenario())
+        # then /v1/loads has SGLang's shape and the live counts
+        assert set(loads) == {"timestamp", "version", "dp_rank_count", "loads", "aggregate"}
+        assert loads["dp_rank_count"] == 1 and set(loads["loads"][0]) == LOAD_KEYS
+        load = loads["loads"][0]
+        assert (load["num_running_reqs"], load["num_waiting_reqs"], load["num_total_reqs"]) == (2, 1, 3)
+        assert load["max_running_requests"] == 2 and load["queues"]["waiting"] == 1
+        assert load["num_used_tokens"] > sum(len(p) for p in prompts[:2])
+        assert loads["aggregate"]["total_running_reqs"] == 2
+        assert loads["aggregate"]["total_waiting_reqs"] == 1 and loads["aggregate"]["total_reqs"] == 3
+        # and /get_load the legacy list
+        assert [set(x) for x in legacy] == [{"dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens",
+                                             "num_pending_tokens", "ts_tic"}]
+        assert (legacy[0]["num_reqs"], legacy[0]["num_waiting_reqs"]) == (3, 1)
+        assert legacy[0]["num_pending_tokens"] == len(prompts[2])
+        # and each answer's meta_info carries the load next to num_retractions
+        for r in answers:
+            meta = r.json()["meta_info"]
+            assert isinstance(meta["num_running_reqs"], int) and isinstance(meta["num_waiting_reqs"], int)
+        # and once idle, everything is zero; sections can be narrowed; bad sections are 400
+        idle = s.http.get("/v1/loads", params={"include": "core"}).json()["loads"][0]
+        assert (idle["num_running_reqs"], idle["num_waiting_reqs"], idle["num_total_reqs"]) == (0, 0, 0)
+        assert "memory" not in idle and "queues" not in idle
+        assert s.http.get("/v1/loads", params={"dp_rank": 1}).json()["loads"] == []
+        bad = s.http.get("/v1/loads", params={"include": "bogus"})
+        assert bad.status_code == 400 and bad.json()["code"] == 400 and bad.json()["object"] == "error"
+
+
+# --------------------------------------------------------------------------- api key
+def test_api_key_is_required_everywhere_but_health_and_metrics() -> None:
+    # given a stand-in started with an API key
+    with standin(*INSTANT, "--api-key", "sekret", "--health-latency", "0") as s:
+        guarded = ["/ping", "/server_info", "/get_server_info", "/model_info", "/get_model_info",
+                   "/v1/models", "/get_load", "/v1/loads", "/flush_cache", "/standin/stats"]
+        for path in guarded:
+            # when called without or with a wrong key, then 401 {"error": "Unauthorized"}
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
+                r = s.http.get(path, headers=headers)
+                assert r.status_code == 401 and r.json() == {"error": "Unauthorized"}, (path, headers)
+            # and with the key (scheme in any case), then it answers
+            assert s.http.get(path, headers={"Authorization": "bearer sekret"}).status_code == 200, path
+        assert s.http.post("/abort_request", json={"abort_all": True}).status_code == 401
+        # then /health* stays open for probes, as in SGLang
+        assert s.http.get("/health").status_code == 200
+        assert s.http.get("/health_generate").status_code == 200
+        assert s.http.get("/metrics").status_code == 404  # open path, but no metrics here

@@ -1,4 +1,10 @@
-"""Real parts for every test: a Redis server, SGLang stand-ins and Celery workers as processes."""
+"""Real parts for every test: a Redis server, SGLang stand-ins and Celery workers as processes.
+
+Two layers: `tests/specs/` holds in-process specifications (rules, routing,
+parsing, codecs, the shard writer) that answer in seconds; every other test
+drives real processes and is marked `slow`, so `pytest -m "not slow"` runs the
+fast layer alone and a plain `pytest` runs everything.
+"""
 from __future__ import annotations
 
 import json
@@ -12,9 +18,17 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
+from contract.keys import RunKeys
 from producer.local import Process, start_redis, start_standin, start_worker
 
 ROOT = Path(__file__).resolve().parents[1]
+SPECS = ROOT / "tests" / "specs"
+
+
+def pytest_collection_modifyitems(items) -> None:
+    for item in items:
+        if SPECS not in Path(item.fspath).parents:
+            item.add_marker(pytest.mark.slow)
 
 
 class Fleet:
@@ -53,17 +67,23 @@ class Fleet:
     def dead_letters(self, run: str = "default") -> list[dict]:
         return json.loads(self.producer("dead", "list", "--json", "--run", run).stdout)
 
+    def states(self, run: str = "default") -> dict[str, int]:
+        """Prompts of the run by state, counted from the ledger's own entries."""
+        states = [v.decode() for v in redis.Redis.from_url(self.redis_url).hvals(RunKeys(run).state)]
+        return {s: states.count(s) for s in set(states)}
+
+    def counters(self, run: str = "default") -> dict[str, int]:
+        raw = redis.Redis.from_url(self.redis_url).hgetall(RunKeys(run).counters)
+        return {k.decode(): int(v) for k, v in raw.items()}
+
     def wait_finished(self, run: str = "default", timeout: float = 240) -> dict:
         """Until no prompt of the run is pending; returns the ledger's states."""
-        client = redis.Redis.from_url(self.redis_url)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            states = [v.decode() for v in client.hvals(f"fleet:run:{run}:state")]
-            if states and "queued" not in states:
-                return {s: states.count(s) for s in set(states)}
-            time.sleep(0.5)
-        logs = "\n".join(f"--- {p.name}\n{p.tail(30)}" for p in self.processes)
-        raise AssertionError(f"run {run} not finished after {timeout}s:\n{logs}")
+        wait_until(lambda: self.states(run) and "queued" not in self.states(run), timeout,
+                   f"run {run} finished", self)
+        return self.states(run)
+
+    def logs_tail(self, lines: int = 30) -> str:
+        return "\n".join(f"--- {p.name}\n{p.tail(lines)}" for p in self.processes)
 
     def rows(self, run: str = "default") -> list[dict]:
         """Every stored sample, read straight from the Parquet shards."""
@@ -74,6 +94,15 @@ class Fleet:
     def stop(self) -> None:
         for process in reversed(self.processes):
             process.stop(timeout=20)
+
+
+def wait_until(predicate, timeout: float, what: str, fleet: Fleet | None = None, poll: float = 0.2) -> None:
+    """Poll until `predicate()` holds; fail the test, saying what it waited for, once `timeout` passes."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"waited {timeout:.0f}s for {what}" + (f":\n{fleet.logs_tail()}" if fleet else ""))
+        time.sleep(poll)
 
 
 @pytest.fixture

@@ -8,13 +8,12 @@ import time
 from collections import defaultdict
 
 import pyarrow.parquet as pq
-import redis
 
 from producer.local import free_port, start_redis
 from sglang_standin.cli import parse_config
 from sglang_standin.outputs import fault_for, generate_output
 
-from conftest import messages_of, render, varied_prompts, write_prompts
+from conftest import messages_of, render, varied_prompts, wait_until, write_prompts
 
 N = 1000
 BUDGET = 300
@@ -41,14 +40,10 @@ def test_every_prompt_ends_in_exactly_one_place_whatever_fails(fleet, tokenizer,
 
     # When, at random moments, workers are SIGKILLed (and replaced), a server is killed and
     # restarted, and Redis restarts
-    def finished() -> int:
-        states = redis.Redis.from_url(fleet.redis_url).hvals("fleet:run:default:state")
-        return len(states) - states.count(b"queued")
-
     def at(share: float) -> None:
-        deadline = time.monotonic() + 120
-        while finished() < share * N and time.monotonic() < deadline:
-            time.sleep(0.1)
+        """Until `share` of the prompts are finished (a fault strikes then), or fail saying so."""
+        finished = lambda: sum(n for state, n in fleet.states().items() if state != "queued")  # noqa: E731
+        wait_until(lambda: finished() >= share * N, 120, f"{share:.0%} of the prompts finished", fleet, 0.1)
 
     at(rng.uniform(0.10, 0.20))
     workers[0].signal(signal.SIGKILL)

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 from collections import Counter
 
+import redis
+
 from sglang_standin.cli import parse_config
 from sglang_standin.outputs import generate_output
 
@@ -21,8 +23,8 @@ def test_every_prompt_is_stored_once_with_its_exact_tokens(fleet, tokenizer, tmp
     prompts = write_prompts(tmp_path / "prompts.jsonl", records)
 
     # When the producer enqueues them and the fleet drains the queue
-    result = fleet.producer("enqueue", str(prompts), "--max-new-tokens", str(MAX_NEW_TOKENS))
-    assert "300" in result.stdout
+    fleet.producer("enqueue", str(prompts), "--max-new-tokens", str(MAX_NEW_TOKENS))
+    assert fleet.counters()["enqueued"] == 300
     states = fleet.wait_finished()
 
     # Then every prompt is stored exactly once, nothing is dead-lettered...
@@ -57,10 +59,12 @@ def test_a_line_without_id_gets_a_stable_id(fleet, tmp_path):
 
     # When it is enqueued twice
     fleet.producer("enqueue", str(prompts))
-    again = fleet.producer("enqueue", str(prompts))
-
-    # Then the second enqueue recognises both prompts and publishes nothing
-    assert "done=" in again.stdout or "queued=" in again.stdout
     fleet.wait_finished()
+    fleet.producer("enqueue", str(prompts))
+
+    # Then the second enqueue recognises both prompts as done and publishes nothing
+    assert fleet.counters()["enqueued"] == 2
+    assert redis.Redis.from_url(fleet.redis_url).llen("fleet.generate") == 0
+    assert fleet.wait_finished() == {"done": 2}
     ids = sorted(r["id"] for r in fleet.rows())
     assert len(ids) == 2 and all(i.startswith("p-") for i in ids)

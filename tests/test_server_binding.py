@@ -9,7 +9,7 @@ import redis
 
 from producer.local import free_port, wait_for
 
-from conftest import varied_prompts, write_prompts
+from conftest import varied_prompts, wait_until, write_prompts
 
 QUEUE = "fleet.generate"
 GATE_CLOSED = "consuming from nothing"  # the worker's log line when its gate closes
@@ -37,11 +37,13 @@ def test_a_loading_then_warming_server_gets_work_only_once_healthy(fleet, tmp_pa
 
     # While it is not healthy, every prompt stays queued in Redis
     seen = set()
-    deadline = time.monotonic() + 30
-    while (status := _health(url)) != 200 and time.monotonic() < deadline:
-        seen.add(status)
-        assert _queue_untouched(fleet, 40)
-        time.sleep(0.3)
+
+    def healthy_with_queue_untouched() -> bool:
+        seen.add(status := _health(url))
+        assert status == 200 or _queue_untouched(fleet, 40)
+        return status == 200
+
+    wait_until(healthy_with_queue_untouched, 30, "the server to become healthy", fleet, 0.3)
     assert {None, 503} <= seen
 
     # Once healthy it gets the work, and no prompt is lost or dead-lettered
@@ -109,10 +111,7 @@ def test_killing_a_server_mid_run_loses_nothing(fleet, tmp_path):
     fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(150))))
 
     # When one server is killed while prompts are in flight on it
-    client = redis.Redis.from_url(fleet.redis_url)
-    deadline = time.monotonic() + 60
-    while client.hvals("fleet:run:default:state").count(b"done") < 20 and time.monotonic() < deadline:
-        time.sleep(0.2)
+    wait_until(lambda: fleet.states().get("done", 0) >= 20, 60, "first samples", fleet)
     assert httpx.get(f"{url_a}/standin/stats").json()["running"] > 0
     doomed.signal(signal.SIGKILL)
 

@@ -2,7 +2,10 @@
 
 Polls `GET /health` by status code on an interval; on the way to healthy (and
 each time a server comes back) runs the preflight. State changes are logged
-once, not on every poll.
+once, not on every poll. A server goes down after `health_failures` failed
+probes in a row and comes back after `health_successes` good ones, so one slow
+answer neither drops a busy server nor readmits a flapping one; `observe` is
+that state machine, apart from the HTTP that feeds it.
 """
 from __future__ import annotations
 
@@ -13,18 +16,21 @@ from typing import Callable
 
 import httpx
 
-from .preflight import preflight
+from .preflight import preflight as preflight_server
 from .servers import DOWN, HEALTHY, LOADING, REFUSED, WARMING, ServerBinding, ServerPool
 from .settings import Settings
+
+Preflight = Callable[[httpx.Client, ServerBinding], None]
 
 log = logging.getLogger(__name__)
 
 
 class HealthMonitor:
     def __init__(self, pool: ServerPool, settings: Settings, headers: dict[str, str],
-                 after_round: Callable[[], None] | None = None):
+                 after_round: Callable[[], None] | None = None, preflight: Preflight = preflight_server):
         self.pool = pool
         self.after_round = after_round
+        self.preflight = preflight
         self.settings = settings
         self.client = httpx.Client(timeout=settings.health_timeout, headers=headers)
         self._stop = threading.Event()
@@ -65,6 +71,10 @@ class HealthMonitor:
     def check(self, binding: ServerBinding) -> None:
         observed, detail = self._probe(binding.url)
         binding.checked_at = time.time()
+        self.observe(binding, observed, detail)
+
+    def observe(self, binding: ServerBinding, observed: str, detail: str) -> None:
+        """Apply one probe's outcome to the binding's state."""
         if observed == HEALTHY:
             binding.failures, binding.successes = 0, binding.successes + 1
             if binding.state != HEALTHY and binding.successes >= self.settings.health_successes:
@@ -81,7 +91,7 @@ class HealthMonitor:
 
     def _preflight(self, binding: ServerBinding) -> None:
         try:
-            preflight(self.client, binding)
+            self.preflight(self.client, binding)
         except httpx.HTTPError as exc:
             binding.last_error = f"preflight failed: {exc!r}"
             log.warning("server %s: preflight failed (%r); will retry", binding.url, exc)

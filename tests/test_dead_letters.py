@@ -5,6 +5,7 @@ import json
 from collections import Counter
 
 import httpx
+import pyarrow.parquet as pq
 import pytest
 import redis
 
@@ -40,18 +41,24 @@ def _expected(records, tokenizer, cfg):
     return plan
 
 
-def test_each_fault_is_dead_lettered_with_its_reason_and_transient_ones_are_stored(fleet, tokenizer, tmp_path):
-    # Given a stand-in injecting every fault into a share of prompts, and a worker bound to it
+def _faulty_run(fleet, tokenizer, tmp_path) -> tuple[str, object, dict]:
+    """Given a stand-in injecting every fault into a share of 200 prompts, and a worker bound to it,
+    when the prompts are enqueued with a budget the truncation fault exceeds and the run finishes:
+    the server's URL, its config and the test's own plan of what each prompt must become."""
     _, url = fleet.standin(*STANDIN)
     fleet.worker("w1", [url], FLEET_RETRY_BACKOFF="0.05")
     records = varied_prompts(200)
     cfg = parse_config(["--port", "1", *STANDIN])
     plan = _expected(records, tokenizer, cfg)
     assert {fault for _, fault, _ in plan.values()} >= {f.replace("-", "_") for f in FAULTS}
-
-    # When the prompts are enqueued with a budget the truncation fault exceeds
     fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", records)), "--max-new-tokens", "300")
     fleet.wait_finished()
+    return url, cfg, plan
+
+
+def test_each_fault_is_dead_lettered_with_its_reason_and_transient_ones_are_stored(fleet, tokenizer, tmp_path):
+    # Given / When: a run of 200 prompts against every fault
+    url, cfg, plan = _faulty_run(fleet, tokenizer, tmp_path)
 
     # Then each faulty prompt is dead-lettered with the right code, and not in the shards
     dead = {d["id"]: d for d in fleet.dead_letters()}
@@ -65,7 +72,7 @@ def test_each_fault_is_dead_lettered_with_its_reason_and_transient_ones_are_stor
             assert pid not in dead, (pid, fault, dead[pid])
             output, _ = generate_output(ids, 300, cfg)
             assert rows[pid]["input_ids"] == ids + output
-    assert len(dead) + len(rows) == len(records)
+    assert len(dead) + len(rows) == len(plan)
 
     # and a prompt is generated once unless a retry was needed (500/503 answers are not generations)
     stats = httpx.get(f"{url}/standin/stats").json()
@@ -80,9 +87,15 @@ def test_each_fault_is_dead_lettered_with_its_reason_and_transient_ones_are_stor
     assert len(letter["excerpt"]["think_end"]) == 2 and letter["prompt_ids"] == plan[letter["id"]][0]
     assert letter["sampling"]["max_new_tokens"] == 300 and letter["servers"] == [url]
 
-    # When the truncated prompts are requeued with a larger budget
+
+def test_truncated_prompts_requeued_with_a_larger_budget_are_stored_whole(fleet, tokenizer, tmp_path):
+    # Given a finished run whose truncated prompts are dead letters
+    _, cfg, plan = _faulty_run(fleet, tokenizer, tmp_path)
     stats_before = json.loads(fleet.producer("dead", "stats", "--json").stdout)
-    truncated = [pid for pid, d in dead.items() if d["reason"] == "truncated"]
+    truncated = [d["id"] for d in fleet.dead_letters() if d["reason"] == "truncated"]
+    assert truncated
+
+    # When they are requeued with a larger budget
     fleet.producer("dead", "requeue", "--reason", "truncated", "--max-new-tokens", "1024", "--yes")
     fleet.wait_finished()
 
@@ -96,14 +109,23 @@ def test_each_fault_is_dead_lettered_with_its_reason_and_transient_ones_are_stor
     assert "truncated" not in stats_after
     assert sum(stats_after.values()) == sum(stats_before.values()) - len(truncated)
 
-    # When the dataset is exported, each stored id is there once, with a manifest
+
+def test_export_holds_each_stored_id_once_with_a_manifest(fleet, tokenizer, tmp_path):
+    # Given a finished run with stored samples and dead letters
+    _faulty_run(fleet, tokenizer, tmp_path)
+    rows = {r["id"]: r for r in fleet.rows()}
+    stats = json.loads(fleet.producer("dead", "stats", "--json").stdout)
+
+    # When the dataset is exported
     fleet.producer("export", str(tmp_path / "export"))
+
+    # Then each stored id is there once, and the manifest says what it holds
     manifest = json.loads((tmp_path / "export" / "manifest.json").read_text())
-    import pyarrow.parquet as pq
-    exported = [i for f in manifest["files"] for i in pq.read_table(tmp_path / "export" / f["name"]).column("id").to_pylist()]
+    exported = [i for f in manifest["files"]
+                for i in pq.read_table(tmp_path / "export" / f["name"]).column("id").to_pylist()]
     assert Counter(exported).most_common(1)[0][1] == 1
     assert set(exported) == set(rows) and manifest["rows"] == len(rows)
-    assert manifest["dead_letters"] == stats_after
+    assert manifest["dead_letters"] == stats
 
 
 def test_a_prompt_longer_than_the_context_is_dead_lettered_before_sending(fleet, tmp_path):

@@ -93,7 +93,7 @@ def _run_name(run: str | None) -> str:
     try:
         return check_run_name("default" if run is None else run)
     except BadRunName as exc:
-        err.print(f"[red]{exc}[/red]")
+        err.print(f"[red]{escape(str(exc))}[/red]")
         raise typer.Exit(2)
 
 
@@ -130,10 +130,12 @@ def enqueue(
 ) -> None:
     """Tokenize each prompt with the chat template and publish one task per prompt.
 
-    A malformed line (bad UTF-8 or JSON, a non-string where text belongs, a NUL
-    character, a lone surrogate, a line over --max-line-bytes, a content part
-    other than text) is reported with its number and reason and skipped; the
-    others are published, and the exit status is 1.
+    A content may be a string or OpenAI's list of text parts (joined with a
+    space, as SGLang does). A malformed line (bad UTF-8 or JSON, JSON nested too
+    deeply, a number, boolean or null where text belongs, a NUL character, a
+    lone surrogate, a line over --max-line-bytes, a content part other than
+    text) or a prompt the chat template refuses is reported with its line number
+    and reason and skipped; the others are published, and the exit status is 1.
     """
     name = _run_name(run)
     settings, client = _connect(redis_url)
@@ -250,7 +252,7 @@ def dead_show(prompt_id: str, run: Optional[str] = RunOpt, redis_url: Optional[s
 
     letter = DeadLetters(client, _spec(client, name).name).get(prompt_id)
     if letter is None:
-        err.print(f"[red]no dead letter for id {prompt_id!r}[/red]")
+        err.print(f"[red]no dead letter for id {escape(repr(prompt_id))}[/red]")
         raise typer.Exit(1)
     data = letter.summary() | {"prompt_ids": b64_to_ids(letter.prompt_b64)}
     out.print_json(json.dumps(data, ensure_ascii=False))

@@ -5,7 +5,6 @@ One shared, thread-safe client per URL; built when first asked for, never at imp
 from __future__ import annotations
 
 from functools import lru_cache
-from urllib.parse import urlsplit, urlunsplit
 
 import redis
 from redis.backoff import ExponentialBackoff
@@ -25,20 +24,32 @@ def redis_for(url: str, max_connections: int = 64) -> redis.Redis:
     return redis.Redis(connection_pool=pool)
 
 
-SECRET_PARAMS = ("password", "passwd", "pass", "token", "key", "secret", "auth")
+SECRET_PARAMS = ("password", "passwd", "pass", "pwd", "token", "key", "secret", "auth", "credential")
 
 
 def redact_url(url: str) -> str:
-    """The URL with its password hidden, in the user part or the query string, so that it
-    can be logged or printed."""
-    parts = urlsplit(url)
-    netloc = parts.netloc
-    if "@" in netloc:  # a lone user part may be a password too (`redis://SECRET@host`)
-        host = netloc.rpartition("@")[2]
-        netloc = (f"{parts.username}:***@" if parts.password is not None and parts.username
-                  else "***@") + host
-    query = "&".join(_redact_param(pair) for pair in parts.query.split("&")) if parts.query else ""
-    return urlunsplit((parts.scheme, netloc, parts.path, query, parts.fragment))
+    """The URL with its secrets starred, so that it can be logged, printed or stored.
+
+    Hidden: the value of any query parameter whose name looks secret
+    (`?password=pw`), then everything before the last `@` (the user part:
+    `redis://:pw@`, `redis://user:pw@`, where the user name stays, and a lone
+    `redis://pw@`, which may be a password). Taking the last `@` anywhere keeps a
+    password holding an unescaped `/`, `?`, `#` or `@` hidden, where a URL parser
+    would read part of it as a path or a query; an `@` in a query makes it hide
+    too much, never too little.
+    """
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        scheme, rest = "", url
+    head, question, query = rest.partition("?")
+    if question:
+        rest = head + "?" + "&".join(_redact_param(pair) for pair in query.split("&"))
+    userinfo, at, host = rest.rpartition("@")
+    if at:
+        user, colon, _ = userinfo.partition(":")
+        safe_user = colon and user and not any(c in user for c in "/?#")
+        rest = (f"{user}:***@" if safe_user else "***@") + host
+    return (f"{scheme}://" if sep else "") + rest
 
 
 def _redact_param(pair: str) -> str:

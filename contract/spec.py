@@ -81,5 +81,12 @@ def save_spec(client: redis.Redis, spec: RunSpec) -> None:
 
 
 def load_spec(client: redis.Redis, run: str) -> RunSpec | None:
+    """The run's spec; its name is the checked one it is stored under, so a spec edited
+    in Redis cannot carry a name that builds a path outside `OUTPUT_DIR`."""
     raw = client.get(RunKeys(check_run_name(run)).spec)
-    return RunSpec.from_json(raw) if raw else None
+    if not raw:
+        return None
+    spec = RunSpec.from_json(raw)
+    if spec.name != run:
+        raise BadRunName(f"the spec stored for run {run!r} names another run ({spec.name!r})")
+    return spec

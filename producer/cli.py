@@ -13,27 +13,70 @@ from typing import Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
                            TimeRemainingColumn)
 from rich.table import Table
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__)
+from .prompts import MAX_LINE_BYTES
+
+# Locals stay out of tracebacks: they would print REDIS_URL and its password.
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_show_locals=False)
 dead_app = typer.Typer(no_args_is_help=True, help="Inspect, replay and purge dead-lettered prompts.")
 app.add_typer(dead_app, name="dead")
 out = Console()
-err = Console(stderr=True)
+err = Console(stderr=True, soft_wrap=True)  # messages stay one line each, whatever the width
 
 RunOpt = typer.Option(None, "--run", envvar="FLEET_RUN", help="Run name (default: 'default').")
 RedisOpt = typer.Option(None, "--redis-url", help="Overrides REDIS_URL.")
 
 
 def _connect(redis_url: str | None):
-    """The shared settings (a --redis-url flag over REDIS_URL), and a Redis client."""
+    """The shared settings (a --redis-url flag over REDIS_URL), and a Redis client, once
+    one quick PING has shown that Redis answers (else exit 2 with the URL redacted)."""
     from contract.connections import redis_for
     from contract.settings import SharedSettings
 
     settings = SharedSettings(**({"redis_url": redis_url} if redis_url else {}))
+    _probe_redis(settings.redis_url)
     return settings, redis_for(settings.redis_url)
+
+
+def _probe_redis(url: str) -> None:
+    """One PING without retries: a wrong host or password is said at once, in words that
+    hold no secret, instead of a traceback after the shared client's minutes of retries."""
+    import redis
+    from redis.backoff import NoBackoff
+    from redis.retry import Retry
+
+    from contract.connections import redact_url
+
+    try:
+        probe = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10, retry=Retry(NoBackoff(), 0))
+        try:
+            probe.ping()
+        finally:
+            probe.close()
+    except (redis.RedisError, ValueError, OSError) as exc:
+        err.print(f"[red]cannot use Redis at {escape(_scrub(redact_url(url), url))}[/red]: "
+                  f"{exc.__class__.__name__}: {escape(_scrub(str(exc), url))}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2)
+
+
+def _scrub(text: str, url: str) -> str:
+    """`text` with every secret of `url` (its user part and secret query values) starred."""
+    from urllib.parse import parse_qsl, unquote, urlsplit
+
+    from contract.connections import SECRET_PARAMS
+
+    userinfo = url.partition("?")[0].partition("://")[2].rpartition("@")[0]
+    user, colon, password = userinfo.partition(":")
+    secrets = {password if colon else user}  # a lone user part may be a password (`redis://SECRET@host`)
+    secrets |= {v for k, v in parse_qsl(urlsplit(url).query) if any(s in k.lower() for s in SECRET_PARAMS)}
+    secrets |= {unquote(s) for s in secrets}
+    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
 
 
 def _publisher(settings):
@@ -44,12 +87,13 @@ def _publisher(settings):
 
 
 def _run_name(run: str | None) -> str:
+    """The checked run name (None: 'default'); a bad one exits 2 before anything is written."""
     from contract.spec import BadRunName, check_run_name
 
     try:
-        return check_run_name(run or "default")
+        return check_run_name("default" if run is None else run)
     except BadRunName as exc:
-        err.print(f"[red]{exc}[/red]")
+        err.print(f"[red]{escape(str(exc))}[/red]")
         raise typer.Exit(2)
 
 
@@ -79,17 +123,27 @@ def enqueue(
     disable_rule: list[str] = typer.Option([], help="Verification rule codes to switch off."),
     max_prompt_tokens: Optional[int] = typer.Option(None, help="Reject longer prompts here."),
     max_queued: int = typer.Option(100_000, min=0, help="Hold back while the queue is deeper than this (0: never)."),
+    max_line_bytes: int = typer.Option(MAX_LINE_BYTES, min=1, help="A longer line is reported and skipped "
+                                       "(default 16 MiB), never held in memory."),
     run: Optional[str] = RunOpt,
     redis_url: Optional[str] = RedisOpt,
 ) -> None:
-    """Tokenize each prompt with the chat template and publish one task per prompt."""
+    """Tokenize each prompt with the chat template and publish one task per prompt.
+
+    A content may be a string or OpenAI's list of text parts (joined with a
+    space, as SGLang does). A malformed line (bad UTF-8 or JSON, JSON nested too
+    deeply, a number, boolean or null where text belongs, a NUL character, a
+    lone surrogate, a line over --max-line-bytes, a content part other than
+    text) or a prompt the chat template refuses is reported with its line number
+    and reason and skipped; the others are published, and the exit status is 1.
+    """
+    name = _run_name(run)
     settings, client = _connect(redis_url)
     from contract.names import VERIFY_RULES
 
     from .chat import ChatTokenizer
     from .enqueue import RunMismatch, enqueue_file, new_spec, prepare_run
 
-    name = _run_name(run)
     unknown = set(disable_rule) - {str(r) for r in VERIFY_RULES}
     if unknown:
         err.print(f"[red]unknown rule(s) {sorted(unknown)}[/red]; known: {', '.join(map(str, VERIFY_RULES))}")
@@ -110,19 +164,22 @@ def enqueue(
         task = bar.add_task("read", total=size)
         summary = enqueue_file(prompts, spec, chat, client, celery_app, settings.queue_prefix,
                                max_prompt_tokens, on_progress=lambda pos: bar.update(task, completed=pos),
-                               max_queue_depth=max_queued)
+                               max_queue_depth=max_queued, max_line_bytes=max_line_bytes)
     _print_enqueue_summary(summary, spec.thinking)
     if summary.rejected:
         raise typer.Exit(1)
 
 
 def _print_enqueue_summary(summary, mode: str) -> None:
+    def say(text: str) -> None:  # the file's own text, printed as is: one line, no markup
+        err.print(_printable(text), markup=False, highlight=False, soft_wrap=True)
+
     for item in summary.rejected[:50]:
-        err.print(f"line {item.line}: {item.reason}" + (f" (id {item.id})" if item.id else ""))
+        say(f"line {item.line}: {item.reason}" + (f" (id {item.id})" if item.id else ""))
     if len(summary.rejected) > 50:
-        err.print(f"... and {len(summary.rejected) - 50} more rejected lines")
+        say(f"... and {len(summary.rejected) - 50} more rejected lines")
     for item in summary.duplicates[:20]:
-        err.print(f"line {item.line}: {item.reason}: {item.id}")
+        say(f"line {item.line}: {item.reason}: {item.id}")
     table = Table(title=f"enqueue: run {summary.run!r} -> queue {summary.queue!r} (thinking: {mode})")
     for column in ("published", "prompt tokens", "skipped (already in run)", "duplicates", "rejected", "prompts/s"):
         table.add_column(column, justify="right")
@@ -135,18 +192,24 @@ def _print_enqueue_summary(summary, mode: str) -> None:
         out.print(f"held back {summary.held_back:.0f}s while the queue was deeper than --max-queued")
 
 
+def _printable(text: str) -> str:
+    """Control characters (a terminal escape sequence in an id, say) shown escaped."""
+    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
+
+
 @app.command()
 def status(run: Optional[str] = RunOpt, as_json: bool = typer.Option(False, "--json"),
            watch: Optional[float] = typer.Option(None, "--watch", help="Refresh every N seconds."),
            redis_url: Optional[str] = RedisOpt) -> None:
     """Queued, in flight, done, dead by reason, rates, ETA, servers and workers."""
+    name = _run_name(run)
     settings, client = _connect(redis_url)
     from rich.live import Live
 
     from .status import collect_status
     from .status_view import render_status
 
-    spec = _spec(client, run)
+    spec = _spec(client, name)
     if as_json:
         sys.stdout.write(json.dumps(collect_status(client, spec, settings.queue_prefix)) + "\n")
         return
@@ -163,10 +226,11 @@ def status(run: Optional[str] = RunOpt, as_json: bool = typer.Option(False, "--j
 def dead_list(run: Optional[str] = RunOpt, reason: list[str] = typer.Option([], help="Only these reason codes."),
               as_json: bool = typer.Option(False, "--json"), redis_url: Optional[str] = RedisOpt) -> None:
     """Every dead-lettered prompt with its reason (`--json`: a JSON array)."""
+    name = _run_name(run)
     _, client = _connect(redis_url)
     from contract.deadletters import DeadLetters
 
-    letters = DeadLetters(client, _spec(client, run).name).select(reason or None)
+    letters = DeadLetters(client, _spec(client, name).name).select(reason or None)
     if as_json:
         sys.stdout.write(json.dumps([d.summary() for d in letters], ensure_ascii=False) + "\n")
         return
@@ -181,13 +245,14 @@ def dead_list(run: Optional[str] = RunOpt, reason: list[str] = typer.Option([], 
 @dead_app.command("show")
 def dead_show(prompt_id: str, run: Optional[str] = RunOpt, redis_url: Optional[str] = RedisOpt) -> None:
     """One dead letter in full, with its prompt's token ids."""
+    name = _run_name(run)
     _, client = _connect(redis_url)
     from contract.codec import b64_to_ids
     from contract.deadletters import DeadLetters
 
-    letter = DeadLetters(client, _spec(client, run).name).get(prompt_id)
+    letter = DeadLetters(client, _spec(client, name).name).get(prompt_id)
     if letter is None:
-        err.print(f"[red]no dead letter for id {prompt_id!r}[/red]")
+        err.print(f"[red]no dead letter for id {escape(repr(prompt_id))}[/red]")
         raise typer.Exit(1)
     data = letter.summary() | {"prompt_ids": b64_to_ids(letter.prompt_b64)}
     out.print_json(json.dumps(data, ensure_ascii=False))
@@ -197,10 +262,11 @@ def dead_show(prompt_id: str, run: Optional[str] = RunOpt, redis_url: Optional[s
 def dead_stats(run: Optional[str] = RunOpt, as_json: bool = typer.Option(False, "--json"),
                redis_url: Optional[str] = RedisOpt) -> None:
     """Dead letters counted by reason."""
+    name = _run_name(run)
     _, client = _connect(redis_url)
     from contract.deadletters import DeadLetters
 
-    stats = DeadLetters(client, _spec(client, run).name).stats()
+    stats = DeadLetters(client, _spec(client, name).name).stats()
     if as_json:
         sys.stdout.write(json.dumps(stats) + "\n")
         return
@@ -215,12 +281,13 @@ def dead_requeue(run: Optional[str] = RunOpt, reason: list[str] = typer.Option([
                  max_new_tokens: Optional[int] = typer.Option(None, min=1, help="A larger budget, e.g. for truncated prompts."),
                  yes: bool = typer.Option(False, "--yes", "-y"), redis_url: Optional[str] = RedisOpt) -> None:
     """Publish dead-lettered prompts again (all, or by --reason / --id)."""
+    name = _run_name(run)
     settings, client = _connect(redis_url)
     from contract.deadletters import DeadLetters
 
     from .dead import requeue
 
-    spec = _spec(client, run)
+    spec = _spec(client, name)
     letters = DeadLetters(client, spec.name).select(reason or None, prompt_id or None)
     if not letters:
         out.print("nothing to requeue")
@@ -238,10 +305,11 @@ def dead_requeue(run: Optional[str] = RunOpt, reason: list[str] = typer.Option([
 def dead_purge(run: Optional[str] = RunOpt, reason: list[str] = typer.Option([]),
                yes: bool = typer.Option(False, "--yes", "-y"), redis_url: Optional[str] = RedisOpt) -> None:
     """Delete dead letters (all, or by --reason). Their prompts stay marked dead."""
+    name = _run_name(run)
     _, client = _connect(redis_url)
     from contract.deadletters import DeadLetters
 
-    store = DeadLetters(client, _spec(client, run).name)
+    store = DeadLetters(client, _spec(client, name).name)
     letters = store.select(reason or None)
     if not letters:
         out.print("nothing to purge")
@@ -252,21 +320,38 @@ def dead_purge(run: Optional[str] = RunOpt, reason: list[str] = typer.Option([])
 
 
 @app.command()
-def export(dest: Path, run: Optional[str] = RunOpt, rows_per_file: int = typer.Option(10_000, min=1),
+def export(dest: Path = typer.Argument(..., help="A new or empty folder, or a previous export to replace."),
+           run: Optional[str] = RunOpt, rows_per_file: int = typer.Option(10_000, min=1),
            redis_url: Optional[str] = RedisOpt) -> None:
-    """Write the finished dataset (each id once) and a manifest to DEST."""
-    settings, client = _connect(redis_url)
-    from .export import export_run, shard_files
+    """Write the finished dataset (each done id once) and a manifest to DEST.
 
-    spec = _spec(client, run)
-    total = len(shard_files(settings.output_dir, spec.name))
-    with Progress(TextColumn("export"), BarColumn(), TextColumn("{task.completed}/{task.total} shards"),
-                  console=err, transient=True) as bar:
-        task = bar.add_task("export", total=total)
-        manifest = export_run(spec, client, settings.output_dir, dest, rows_per_file,
-                              on_progress=lambda n: bar.update(task, completed=n))
-    out.print(f"exported {manifest['rows']} samples ({manifest['duplicates_dropped']} duplicates dropped) "
-              f"into {len(manifest['files'])} files under {dest}; dead letters: {manifest['dead_letters']}")
+    Exporting again into the same DEST replaces the previous export in one step:
+    the new one is written into a folder beside DEST and swapped in, so a reader
+    of DEST/*.parquet sees the old export or the new one, never both. A DEST that
+    holds anything else is refused (exit 2) and left alone. Samples whose prompt
+    the ledger does not mark done (dead-lettered since, or queued again) are left
+    out and counted in the manifest.
+    """
+    name = _run_name(run)
+    settings, client = _connect(redis_url)
+    from .export import ExportRefused, check_replaceable, export_run, shard_files
+
+    spec = _spec(client, name)
+    try:
+        check_replaceable(dest.resolve())
+        total = len(shard_files(settings.output_dir, spec.name))
+        with Progress(TextColumn("export"), BarColumn(), TextColumn("{task.completed}/{task.total} shards"),
+                      console=err, transient=True) as bar:
+            task = bar.add_task("export", total=total)
+            manifest = export_run(spec, client, settings.output_dir, dest, rows_per_file,
+                                  on_progress=lambda n: bar.update(task, completed=n))
+    except ExportRefused as exc:
+        err.print(f"[red]{escape(str(exc))}[/red]")
+        raise typer.Exit(2)
+    left_out = ", ".join(f"{k}={v}" for k, v in manifest["left_out"].items()) or "none"
+    out.print(f"exported {manifest['rows']} samples ({manifest['duplicates_dropped']} duplicates dropped, "
+              f"left out as not done: {left_out}) into {len(manifest['files'])} files under {dest}; "
+              f"dead letters: {manifest['dead_letters']}")
 
 
 @app.command()

@@ -6,6 +6,11 @@ template, checked for the think-start token, and published through one
 pipelined kombu producer with compact arguments and a short `argsrepr`.
 Tokenizing (mostly Rust, which releases the GIL) of one batch overlaps the
 publishing of the batch before it, so publishing adds little to a run.
+
+Faults stay local: a bad line is a `BadLine` from the reader (it never
+raises), and a prompt the chat template or the tokenizer fails on is found by
+rendering its batch one prompt at a time, the same way, and rejected alone; the
+other prompts of the batch are published.
 """
 from __future__ import annotations
 
@@ -27,9 +32,15 @@ from contract.publish import publish_prompts
 from contract.spec import RunSpec, load_spec, save_spec
 
 from .chat import ChatTokenizer
-from .prompts import BadLine, Prompt, read_prompts
+from .prompts import MAX_LINE_BYTES, BadLine, Prompt, read_prompts
 
 BATCH = 256  # prompts tokenized and published together
+
+
+def _render_failed(exc: BaseException) -> bool:
+    """Whether rendering one prompt failed (any Exception, or a panic of the Rust tokenizer,
+    which pyo3 raises as a BaseException), rather than the process being asked to stop."""
+    return isinstance(exc, Exception) or type(exc).__name__ == "PanicException"
 
 
 @dataclass
@@ -92,7 +103,7 @@ def prepare_run(client: redis.Redis, spec: RunSpec) -> RunSpec:
 def enqueue_file(path: Path, spec: RunSpec, chat: ChatTokenizer, client: redis.Redis, app,
                  queue_prefix: str, max_prompt_tokens: int | None = None,
                  on_progress: Callable[[int], None] | None = None,
-                 max_queue_depth: int = 0) -> EnqueueSummary:
+                 max_queue_depth: int = 0, max_line_bytes: int = MAX_LINE_BYTES) -> EnqueueSummary:
     queue = queue_for(queue_prefix, spec.served_model)
     summary = EnqueueSummary(run=spec.name, queue=queue)
     ledger, seen = Ledger(client, spec.name), set()
@@ -105,7 +116,7 @@ def enqueue_file(path: Path, spec: RunSpec, chat: ChatTokenizer, client: redis.R
 
     with open(path, "rb") as handle, ThreadPoolExecutor(1, thread_name_prefix="tokenize") as tokenizer:
         tokenized: Future | None = None  # the batch being tokenized while the one before is published
-        for batch in _batches(read_prompts(handle), BATCH):
+        for batch in _batches(read_prompts(handle, max_line_bytes), BATCH):
             fresh = _select(batch, ledger, seen, summary)
             following = tokenizer.submit(_tokenize, fresh, spec, chat, max_prompt_tokens, summary)
             if tokenized:
@@ -162,8 +173,10 @@ def _tokenize(prompts: list[Prompt], spec: RunSpec, chat: ChatTokenizer,
     if not prompts:
         return []
     try:
-        rendered = chat.render([p.messages for p in prompts])
-    except Exception:  # one conversation the template refuses: find it
+        rendered: list = chat.render([p.messages for p in prompts])
+    except BaseException as exc:  # one conversation the template or the tokenizer refuses: find it
+        if not _render_failed(exc):
+            raise
         rendered = [_render_or_none(chat, p, summary) for p in prompts]
     ready = []
     for prompt, ids in zip(prompts, rendered):
@@ -181,10 +194,16 @@ def _tokenize(prompts: list[Prompt], spec: RunSpec, chat: ChatTokenizer,
 
 
 def _render_or_none(chat: ChatTokenizer, prompt: Prompt, summary: EnqueueSummary) -> list[int] | None:
+    """The prompt rendered alone, the same way as in a batch (so its ids do not depend on
+    whether a neighbour failed), or None once its failure is recorded."""
     try:
-        return chat.render_one(prompt.messages)
-    except Exception as exc:
-        summary.rejected.append(Rejection(prompt.line, prompt.id, f"chat template failed: {exc}"))
+        return chat.render([prompt.messages])[0]
+    except BaseException as exc:
+        if not _render_failed(exc):
+            raise
+        summary.rejected.append(Rejection(prompt.line, prompt.id,
+                                          f"chat template or tokenizer failed: {exc.__class__.__name__}: "
+                                          f"{str(exc)[:300]}"))
         return None
 
 

@@ -5,9 +5,21 @@ Accepted lines (JSONL):
 - `{"id": ..., "prompt": "text"}` (one user turn)
 - `{"id": ..., "conversations": [{"from": ..., "value": ...}, ...]}` (ShareGPT)
 
-The file is streamed, so a file of millions of lines never sits in memory. A
-malformed line becomes a `BadLine` with its number and reason; the rest go on.
-A line without an id gets a stable one derived from its content.
+A content may also be OpenAI's list of parts: text parts
+(`{"type": "text", "text": ...}`, or `input_text`) are joined with one space,
+as SGLang's chat endpoint does for a template that expects a string; any other
+part (an image, audio) rejects the line rather than being dropped silently.
+
+Invariant: whatever bytes a line holds, it becomes either a `Prompt` whose
+strings the tokenizer, Redis and Parquet all accept, or a `BadLine` with its
+number and reason; it never raises, so one line cannot stop the others. That
+holds because every way a line can be wrong is checked here: invalid UTF-8, a
+line over `max_line_bytes` (skipped without being held in memory), JSON that is
+malformed or nested too deeply, a number or boolean or null where a string is
+expected, a NUL character, and a lone surrogate (`"\\ud800"` is valid JSON but
+no UTF-8 encoder accepts it). The file is streamed, so a file of millions of
+lines never sits in memory. A line without an id gets a stable one derived
+from its content.
 """
 from __future__ import annotations
 
@@ -21,6 +33,11 @@ ROLES = {"system", "user", "assistant", "tool"}
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant",
                   "assistant": "assistant", "chatgpt": "assistant", "tool": "tool",
                   "function": "tool", "observation": "tool"}
+TEXT_PARTS = ("text", "input_text")
+MAX_LINE_BYTES = 16 * 2**20   # `enqueue --max-line-bytes`: a longer line is reported and skipped
+MAX_ID_BYTES = 512            # an id is part of a Redis field, a task id and a shard row
+_SKIP_CHUNK = 2**20           # an over-long line is read past in pieces of this size
+_BOM = b"\xef\xbb\xbf"
 
 
 @dataclass(frozen=True)
@@ -40,19 +57,38 @@ class InvalidPrompt(ValueError):
     pass
 
 
-def read_prompts(source: Path | BinaryIO) -> Iterator[Prompt | BadLine]:
+def read_prompts(source: Path | BinaryIO, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[Prompt | BadLine]:
     """Yield each non-blank line of a JSONL file (a path, or an open binary file) as a Prompt or a BadLine."""
     if isinstance(source, (str, Path)):
         with open(source, "rb") as handle:
-            yield from read_prompts(handle)
+            yield from read_prompts(handle, max_line_bytes)
         return
-    for number, raw in enumerate(source, start=1):
+    for number, raw in _lines(source, max_line_bytes):
+        if raw is None:
+            yield BadLine(number, f"line longer than --max-line-bytes ({max_line_bytes:,} bytes)")
+            continue
         if not raw.strip():
             continue
         try:
-            yield parse_line(raw, number)
+            yield parse_line(raw.removeprefix(_BOM) if number == 1 else raw, number)
         except InvalidPrompt as exc:
             yield BadLine(number, str(exc))
+        except Exception as exc:  # a case no rule above foresaw: still this line's fault only
+            yield BadLine(number, f"unreadable line ({exc.__class__.__name__}: {exc})"[:500])
+
+
+def _lines(handle: BinaryIO, limit: int) -> Iterator[tuple[int, bytes | None]]:
+    """(number, bytes) of each line; None for a line over `limit` bytes, which is read
+    past in fixed pieces, so memory stays bounded by the limit whatever the file holds."""
+    number = 0
+    while raw := handle.readline(limit + 1):
+        number += 1
+        if len(raw) <= limit or raw.endswith(b"\n"):  # at most limit bytes before the newline
+            yield number, raw
+            continue
+        while raw and not raw.endswith(b"\n"):
+            raw = handle.readline(_SKIP_CHUNK)
+        yield number, None
 
 
 def parse_line(raw: bytes, number: int) -> Prompt:
@@ -64,8 +100,12 @@ def parse_line(raw: bytes, number: int) -> Prompt:
         record = json.loads(text)
     except json.JSONDecodeError as exc:
         raise InvalidPrompt(f"invalid JSON: {exc.msg} at column {exc.colno}") from None
+    except RecursionError:
+        raise InvalidPrompt("invalid JSON: nested too deeply") from None
+    except ValueError as exc:  # e.g. an integer of more than 4,300 digits
+        raise InvalidPrompt(f"invalid JSON: {exc}"[:300]) from None
     if not isinstance(record, dict):
-        raise InvalidPrompt(f"not a JSON object but {type(record).__name__}")
+        raise InvalidPrompt(f"not a JSON object but {_kind(record)}")
     messages = _messages(record)
     return Prompt(number, _prompt_id(record, messages), messages)
 
@@ -76,27 +116,60 @@ def _messages(record: dict) -> list[dict]:
     elif "conversations" in record:
         raw, role_key, content_key, roles = record["conversations"], "from", "value", SHAREGPT_ROLES
     elif "prompt" in record:
-        raw, role_key, content_key, roles = [{"role": "user", "content": record["prompt"]}], "role", "content", {"user": "user"}
+        return [{"role": "user", "content": _content(record["prompt"], "prompt")}]
     else:
         raise InvalidPrompt('no "messages", "prompt" or "conversations" field')
     if not isinstance(raw, list) or not raw:
-        raise InvalidPrompt("messages must be a non-empty list")
+        raise InvalidPrompt(f"messages must be a non-empty list, not {_kind(raw)}")
     messages = []
     for index, turn in enumerate(raw):
         if not isinstance(turn, dict):
-            raise InvalidPrompt(f"message {index} is not an object")
+            raise InvalidPrompt(f"message {index} is not an object but {_kind(turn)}")
         role = turn.get(role_key)
-        if not isinstance(role, str) or not role:
+        if role is None or role == "":
             raise InvalidPrompt(f"message {index} has an empty or missing {role_key!r}")
+        if not isinstance(role, str):
+            raise InvalidPrompt(f"message {index} {role_key!r} is not a string but {_kind(role)}")
         if role not in roles:
-            raise InvalidPrompt(f"message {index} has unknown role {role!r}")
-        content = turn.get(content_key)
-        if not isinstance(content, str):
-            raise InvalidPrompt(f"message {index} content is not a string")
+            raise InvalidPrompt(f"message {index} has unknown role {role[:50]!r}")
+        content = _content(turn.get(content_key), f"message {index} {content_key}")
         messages.append({"role": roles[role], "content": content})
     if not any(m["role"] == "user" for m in messages):
         raise InvalidPrompt("no user message")
     return messages
+
+
+def _content(value: object, what: str) -> str:
+    """A turn's text: a string, or OpenAI text parts joined with a space (as SGLang does)."""
+    if isinstance(value, list):
+        return _text(" ".join(_part_text(part, f"{what} part {i}") for i, part in enumerate(value)), what)
+    if not isinstance(value, str):
+        raise InvalidPrompt(f"{what} is not a string but {_kind(value)}")
+    return _text(value, what)
+
+
+def _part_text(part: object, what: str) -> str:
+    if not isinstance(part, dict):
+        raise InvalidPrompt(f"{what} is not an object but {_kind(part)}")
+    kind = part.get("type")
+    if kind not in TEXT_PARTS:
+        raise InvalidPrompt(f"{what} has type {str(kind)[:50]!r}: only text parts are accepted")
+    text = part.get("text")
+    if not isinstance(text, str):
+        raise InvalidPrompt(f"{what} text is not a string but {_kind(text)}")
+    return text
+
+
+def _text(value: str, what: str) -> str:
+    """The string itself, once sure that the tokenizer, Redis and Parquet all take it."""
+    if "\x00" in value:
+        raise InvalidPrompt(f"{what} holds a NUL character (\\u0000) at character {value.index(chr(0))}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidPrompt(f"{what} holds a lone surrogate ({ascii(value[exc.start])[1:-1]}) at character "
+                            f"{exc.start}: not encodable as UTF-8") from None
+    return value
 
 
 def _prompt_id(record: dict, messages: list[dict]) -> str:
@@ -104,6 +177,24 @@ def _prompt_id(record: dict, messages: list[dict]) -> str:
     if value is None:
         blob = json.dumps(messages, sort_keys=True, ensure_ascii=False).encode()
         return "p-" + hashlib.sha256(blob).hexdigest()[:20]
-    if isinstance(value, bool) or not isinstance(value, (str, int)) or str(value) == "":
-        raise InvalidPrompt(f"id must be a non-empty string or integer, not {value!r}")
-    return str(value)
+    if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
+        raise InvalidPrompt(f"id must be a non-empty string or integer, not {_kind(value)}")
+    text = _text(str(value), "id")
+    if len(text.encode()) > MAX_ID_BYTES:
+        raise InvalidPrompt(f"id longer than {MAX_ID_BYTES} bytes")
+    return text
+
+
+def _kind(value: object) -> str:
+    """A JSON value's type as a person reading the file would name it."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return f"a boolean ({str(value).lower()})"
+    if isinstance(value, (int, float)):
+        return f"a number ({str(value)[:20]})"
+    if isinstance(value, str):
+        return "an empty string" if not value else "a string"
+    if isinstance(value, list):
+        return "an empty array" if not value else "an array"
+    return "an object"

@@ -61,16 +61,18 @@ class FleetCollector:
 
 
 def serve(runtime, port: int) -> int | None:
-    """Serve /metrics on `port`, or the next free one (several workers on a node)."""
+    """Serve /metrics on `port`, or the next free one (several workers on a node), on
+    `FLEET_METRICS_HOST` (loopback by default: the page names runs, queues and servers)."""
     if port <= 0:
         return None
+    host = runtime.settings.metrics_host
     REGISTRY.register(FleetCollector(runtime))
     for candidate in range(port, port + 32):
         try:
-            start_http_server(candidate)
+            start_http_server(candidate, addr=host)
         except OSError:
             continue
-        log.warning("metrics on http://0.0.0.0:%d/metrics", candidate)
+        log.warning("metrics on http://%s:%d/metrics", host, candidate)
         return candidate
-    log.warning("no free metrics port in %d-%d; metrics disabled", port, port + 31)
+    log.warning("no free metrics port in %d-%d on %s; metrics disabled", port, port + 31, host)
     return None

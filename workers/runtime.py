@@ -18,6 +18,7 @@ from contract.connections import redact_url, redis_for
 
 from . import metrics
 from .health import HealthMonitor
+from .server_auth import ServerCredentials
 from .servers import ServerPool
 from .settings import Settings
 from .sglang_client import make_client
@@ -76,8 +77,9 @@ def _build(s: Settings, worker: str) -> Runtime:
         redis=client,
         shards=ShardWriter(s.output_dir, worker, s.shard_max_rows, s.shard_max_wait),
     )
+    runtime.http.auth = monitor.client.auth = ServerCredentials(s.server_urls)  # bindings hold redacted URLs
     log.warning("worker %s bound to %s; broker %s; shards to %s; %d threads, %d in flight per server",
-                worker, ", ".join(s.server_urls), redact_url(s.redis_url), s.output_dir,
+                worker, ", ".join(b.url for b in pool.bindings), redact_url(s.redis_url), s.output_dir,
                 s.pool_size, s.max_inflight_per_server)
     monitor.start()
     metrics.serve(runtime, s.metrics_port)

@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Iterator
 
+from contract.connections import redact_url
 from contract.names import ServerState
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,8 @@ class ServerPool:
     """The bindings of one worker process, shared by its task threads."""
 
     def __init__(self, urls: list[str], max_inflight: int):
-        self.bindings = [ServerBinding(u) for u in urls]
+        # Recorded redacted: credentials in a URL travel only in workers/server_auth.py.
+        self.bindings = [ServerBinding(redact_url(u)) for u in urls]
         self.max_inflight = max_inflight
         self._cond = threading.Condition()
 

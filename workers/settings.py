@@ -66,6 +66,7 @@ class Settings(SharedSettings):
 
     # Prometheus metrics; the next free port is taken when several workers share a node.
     metrics_port: int = 9808
+    metrics_host: str = "127.0.0.1"  # FLEET_METRICS_HOST: loopback unless told (0.0.0.0 for a Prometheus elsewhere)
 
     @field_validator("health_timeout")
     @classmethod

@@ -45,6 +45,9 @@ class RunSpec:
     stop_ids: list[int]
     served_model: str | None = None
     disabled_rules: list[str] = field(default_factory=list)
+    # len(tokenizer): an output id at or above it is not a token of this model
+    # (None: a spec written before the field; only the int32 bound applies).
+    vocab_size: int | None = None
     created_at: float = field(default_factory=time.time)
 
     def identity(self) -> dict:

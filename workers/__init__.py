@@ -8,7 +8,7 @@ which reads the settings once and builds it. Parts, one idea each:
 - `gate`: consume only while a bound server is healthy.
 - `lease`: keep in-flight prompts leased to this worker.
 - `shutdown`, `consumer`, `audit`: SIGTERM, broker reconnects, lost messages.
-- `sglang_client`: the `/generate` call and its failure classes.
+- `sglang_client`: the `/generate` call and its failure classes; `answers`: what a 200 must be.
 - `verify`: the think structure, by token id.
 - `shards`: Parquet shards by group commit.
 - `runtime`, `settings`, `metrics`: what one worker process shares between threads.

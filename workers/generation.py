@@ -21,9 +21,11 @@ from contract.names import Reason
 from contract.schema import Sample
 from contract.spec import RunSpec
 
+from .answers import BadOutput, answer_cap, id_bound
+from .preflight import credentials_refusal
 from .runtime import Runtime
-from .servers import NoServer
-from .sglang_client import (Generation, ServerRejected, ServerUnavailable, TransientError,
+from .servers import NoServer, ServerBinding
+from .sglang_client import (Generation, ServerRefused, ServerRejected, ServerUnavailable, TransientError,
                             generate)
 from .verify import Verdict, think_positions, verify
 
@@ -39,6 +41,8 @@ class Attempts:
     """What happened to one prompt so far, for its sample or dead letter."""
     transient: int = 0
     unavailable: int = 0
+    refused: int = 0
+    last_bad_output: dict | None = None  # the excerpt, when the last failure was a bad answer
     resampled: bool = False
     servers: list[str] = field(default_factory=list)
     last_error: str = ""
@@ -91,7 +95,13 @@ def bury(rt: Runtime, letter: DeadLetter) -> str:
 
 def _attempt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], sampling: dict,
              tries: Attempts) -> tuple[Generation, Verdict] | DeadLetter | None:
-    """One request. None means: try again (the loop's caller decides nothing else)."""
+    """One request. None means: try again (the loop's caller decides nothing else).
+
+    Every way round the loop spends a budget or shrinks the choice of servers:
+    transient failures and bad answers `max_attempts`, connection failures
+    `max_unavailable`, and a refusal of our credentials refuses that server;
+    no usable server gives the prompt back to the queue.
+    """
     s = rt.settings
     avoid = tries.servers[-1] if tries.servers else None
     try:
@@ -101,24 +111,44 @@ def _attempt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], 
                              f"{len(prompt_ids)} prompt tokens do not fit the context of "
                              f"{binding.max_model_len} tokens of {binding.url}")
             tries.servers.append(binding.url)
+            sent = _fit_context(sampling, len(prompt_ids), binding.max_model_len)
             with metrics.LATENCY.labels(binding.url).time():
-                generation = generate(rt.http, binding.url, prompt_ids,
-                                      _fit_context(sampling, len(prompt_ids), binding.max_model_len), prompt_id)
+                generation = generate(rt.http, binding.url, prompt_ids, sent, prompt_id,
+                                      timeout=s.request_timeout,
+                                      max_bytes=answer_cap(sent.get("max_new_tokens"), s.max_answer_bytes),
+                                      id_bound=id_bound(spec.vocab_size, binding.vocab_size))
     except NoServer as exc:
         raise GiveBack(str(exc)) from exc
     except ServerRejected as exc:
         return _dead(rt, spec, prompt_id, prompt_ids, sampling, tries, Reason.SERVER_REJECTED, str(exc))
+    except ServerRefused as exc:
+        return _refused(rt, spec, binding, exc, tries)
     except ServerUnavailable as exc:
         rt.monitor.suspect(binding, str(exc))
+        tries.last_bad_output = None
         if _pause(tries, str(exc), 0.5, 5.0, transient=False, limit=s.max_unavailable) is None:
             return _server_error(rt, spec, prompt_id, prompt_ids, sampling, tries)
         return None
-    except TransientError as exc:
-        if _pause(tries, str(exc), s.retry_backoff, s.retry_backoff_max, transient=True,
+    except (TransientError, BadOutput) as exc:
+        bad = isinstance(exc, BadOutput)
+        tries.last_bad_output = {**exc.excerpt, "server": binding.url} if bad else None
+        error = f"{binding.url}: bad output: {exc}" if bad else str(exc)
+        if _pause(tries, error, s.retry_backoff, s.retry_backoff_max, transient=True,
                   limit=s.max_attempts) is None:
             return _server_error(rt, spec, prompt_id, prompt_ids, sampling, tries)
         return None
     return generation, verify(generation.output_ids, generation.meta_info, len(prompt_ids), spec)
+
+
+def _refused(rt: Runtime, spec: RunSpec, binding: ServerBinding, exc: ServerRefused,
+             tries: Attempts) -> None:
+    """The server refused our credentials on /generate: refuse it, and try another server or give the
+    prompt back, without spending its budget (the prompt is not at fault)."""
+    rt.monitor.refuse(binding, credentials_refusal(exc.status, "/generate", rt.settings.sglang_api_key is not None))
+    tries.refused += 1
+    if not rt.pool.usable(spec.served_model) or tries.refused >= len(rt.pool.bindings):
+        raise GiveBack(f"{exc}; no other usable server")
+    return None
 
 
 def _fit_context(sampling: dict, prompt_len: int, context: int | None) -> dict:
@@ -148,14 +178,17 @@ def _pause(tries: Attempts, error: str, base: float, cap: float, *, transient: b
 
 def _server_error(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int],
                   sampling: dict, tries: Attempts) -> DeadLetter:
-    return _dead(rt, spec, prompt_id, prompt_ids, sampling, tries, Reason.SERVER_ERROR,
-                 f"gave up after {tries.total} requests; last error: {tries.last_error}")
+    """The budget is spent: `bad_output` when the last answer was a bad one, else `server_error`."""
+    message = f"gave up after {tries.total} requests; last error: {tries.last_error}"
+    reason = Reason.SERVER_ERROR if tries.last_bad_output is None else Reason.BAD_OUTPUT
+    return _dead(rt, spec, prompt_id, prompt_ids, sampling, tries, reason, message,
+                 excerpt=tries.last_bad_output)
 
 
 def _dead(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], sampling: dict,
           tries: Attempts, reason: str, message: str,
-          generation: Generation | None = None) -> DeadLetter:
-    excerpt: dict = {}
+          generation: Generation | None = None, excerpt: dict | None = None) -> DeadLetter:
+    excerpt = dict(excerpt or {})
     if generation is not None:
         out = generation.output_ids
         excerpt = {

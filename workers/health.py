@@ -5,7 +5,9 @@ each time a server comes back) runs the preflight. State changes are logged
 once, not on every poll. A server goes down after `health_failures` failed
 probes in a row and comes back after `health_successes` good ones, so one slow
 answer neither drops a busy server nor readmits a flapping one; `observe` is
-that state machine, apart from the HTTP that feeds it.
+that state machine, apart from the HTTP that feeds it. A refused server (by
+the preflight, or by `refuse` when `/generate` rejects the worker's
+credentials) stays refused until it goes down and comes back.
 """
 from __future__ import annotations
 
@@ -43,6 +45,15 @@ class HealthMonitor:
     def stop(self) -> None:
         self._stop.set()
         self._wake.set()
+
+    def refuse(self, binding: ServerBinding, why: str) -> None:
+        """A request found the server wrongly configured (it refused our credentials): no more prompts
+        for it until it goes down and comes back, when the preflight judges it again."""
+        binding.refusal = binding.last_error = why
+        if binding.state != REFUSED:
+            log.error("server %s REFUSED: %s", binding.url, why)
+        binding.state = REFUSED
+        self.pool.changed()
 
     def suspect(self, binding: ServerBinding, error: str) -> None:
         """A request failed to connect: check now rather than at the next interval."""

@@ -4,8 +4,10 @@ Health is the HTTP status of `GET /health` (SGLang answers 200 with an empty
 body, 503 while warming up, and refuses connections while loading), never its
 body. A server that answers is then checked once before its first prompt
 (preflight): the model it serves, whether it truncates prompts on its own, its
-context length. Routing picks the healthy server with the fewest requests in
-flight, below a per-server cap sized for continuous batching.
+context length. A server that refuses the worker's credentials, at preflight or
+on `/generate`, is refused until it goes down and comes back. Routing picks
+the healthy server with the fewest requests in flight, below a per-server cap
+sized for continuous batching.
 """
 from __future__ import annotations
 
@@ -36,6 +38,7 @@ class ServerBinding:
     served_model_name: str | None = None
     max_model_len: int | None = None
     reasoning_parser: str | None = None
+    vocab_size: int | None = None  # where the server reports one
     refusal: str | None = None
     last_error: str | None = None
     checked_at: float = 0.0

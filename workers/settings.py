@@ -32,8 +32,12 @@ class Settings(SharedSettings):
     health_successes: int = 2
 
     # One /generate request: connect quickly, but let a long generation run.
+    # request_timeout is the whole call's deadline, checked while the body streams in.
     connect_timeout: float = 10.0
     request_timeout: float = 3600.0
+    # The most bytes of one answer read before it is refused as `bad_output`;
+    # 0 derives it from the request's max_new_tokens (workers/answers.py: answer_cap).
+    max_answer_bytes: int = 0
     # Transient failures (5xx, 503 queue full, timeouts) before `server_error`.
     max_attempts: int = 5
     retry_backoff: float = 1.0

@@ -12,7 +12,7 @@ import hashlib
 import json
 import re
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 
 import redis
 
@@ -65,7 +65,9 @@ class RunSpec:
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "RunSpec":
-        return cls(**json.loads(text))
+        """Fields a newer producer added are ignored, so an older worker still reads the spec."""
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in json.loads(text).items() if k in known})
 
 
 def run_queues(client: redis.Redis, prefix: str) -> dict[str, str]:

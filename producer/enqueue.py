@@ -83,6 +83,7 @@ def new_spec(chat: ChatTokenizer, name: str, tokenizer: str, max_new_tokens: int
         thinking=chat.detect_thinking() if thinking == "auto" else thinking,
         think_start_id=chat.think_start_id, think_end_id=chat.think_end_id,
         stop_ids=chat.stop_ids(), served_model=served_model, disabled_rules=sorted(disabled_rules),
+        vocab_size=len(chat.tok),
     )
 
 

@@ -117,7 +117,8 @@ def _store(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], tr
                               Reason.BAD_OUTPUT, f"its sample cannot be stored: {exc}", generation))
     found = Ledger(rt.redis, spec.name).mark_done(prompt_id, len(generation.output_ids))
     if found not in (PromptState.QUEUED, PromptState.DEAD):
-        log.warning("prompt %s stored again (it was %s); the ledger counts it once", prompt_id, found)
+        log.warning("prompt %s stored again (it was %s); the ledger counts it once", prompt_id,
+                    found or "not in the ledger")
         return path
     metrics.PROMPTS.labels(spec.name, "stored").inc()
     metrics.TOKENS.labels("prompt").inc(len(prompt_ids))
@@ -126,31 +127,33 @@ def _store(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], tr
 
 
 def _commit(rt: Runtime, run: str, prompt_id: str, row: Sample) -> str:
-    """Wait for the shard that holds `row`, at most FLEET_SHARD_COMMIT_TIMEOUT (twice if its
-    write has begun); past that the prompt goes back to the queue, never to the dead letters."""
-    future = rt.shards.submit(run, row)
+    """Wait for the shard that holds `row`, at most FLEET_SHARD_COMMIT_TIMEOUT at a time; past
+    that the sample is withdrawn and the prompt goes back to the queue, never to the dead
+    letters. A sample whose write has begun gets one more deadline before the prompt goes back."""
+    try:
+        future = rt.shards.submit(run, row)
+    except StorageUnavailable as exc:  # the worker is shutting down
+        raise GiveBack(str(exc)) from exc
     timeout = rt.settings.shard_commit_timeout
-    try:
-        return _wait(future, timeout)
-    except CommitTimeout:
-        pass
-    if rt.shards.withdraw(future):
-        log.warning("prompt %s: no shard took its sample within %.0fs (storage up: %s, last error: %s); "
-                    "sample withdrawn, prompt given back", prompt_id, timeout, rt.shards.storage.up,
-                    rt.shards.storage.last_error or "none")
-        raise GiveBack(f"shard commit not done within {timeout:.0f}s")
-    try:
-        return _wait(future, timeout)  # its shard is being written: give it one more deadline
-    except CommitTimeout:
-        log.warning("prompt %s: its shard write has not finished after %.0fs; prompt given back (its "
-                    "sample may yet be stored: export keeps one copy)", prompt_id, 2 * timeout)
-        raise GiveBack(f"shard commit not done within {2 * timeout:.0f}s") from None
+    for _ in range(2):
+        try:
+            return _wait(future, timeout)
+        except CommitTimeout:
+            if rt.shards.withdraw(future):
+                storage = rt.shards.storage
+                log.warning("prompt %s: no shard took its sample within %.0fs (storage %s, last error: %s); "
+                            "sample withdrawn, prompt given back", prompt_id, timeout,
+                            "up" if storage.up else "failing", storage.last_error or "none")
+                raise GiveBack(f"shard commit not done within {timeout:.0f}s") from None
+    log.warning("prompt %s: its shard write has not finished after %.0fs; prompt given back (its "
+                "sample may yet be stored: the ledger counts it once)", prompt_id, 2 * timeout)
+    raise GiveBack(f"shard commit not done within {2 * timeout:.0f}s")
 
 
 def _wait(future, timeout: float) -> str:
     try:
         return future.result(timeout)
-    except StorageUnavailable as exc:  # the writer closed while storage failed
+    except StorageUnavailable as exc:  # the writer closed while storage was failing
         raise GiveBack(str(exc)) from exc
 
 

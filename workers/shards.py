@@ -52,7 +52,8 @@ class BadSample(ValueError):
 
 
 class StorageUnavailable(OSError):
-    """The writer closed while storage refused the sample: its prompt goes back to the queue."""
+    """The writer cannot take or keep the sample (it is closed, or closed while storage refused
+    the sample): its prompt goes back to the queue."""
 
 
 def check_sample(row: Sample) -> None:
@@ -133,7 +134,7 @@ class ShardWriter:
         future: Future = Future()
         with self._lock:
             if self._closed:
-                raise RuntimeError("shard writer is closed")
+                raise StorageUnavailable("shard writer is closed")
             pending = self._pending.setdefault(run, _Pending())
             if not pending.rows:
                 pending.oldest = time.monotonic()

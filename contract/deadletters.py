@@ -2,9 +2,14 @@
 
 One Redis hash per run, keyed by prompt id, so a redelivered failure replaces
 its entry instead of adding a second one, and a prompt that later succeeds is
-removed (`ledger.mark_done`). An entry holds what is needed to understand the
-failure and to replay the prompt: the reason code, a human message, attempts,
-servers tried, the task payload and an excerpt of the offending output.
+removed. An entry holds what is needed to understand the failure and to replay
+the prompt: the reason code, a human message, attempts, servers tried, the
+task payload and an excerpt of the offending output.
+
+This module is the letters' format and their reader; the run's `Ledger` owns
+the hash and makes every change to it in the same atomic step as the prompt's
+state and counts (`put` is `Ledger.bury`, `remove` is `Ledger.purge`), so a
+letter exists exactly while its prompt is dead and `stats` is O(1).
 """
 from __future__ import annotations
 
@@ -51,20 +56,21 @@ class DeadLetter:
 
 class DeadLetters:
     def __init__(self, client: redis.Redis, run: str):
-        self.client, self.run, self.keys = client, run, RunKeys(run)
+        self.client, self.run = client, run
+        self.keys = RunKeys(run)  # for reading only; the ledger makes every change
+        self.ledger = Ledger(client, run)
 
-    def put(self, letter: DeadLetter) -> None:
-        with self.client.pipeline() as pipe:
-            pipe.hset(self.keys.dead, letter.id, letter.to_json())
-            Ledger(self.client, self.run).mark_dead(pipe, letter.id)
-            pipe.execute()
+    def put(self, letter: DeadLetter) -> str | None:
+        """Store the letter unless its prompt is already done; returns the state the prompt
+        was in (queued or dead: stored; done or None: left as it was)."""
+        return self.ledger.bury(letter.id, letter.reason, letter.to_json())
 
     def get(self, prompt_id: str) -> DeadLetter | None:
-        raw = self.client.hget(self.keys.dead, prompt_id)
+        raw = self.ledger.letter(prompt_id)
         return DeadLetter.from_json(raw) if raw else None
 
     def __iter__(self) -> Iterator[DeadLetter]:
-        for _, raw in self.client.hscan_iter(self.keys.dead, count=500):
+        for raw in self.ledger.letters():
             yield DeadLetter.from_json(raw)
 
     def select(self, reasons: list[str] | None = None, ids: list[str] | None = None) -> list[DeadLetter]:
@@ -78,15 +84,21 @@ class DeadLetters:
         return sorted(found, key=lambda letter: letter.id)
 
     def stats(self) -> dict[str, int]:
+        """Dead letters by reason, from the ledger's counts (a scan for a run enqueued by
+        a version that kept none)."""
+        tally = self.ledger.tally()
+        return dict(tally.reasons) if tally.exact else self.scan_stats()
+
+    def scan_stats(self) -> dict[str, int]:
+        """The same, counted letter by letter: a slow check of `stats`."""
         counts: dict[str, int] = {}
         for letter in self:
             counts[letter.reason] = counts.get(letter.reason, 0) + 1
         return dict(sorted(counts.items()))
 
     def remove(self, prompt_ids: list[str]) -> int:
-        if not prompt_ids:
-            return 0
-        return int(self.client.hdel(self.keys.dead, *prompt_ids))
+        """Delete letters (`dead purge`); their prompts stay dead."""
+        return self.ledger.purge(prompt_ids)
 
     def count(self) -> int:
-        return int(self.client.hlen(self.keys.dead))
+        return sum(self.stats().values())

@@ -1,6 +1,7 @@
 """What a worker tells Redis about itself, for `python -m producer status`.
 
-After each round of health checks the worker writes its servers' state under
+After each round of health checks the worker writes its servers' state (and
+its output storage's: `storage` is `{up, since, last_error, failures}`) under
 a key that expires after a few rounds, so a worker that stops writing (dead,
 partitioned) drops out of the status on its own.
 """

@@ -21,9 +21,14 @@ class RunKeys:
     def __init__(self, run: str):
         base = f"fleet:run:{run}"
         self.spec = base                    # string: the run's spec (JSON)
+        # The ledger (ledger.py) owns state, dead, counters, minutes and prompts: only its
+        # scripts change them, each a prompt's whole transition in one atomic step.
         self.state = f"{base}:state"        # hash: prompt id -> queued | done | dead
-        self.dead = f"{base}:dead"          # hash: prompt id -> dead letter JSON
-        self.counters = f"{base}:counters"  # hash: enqueued, done, dead, tokens_in, tokens_out, ...
+        self.dead = f"{base}:dead"          # hash: prompt id -> dead letter JSON, while dead
+        # hash: enqueued, prompt_tokens, output_tokens, state:queued|done|dead, reason:CODE
+        # (dead letters by reason), tallied (the state counts are complete); `done` was kept
+        # by versions before the state counts (samples stored, duplicates included).
+        self.counters = f"{base}:counters"
         self.crashes = f"{base}:crashes"    # hash: prompt id -> unexpected task failures
         self.minutes = f"{base}:minutes"    # hash: "<minute>:samples|tokens" -> count, for rates
         # hash: prompt id -> packed token ids (codec.py), while not done or dead. Named

@@ -1,8 +1,11 @@
 """Where a run stands, read from Redis: what the `status` command prints.
 
-Counts come from the run's ledger, rates from the per-minute counters the
-workers keep, server health from the workers' own heartbeats (each worker's
-view of the servers it is bound to), and the queue depth from the broker.
+Counts come from the counts the ledger's transitions keep (O(1), however
+large the run; a run enqueued by a version that kept none is counted by a
+scan), rates from the per-minute counters the workers keep, server health and
+the output storage's state from the workers' own heartbeats (each worker's
+view of the servers it is bound to and of `OUTPUT_DIR`), and the queue depth
+from the broker.
 """
 from __future__ import annotations
 
@@ -14,7 +17,7 @@ from contract import heartbeats
 from contract.deadletters import DeadLetters
 from contract.keys import queue_for
 from contract.kombu_redis import queue_depth
-from contract.ledger import Ledger
+from contract.ledger import Ledger, Tally
 from contract.names import PromptState
 from contract.spec import RunSpec
 
@@ -24,9 +27,9 @@ DONE, DEAD, QUEUED = PromptState.DONE, PromptState.DEAD, PromptState.QUEUED
 
 def collect_status(client: redis.Redis, spec: RunSpec, queue_prefix: str) -> dict:
     ledger = Ledger(client, spec.name)
-    states, counters = ledger.counts(), ledger.counters()
+    tally = ledger.tally()
     queue = queue_for(queue_prefix, spec.served_model)
-    done, dead, pending = states.get(DONE, 0), states.get(DEAD, 0), states.get(QUEUED, 0)
+    done, dead, pending = _state_counts(ledger, tally)
     waiting = queue_depth(client, queue)
     samples, tokens, window = ledger.recent(RATE_MINUTES)
     window = max(1.0, min(window, time.time() - spec.created_at))  # a young run: since it began
@@ -40,9 +43,9 @@ def collect_status(client: redis.Redis, spec: RunSpec, queue_prefix: str) -> dic
         "pending": pending,
         "done": done,
         "dead": dead,
-        "dead_by_reason": DeadLetters(client, spec.name).stats(),
-        "prompt_tokens": counters.get("prompt_tokens", 0),
-        "output_tokens": counters.get("output_tokens", 0),
+        "dead_by_reason": dict(tally.reasons) if tally.exact else DeadLetters(client, spec.name).stats(),
+        "prompt_tokens": tally.prompt_tokens,
+        "output_tokens": tally.output_tokens,
         "samples_per_s": round(rate, 3),
         "tokens_per_s": round(tokens / window, 1),
         "rate_window_s": round(window),
@@ -52,8 +55,17 @@ def collect_status(client: redis.Redis, spec: RunSpec, queue_prefix: str) -> dic
     }
 
 
+def _state_counts(ledger: Ledger, tally: Tally) -> tuple[int, int, int]:
+    """Done, dead and pending (queued, in flight or lost in transit)."""
+    if tally.exact:
+        return tally.done, tally.dead, tally.queued
+    states = ledger.counts()
+    return states.get(DONE, 0), states.get(DEAD, 0), states.get(QUEUED, 0)
+
+
 def _workers(client: redis.Redis) -> list[dict]:
     now = time.time()
     return [{"worker": w["worker"], "host": w["host"], "pid": w["pid"],
-             "seen_s_ago": round(now - w["at"], 1), "servers": w["servers"]}
+             "seen_s_ago": round(now - w["at"], 1), "servers": w["servers"],
+             "storage": w.get("storage") or {}}
             for w in heartbeats.read_all(client)]

@@ -1,6 +1,8 @@
 """The status report as tables for a terminal."""
 from __future__ import annotations
 
+import time
+
 from rich.console import Group
 from rich.table import Table
 
@@ -39,4 +41,28 @@ def render_status(report: dict) -> Group:
     if not report["workers"]:
         servers.add_row("no live worker", "", "", "", "", "", "")
     parts.append(servers)
+    parts.append(_storage_table(report["workers"]))
     return Group(*parts)
+
+
+def storage_line(storage: dict, now: float | None = None) -> str:
+    """`ok`, or `failing since 12:00:03 UTC (25s), last error: ...` (or `unknown`, from an older worker)."""
+    if not storage:
+        return "unknown"
+    if storage.get("up", True):
+        return "ok"
+    since = storage.get("since") or 0.0
+    age = (now or time.time()) - since
+    return (f"failing since {time.strftime('%H:%M:%S', time.gmtime(since))} UTC ({_duration(age)}), "
+            f"{storage.get('failures', 0)} failed writes, last error: {storage.get('last_error') or '?'}")
+
+
+def _storage_table(workers: list[dict]) -> Table:
+    table = Table(title="storage (OUTPUT_DIR), as each worker sees it")
+    table.add_column("worker")
+    table.add_column("storage", overflow="fold")
+    for worker in workers:
+        table.add_row(worker["worker"], storage_line(worker.get("storage") or {}))
+    if not workers:
+        table.add_row("no live worker", "")
+    return table

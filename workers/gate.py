@@ -1,9 +1,11 @@
-"""Consume only with somewhere to send.
+"""Consume only with somewhere to send, and somewhere to store.
 
 A consumer bootstep that reconciles, four times a second, the queues this worker
-takes prompts from with the state of its servers: none while every bound
-server is down (the prompts stay safely in Redis for other workers), the
-general queue plus one queue per model its healthy servers serve otherwise.
+takes prompts from with the state of its servers and of its output storage:
+none while every bound server is down or the shard writer's last write failed
+(the prompts stay safely in Redis for other workers; the samples already made
+wait in the writer), the general queue plus one queue per model its healthy
+servers serve otherwise.
 Reconciling on a timer, rather than reacting to one event, also repairs the
 consumer Celery re-creates after a broker reconnect.
 """
@@ -39,16 +41,25 @@ class HealthGate(bootsteps.StartStopStep):
             self.tref.cancel()
             self.tref = None
 
-    def desired_queues(self) -> set[str]:
+    def closed_because(self) -> str | None:
+        """Why nothing should be consumed now, or None."""
+        if not self.runtime.shards.storage.up:
+            return f"storage failing ({self.runtime.shards.storage.last_error})"
+        if not self.runtime.pool.any_usable():
+            return "no healthy server"
+        return None
+
+    def desired_queues(self, closed_because: str | None) -> set[str]:
         pool, prefix = self.runtime.pool, self.runtime.settings.queue_prefix
-        if not pool.any_usable():
+        if closed_because:
             return set()
         return {prefix} | {queue_for(prefix, model) for model in pool.healthy_models()}
 
     def reconcile(self, c) -> None:
         if c.task_consumer is None:
             return
-        desired = self.desired_queues()
+        why = self.closed_because()
+        desired = self.desired_queues(why)
         current = {q.name for q in c.task_consumer.queues}
         for name in sorted(desired - current):
             c.add_task_queue(name)
@@ -56,4 +67,4 @@ class HealthGate(bootsteps.StartStopStep):
             c.cancel_task_queue(name)
         if desired != current:
             log.warning("consuming from %s", ", ".join(sorted(desired)) or
-                        "nothing: no healthy server (prompts stay queued in Redis)")
+                        f"nothing: {why} (prompts stay queued in Redis)")

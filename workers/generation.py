@@ -4,12 +4,20 @@ The attempt loop lives here rather than in Celery retries: retries would go
 back through the broker with an ETA (and its visibility-timeout pitfalls),
 while a loop in the task thread keeps the prompt leased to this worker and can
 move it to another healthy server at once.
+
+Storage is never the prompt's fault: a prompt taken while the output storage
+fails goes back to the queue before it is generated, a finished sample waits
+for its shard while the writer retries, and a wait that outlasts
+`FLEET_SHARD_COMMIT_TIMEOUT` gives the prompt back (its sample withdrawn)
+rather than dead-lettering it. Only a sample the shard schema cannot hold
+(`BadSample`) is the prompt's own `bad_output`.
 """
 from __future__ import annotations
 
 import logging
 import random
 import time
+from concurrent.futures import TimeoutError as CommitTimeout
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 
@@ -17,7 +25,7 @@ from . import metrics
 from contract.codec import ids_to_b64
 from contract.deadletters import DeadLetter, DeadLetters
 from contract.ledger import Ledger
-from contract.names import Reason
+from contract.names import PromptState, Reason
 from contract.schema import Sample
 from contract.spec import RunSpec
 
@@ -25,6 +33,7 @@ from .answers import BadOutput, answer_cap, id_bound
 from .preflight import credentials_refusal
 from .runtime import Runtime
 from .servers import NoServer, ServerBinding
+from .shards import BadSample, StorageUnavailable
 from .sglang_client import (Generation, ServerRefused, ServerRejected, ServerUnavailable, TransientError,
                             generate)
 from .verify import Verdict, think_positions, verify
@@ -56,7 +65,7 @@ class Attempts:
 def process_prompt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int],
                    max_new_tokens: int | None = None) -> str:
     """Generate, verify and store one prompt; returns where it ended up."""
-    ledger = Ledger(rt.redis, spec.name)
+    _check_storage(rt, prompt_id)
     sampling = dict(spec.sampling)
     if max_new_tokens:
         sampling["max_new_tokens"] = max_new_tokens
@@ -75,22 +84,81 @@ def process_prompt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[
             metrics.VERIFY_FAILURES.labels(verdict.reason).inc()
             return bury(rt, _dead(rt, spec, prompt_id, prompt_ids, generation.sampling, tries,
                                    verdict.reason, verdict.message, generation))
-        row = _row(rt, spec, prompt_id, prompt_ids, tries, generation, verdict)
-        path = rt.shards.submit(spec.name, row).result()
-        ledger.mark_done(prompt_id, len(generation.output_ids))
-        metrics.PROMPTS.labels(spec.name, "stored").inc()
-        metrics.TOKENS.labels("prompt").inc(len(prompt_ids))
-        metrics.TOKENS.labels("output").inc(len(generation.output_ids))
-        return path
+        return _store(rt, spec, prompt_id, prompt_ids, tries, generation, verdict)
 
 
 def bury(rt: Runtime, letter: DeadLetter) -> str:
-    """Every dead letter goes through here: stored, counted in the metrics, logged."""
-    DeadLetters(rt.redis, letter.run).put(letter)
-    metrics.PROMPTS.labels(letter.run, "dead").inc()
+    """Every dead letter goes through here: stored unless the prompt is already done,
+    counted in the metrics, logged."""
+    found = DeadLetters(rt.redis, letter.run).put(letter)
+    if found == PromptState.DONE or found is None:
+        log.warning("prompt %s is %s: its %s failure (%s) is not dead-lettered", letter.id,
+                    "already stored" if found else "not in the ledger", letter.reason, letter.message)
+        return f"not dead-lettered: prompt is {found or 'unknown'}"
+    if found == PromptState.QUEUED:
+        metrics.PROMPTS.labels(letter.run, "dead").inc()
     metrics.DEAD_LETTERS.labels(letter.reason).inc()
     log.info("prompt %s dead-lettered: %s (%s)", letter.id, letter.reason, letter.message)
     return f"dead: {letter.reason}"
+
+
+def _check_storage(rt: Runtime, prompt_id: str) -> None:
+    """No generation whose sample could not be stored: the prompt goes back untouched."""
+    storage = rt.shards.storage
+    if not storage.up:
+        raise GiveBack(f"prompt {prompt_id} not started: storage failing since "
+                       f"{datetime.fromtimestamp(storage.since, timezone.utc):%H:%M:%S} UTC ({storage.last_error})")
+
+
+def _store(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], tries: Attempts,
+           generation: Generation, verdict: Verdict) -> str:
+    """Into a shard, then done in the ledger; a sample no shard can hold is the prompt's bad_output."""
+    row = _row(rt, spec, prompt_id, prompt_ids, tries, generation, verdict)
+    try:
+        path = _commit(rt, spec.name, prompt_id, row)
+    except BadSample as exc:
+        return bury(rt, _dead(rt, spec, prompt_id, prompt_ids, generation.sampling, tries,
+                              Reason.BAD_OUTPUT, f"its sample cannot be stored: {exc}", generation))
+    found = Ledger(rt.redis, spec.name).mark_done(prompt_id, len(generation.output_ids))
+    if found not in (PromptState.QUEUED, PromptState.DEAD):
+        log.warning("prompt %s stored again (it was %s); the ledger counts it once", prompt_id,
+                    found or "not in the ledger")
+        return path
+    metrics.PROMPTS.labels(spec.name, "stored").inc()
+    metrics.TOKENS.labels("prompt").inc(len(prompt_ids))
+    metrics.TOKENS.labels("output").inc(len(generation.output_ids))
+    return path
+
+
+def _commit(rt: Runtime, run: str, prompt_id: str, row: Sample) -> str:
+    """Wait for the shard that holds `row`, at most FLEET_SHARD_COMMIT_TIMEOUT at a time; past
+    that the sample is withdrawn and the prompt goes back to the queue, never to the dead
+    letters. A sample whose write has begun gets one more deadline before the prompt goes back."""
+    try:
+        future = rt.shards.submit(run, row)
+    except StorageUnavailable as exc:  # the worker is shutting down
+        raise GiveBack(str(exc)) from exc
+    timeout = rt.settings.shard_commit_timeout
+    for _ in range(2):
+        try:
+            return _wait(future, timeout)
+        except CommitTimeout:
+            if rt.shards.withdraw(future):
+                storage = rt.shards.storage
+                log.warning("prompt %s: no shard took its sample within %.0fs (storage %s, last error: %s); "
+                            "sample withdrawn, prompt given back", prompt_id, timeout,
+                            "up" if storage.up else "failing", storage.last_error or "none")
+                raise GiveBack(f"shard commit not done within {timeout:.0f}s") from None
+    log.warning("prompt %s: its shard write has not finished after %.0fs; prompt given back (its "
+                "sample may yet be stored: the ledger counts it once)", prompt_id, 2 * timeout)
+    raise GiveBack(f"shard commit not done within {2 * timeout:.0f}s")
+
+
+def _wait(future, timeout: float) -> str:
+    try:
+        return future.result(timeout)
+    except StorageUnavailable as exc:  # the writer closed while storage was failing
+        raise GiveBack(str(exc)) from exc
 
 
 def _attempt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], sampling: dict,

@@ -1,8 +1,9 @@
 """Prometheus metrics of one worker process (`FLEET_METRICS_PORT`, 0 to disable).
 
 Counters and histograms are updated where things happen; gauges that describe
-shared state (server health, in-flight requests, queue and dead-letter depth)
-are read when Prometheus scrapes, so they are never stale. Flower has no
+shared state (server health, in-flight requests, whether the output storage
+takes writes, queue and dead-letter depth) are read when Prometheus scrapes,
+so they are never stale. Flower has no
 queue-length metric on Redis, hence the queue gauges here.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ DEAD_LETTERS = Counter("fleet_dead_letters_total", "Prompts dead-lettered, by re
 RETRIES = Counter("fleet_retries_total", "Requests tried again, by kind (transient or unavailable).", ["kind"])
 SHARD_COMMITS = Counter("fleet_shard_commits_total", "Shard files made durable.")
 SHARD_ROWS = Counter("fleet_shard_rows_total", "Samples written into shards.")
+STORAGE_FAILURES = Counter("fleet_storage_failures_total", "Shard writes the output storage refused (retried).")
 
 
 class FleetCollector:
@@ -39,10 +41,18 @@ class FleetCollector:
             in_flight.add_metric([b.url], b.in_flight)
         yield up
         yield in_flight
+        yield self._storage()
         yield from self._depths()
 
+    def _storage(self):
+        storage = self.runtime.shards.storage
+        up = GaugeMetricFamily("fleet_storage_up", "1 when the last shard write (or probe) to OUTPUT_DIR "
+                               "worked; 0 while the worker holds its samples and takes no prompts.")
+        up.add_metric([], 1.0 if storage.up else 0.0)
+        return up
+
     def _depths(self):
-        from contract.keys import RunKeys
+        from contract.deadletters import DeadLetters
         from contract.spec import run_queues
 
         queue = GaugeMetricFamily("fleet_queue_depth", "Prompts waiting in the queue.", labels=["queue"])
@@ -51,7 +61,7 @@ class FleetCollector:
         try:
             queues = run_queues(client, prefix)
             for run in queues:
-                dead.add_metric([run], client.hlen(RunKeys(run).dead))
+                dead.add_metric([run], DeadLetters(client, run).count())
             for name in sorted({prefix, *queues.values()}):
                 queue.add_metric([name], client.llen(name))
         except Exception as exc:  # Redis restarting: report what we have

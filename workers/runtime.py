@@ -69,13 +69,14 @@ def _build(s: Settings, worker: str) -> Runtime:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     pool = ServerPool(s.server_urls, s.max_inflight_per_server)
     client = redis_for(s.redis_url)
+    shards = ShardWriter(s.output_dir, worker, s.shard_max_rows, s.shard_max_wait)
     monitor = HealthMonitor(pool, s, headers, after_round=lambda: heartbeats.publish(
-        client, worker, pool.snapshot(), ttl=3 * s.health_interval + s.health_timeout))
+        client, worker, pool.snapshot(), ttl=3 * s.health_interval + s.health_timeout,
+        storage=shards.storage.snapshot()))
     runtime = Runtime(
         settings=s, worker=worker, pool=pool, monitor=monitor,
         http=make_client(s.pool_size, s.connect_timeout, s.request_timeout, key),
-        redis=client,
-        shards=ShardWriter(s.output_dir, worker, s.shard_max_rows, s.shard_max_wait),
+        redis=client, shards=shards,
     )
     runtime.http.auth = monitor.client.auth = ServerCredentials(s.server_urls)  # bindings hold redacted URLs
     log.warning("worker %s bound to %s; broker %s; shards to %s; %d threads, %d in flight per server",

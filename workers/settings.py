@@ -67,6 +67,9 @@ class Settings(SharedSettings):
     # oldest sample has waited this long; tasks are acknowledged after.
     shard_max_rows: int = 1000
     shard_max_wait: float = 2.0
+    # The longest a finished sample waits for its shard (storage failing, say) before its
+    # prompt goes back to the queue (never to the dead letters).
+    shard_commit_timeout: float = 300.0
 
     # Prometheus metrics; the next free port is taken when several workers share a node.
     metrics_port: int = 9808

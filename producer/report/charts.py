@@ -99,7 +99,8 @@ def _length(name: str, label: str) -> Callable:
             line = canvas.ax.axvline(budget, color=PALETTE["budget"], linestyle="--", linewidth=1.2)
             canvas.mark([line])
             canvas.ax.annotate(f"max_new_tokens {budget:,}", (budget, 1), xycoords=("data", "axes fraction"),
-                               ha="right", va="top", color=PALETTE["budget"], fontsize=8)
+                               xytext=(-4, 0), textcoords="offset points", ha="right", va="top",
+                               color=PALETTE["budget"], fontsize=8)
         canvas.ax.set_xlabel(f"{label} (tokens); p50 {lengths['p50']:,}, p90 {lengths['p90']:,}, "
                              f"max {lengths['max']:,}")
         canvas.ax.set_ylabel("samples")
@@ -175,15 +176,18 @@ def _throughput(canvas: _Canvas, data: dict) -> None:
         return
     x, step, unit = _time_axis(width, len(samples))
     edges = np.append(x, x[-1] + step)
-    per_s = lambda values: np.append(np.asarray(values) / width, values[-1] / width)  # noqa: E731
-    (line,) = canvas.ax.step(edges, per_s(samples), where="post", color=PALETTE["stored"], label="samples/s")
-    twin = canvas.ax.twinx()
-    (line2,) = twin.step(edges, per_s(tokens), where="post", color=PALETTE["accent"], label="output tokens/s")
-    canvas.mark([line, line2])
-    canvas.ax.set_xlabel(f"time since the run began ({unit}); one step per {_duration(width)}")
-    canvas.ax.set_ylabel("samples/s", color=PALETTE["stored"])
-    twin.set_ylabel("output tokens/s", color=PALETTE["accent"])
-    twin.spines["top"].set_visible(False)
+    canvas.fig.clear()  # two panels on one time axis: samples/s above, output tokens/s below
+    top, bottom = canvas.fig.subplots(2, 1, sharex=True)
+    for ax, values, color, label in ((top, samples, PALETTE["stored"], "samples/s"),
+                                     (bottom, tokens, PALETTE["accent"], "output tokens/s")):
+        rate = np.asarray(values, dtype=float) / width
+        (line,) = ax.step(edges, np.append(rate, rate[-1]), where="post", color=color)
+        canvas.mark([line])
+        ax.set_ylabel(label)
+        ax.set_ylim(bottom=0)
+        for side in ("top", "right"):
+            ax.spines[side].set_visible(False)
+    bottom.set_xlabel(f"time since the run began ({unit}); one step per {_duration(width)}")
 
 
 def _server_throughput(canvas: _Canvas, data: dict) -> None:
@@ -196,8 +200,8 @@ def _server_throughput(canvas: _Canvas, data: dict) -> None:
     bars = canvas.ax.barh(y, rates, color=PALETTE["stored"])
     canvas.mark(b for b, r in zip(bars, rates) if r > 0)
     for yi, s in zip(y, servers):
-        canvas.ax.annotate(f" {s['samples']:,} samples, {s['output_tokens']:,} tokens", (s["tokens_per_s"], yi),
-                           va="center", fontsize=7)
+        canvas.ax.annotate(f"{s['samples']:,} samples, {s['output_tokens']:,} tokens", (s["tokens_per_s"], yi),
+                           xytext=(4, 0), textcoords="offset points", va="center", fontsize=7)
     canvas.ax.set_xlim(0, max(max(rates), 1e-9) * 1.5)
     canvas.ax.set_yticks(y, [s["server"] for s in servers])
     canvas.ax.invert_yaxis()
@@ -265,8 +269,9 @@ def _quality(canvas: _Canvas, data: dict) -> None:
     canvas.mark([dots])
     caught = data["quality"]["dead_lettered"]
     for yi, key in zip(y, labels):
-        note = f"  {counts[key]:,} of {rows:,} stored" + (f"; {caught[key]:,} dead-lettered" if caught[key] else "")
-        canvas.ax.annotate(note, (100 * shares[key], yi), va="center", fontsize=7)
+        note = f"{counts[key]:,} of {rows:,} stored" + (f"; {caught[key]:,} dead-lettered" if caught[key] else "")
+        canvas.ax.annotate(note, (100 * shares[key], yi), xytext=(5, 0), textcoords="offset points", va="center",
+                           fontsize=7)
     canvas.ax.set_yticks(y, list(labels.values()))
     canvas.ax.invert_yaxis()
     canvas.ax.set_xlim(-0.2, max(5.0, float(values.max()) * 1.3))

@@ -28,7 +28,7 @@ header{padding-top:16px}h1{font-size:22px;margin:8px 0}h1 code{font-size:22px}h2
 .charts{display:grid;grid-template-columns:repeat(auto-fill,minmax(620px,1fr));gap:14px}
 figure.chart{background:#fff;border:1px solid #ddd;border-radius:6px;margin:0;padding:10px 12px}
 figure.chart h3{margin:0;font-size:15px}figure.chart p.healthy{margin:2px 0 6px;color:#2e7d32;font-size:12.5px}
-figure.chart svg{width:100%;height:auto}
+figure.chart svg{width:100%;height:auto}.pair{display:flex;flex-wrap:wrap;gap:14px;align-items:flex-start}
 table{border-collapse:collapse;background:#fff;margin:6px 0}td,th{border:1px solid #ddd;padding:4px 8px;
 text-align:left;vertical-align:top;font-size:13px}th{background:#f0f0f0}td.n{text-align:right}
 code{font-size:12.5px}details{background:#fff;border:1px solid #ddd;border-radius:6px;margin:6px 0;padding:6px 10px}
@@ -101,7 +101,7 @@ def _identity(spec: RunSpec, data: dict) -> str:
         seen.append(f"<tr><th>{_e(column)}</th><td>{cells}</td></tr>")
     return ("<h2>Identity</h2><p class='healthy sub'>Healthy: the shards hold one tokenizer and one template "
             "fingerprint, both the spec's, and the spec's sampling (a larger max_new_tokens only on requeued "
-            "prompts).</p><div class='charts'><table><tr><th colspan='2'>the run's spec</th></tr>"
+            "prompts).</p><div class='pair'><table><tr><th colspan='2'>the run's spec</th></tr>"
             f"{spec_table}</table><table data-table='consistency'><tr><th colspan='2'>values in the shards "
             f"(samples)</th></tr>{''.join(seen)}</table></div>")
 

@@ -1,8 +1,8 @@
 """Reading a run for its report: shards as record batches, dead letters one at a time.
 
 Memory stays bounded by one batch of one shard, whatever the run's size: the
-shards are scanned as a pyarrow dataset, a few hundred rows at a time, with
-only the columns the figures need and no read-ahead beyond the next batch;
+shards are read one file at a time as pyarrow record batches of a few hundred
+rows, with only the columns the figures need and no read-ahead;
 dead letters come from Redis by HSCAN, a page at a time. Nothing here builds a
 list of the run's samples.
 """
@@ -12,6 +12,7 @@ from typing import Iterator
 
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 import redis
 
 from contract.deadletters import DeadLetter, DeadLetters
@@ -34,13 +35,17 @@ def run_dataset(output_dir: str, run: str) -> ds.Dataset | None:
 
 def shard_batches(output_dir: str, run: str, columns: tuple[str, ...] = COLUMNS,
                   batch_rows: int = BATCH_ROWS) -> Iterator[pa.RecordBatch]:
-    dataset = run_dataset(output_dir, run)
-    if dataset is None:
-        return
-    for batch in dataset.to_batches(columns=list(columns), batch_size=batch_rows,
-                                    batch_readahead=1, fragment_readahead=1):
-        if batch.num_rows:
-            yield batch
+    """Each shard in name order, `batch_rows` rows at a time, only `columns`.
+
+    One file at a time on this thread: a dataset scanner reads ahead on its own
+    threads, and on a slow consumer (the hashing) it buffered ~all the run's
+    compressed bytes before the consumer caught up.
+    """
+    for path in shard_files(output_dir, run):
+        with pq.ParquetFile(path) as shard:
+            for batch in shard.iter_batches(batch_size=batch_rows, columns=list(columns), use_threads=False):
+                if batch.num_rows:
+                    yield batch
 
 
 def dead_letters(client: redis.Redis, run: str) -> Iterator[DeadLetter]:

@@ -56,9 +56,9 @@ def run_demo(prompts: Path | None, workdir: Path, console: Console) -> int:
                                "--run", RUN], env={**os.environ, **env})
         _print_result(report, env["OUTPUT_DIR"], workdir, seconds, console)
         page = workdir / "report.html"
-        subprocess.check_call([sys.executable, "-m", "producer", "report", "--run", RUN, "--out", str(page)],
-                              env={**os.environ, **env}, stdout=subprocess.DEVNULL)
-        console.print(f"report (open it in a browser): {page}")
+        code = subprocess.call([sys.executable, "-m", "producer", "report", "--run", RUN, "--out", str(page)],
+                               env={**os.environ, **env}, stdout=subprocess.DEVNULL)
+        console.print(f"report (open it in a browser): {page}" if code == 0 else f"[red]report failed ({code})[/red]")
     return 0 if report["finished"] else 1
 
 

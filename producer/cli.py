@@ -363,5 +363,41 @@ def demo(prompts: Optional[Path] = typer.Option(None, help="Default: the bundled
     raise typer.Exit(run_demo(prompts, workdir, out))
 
 
+@app.command()
+def report(run: Optional[str] = RunOpt,
+           out_path: Path = typer.Option(Path("report.html"), "--out", help="Where to write the page."),
+           trust_remote_code: bool = typer.Option(False, help="Needed to load tokenizers such as Kimi-K2.5's."),
+           redis_url: Optional[str] = RedisOpt) -> None:
+    """One self-contained HTML page about a run: lengths, finishes, dead letters, speed, servers, examples."""
+    settings, client = _connect(redis_url)
+    from .report import build_report
+
+    spec = _spec(client, run)
+    data = build_report(client, spec, settings.output_dir, settings.queue_prefix, out_path, trust_remote_code)
+    out.print(f"report of run {spec.name!r} ({data['samples']['unique_ids']} samples, "
+              f"{data['dead_letters']['total']} dead letters): {out_path.resolve()}")
+
+
+@app.command()
+def show(prompt_id: str = typer.Argument(..., metavar="ID"), run: Optional[str] = RunOpt,
+         ids: bool = typer.Option(False, "--ids", help="Also list every token: position, id, text."),
+         trust_remote_code: bool = typer.Option(False, help="Needed to load tokenizers such as Kimi-K2.5's."),
+         redis_url: Optional[str] = RedisOpt) -> None:
+    """One stored sample (or dead letter) decoded: prompt, reasoning, answer, special tokens, provenance."""
+    settings, client = _connect(redis_url)
+    from contract.deadletters import DeadLetters
+
+    from .show import find_samples, letter_view, load_decoder, render_text, sample_view
+
+    spec = _spec(client, run)
+    rows = find_samples(settings.output_dir, spec.name, [prompt_id]).get(prompt_id)
+    letter = None if rows else DeadLetters(client, spec.name).get(prompt_id)
+    if not rows and letter is None:
+        err.print(f"[red]no sample or dead letter with id {prompt_id!r} in run {spec.name!r}[/red]")
+        raise typer.Exit(1)
+    shown = sample_view(rows, spec) if rows else letter_view(letter, spec)
+    sys.stdout.write(render_text(shown, load_decoder(spec, trust_remote_code), with_ids=ids))
+
+
 def main() -> None:
     app()

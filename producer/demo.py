@@ -4,7 +4,8 @@ Starts what is not configured (a Redis-compatible server when `REDIS_URL` is
 unset, two SGLang stand-ins when `SGLANG_URLS` is unset), a real Celery
 worker, enqueues the bundled example prompts with the bundled tokenizer, waits
 for every prompt to be stored or dead-lettered, exports the dataset and prints
-what a user would check.
+what a user would check, and ends by writing the run's report page
+(`python -m producer report`) into the work directory.
 """
 from __future__ import annotations
 
@@ -54,6 +55,10 @@ def run_demo(prompts: Path | None, workdir: Path, console: Console) -> int:
         subprocess.check_call([sys.executable, "-m", "producer", "export", str(workdir / "export"),
                                "--run", RUN], env={**os.environ, **env})
         _print_result(report, env["OUTPUT_DIR"], workdir, seconds, console)
+        page = workdir / "report.html"
+        code = subprocess.call([sys.executable, "-m", "producer", "report", "--run", RUN, "--out", str(page)],
+                               env={**os.environ, **env}, stdout=subprocess.DEVNULL)
+        console.print(f"report (open it in a browser): {page}" if code == 0 else f"[red]report failed ({code})[/red]")
     return 0 if report["finished"] else 1
 
 

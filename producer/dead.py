@@ -6,7 +6,7 @@ from typing import Callable
 import redis
 
 from contract.codec import b64_to_ids, pack_ids
-from contract.deadletters import DeadLetter, DeadLetters
+from contract.deadletters import DeadLetter
 from contract.keys import queue_for
 from contract.ledger import Ledger
 from contract.publish import publish_prompts
@@ -19,14 +19,10 @@ def requeue(client: redis.Redis, app, spec: RunSpec, letters: list[DeadLetter], 
     if not letters:
         return 0
     queue = queue_for(queue_prefix, spec.served_model)
-    ledger, store = Ledger(client, spec.name), DeadLetters(client, spec.name)
+    ledger = Ledger(client, spec.name)
     for start in range(0, len(letters), 500):
         chunk = letters[start:start + 500]
-        with client.pipeline(transaction=False) as pipe:
-            ledger.mark_queued(pipe, {d.id: pack_ids(b64_to_ids(d.prompt_b64)) for d in chunk}, 0,
-                               count_as_new=False)
-            pipe.hdel(store.keys.dead, *[d.id for d in chunk])
-            pipe.execute()
+        ledger.requeue({d.id: pack_ids(b64_to_ids(d.prompt_b64)) for d in chunk})  # dead -> queued, letters go
         publish_prompts(app, spec.name, queue, [
             (d.id, d.prompt_tokens, max_new_tokens or d.sampling.get("max_new_tokens")) for d in chunk])
         if on_progress:

@@ -136,7 +136,7 @@ def _write_export(spec: RunSpec, client: redis.Redis, output_dir: str, folder: P
         "left_out": dict(sorted(left_out.items())),  # stored rows whose id is not done: dead, queued, missing
         "source_shards": len(sources),
         "dead_letters": DeadLetters(client, spec.name).stats(),
-        "ledger": ledger.counts(),
+        "ledger": _ledger_counts(ledger),
         "files": files,
         "tokenizer": spec.tokenizer,
         "tokenizer_fingerprint": spec.tokenizer_fingerprint,
@@ -149,6 +149,14 @@ def _write_export(spec: RunSpec, client: redis.Redis, output_dir: str, folder: P
     _write_atomically(folder / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True).encode())
     _fsync_dir(folder)
     return manifest
+
+
+def _ledger_counts(ledger: Ledger) -> dict[str, int]:
+    """Prompts by state, as the ledger's transitions keep them (no scan of the run)."""
+    tally = ledger.tally()
+    if not tally.exact:  # a run enqueued by a version that kept no counts by state
+        return ledger.counts()
+    return {state: n for state, n in (("queued", tally.queued), ("done", tally.done), ("dead", tally.dead)) if n}
 
 
 def _states(ledger: Ledger, ids: list[str]) -> list[str | None]:

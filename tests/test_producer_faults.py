@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pyarrow.dataset as pads
+import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import redis
@@ -171,13 +172,13 @@ def test_exporting_again_into_the_same_folder_leaves_each_done_id_once(fleet, tm
     run_dir = fleet.output_dir / "default"
     shards = sorted(run_dir.glob("*.parquet"))
     shutil.copy(shards[0], run_dir / "zz-redelivered-copy.parquet")
-    # a stored prompt is dead-lettered afterwards (a redelivery of it that failed),
-    buried = pq.read_table(shards[-1], columns=["id"]).column("id")[0].as_py()
-    from contract.deadletters import DeadLetter, DeadLetters
-
-    DeadLetters(redis.Redis.from_url(fleet.redis_url), "default").put(DeadLetter(
-        id=buried, run="default", reason="worker_error", message="a redelivery failed", attempts=1,
-        servers=[], worker="test", prompt_b64="", prompt_tokens=0, sampling={}))
+    # and a shard holds a sample of a prompt the ledger says is dead (its sample was written,
+    # then a redelivery failed before it was marked done: the ledger never lets a done
+    # prompt be dead-lettered, so the orphan row is the only trace)
+    buried = next(i for i, s in _ledger_states(fleet).items() if s == "dead")
+    orphan = pq.read_table(shards[0]).slice(0, 1)
+    orphan = orphan.set_column(orphan.schema.get_field_index("id"), "id", pa.array([buried]))
+    pq.write_table(orphan, run_dir / "zz-orphan.parquet")
     # and the run is exported again into the same folder, in one file
     result = fleet.producer("export", str(dest))
 

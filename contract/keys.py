@@ -25,6 +25,8 @@ class RunKeys:
         self.dead = f"{base}:dead"          # hash: prompt id -> dead letter JSON
         self.counters = f"{base}:counters"  # hash: enqueued, done, dead, tokens_in, tokens_out, ...
         self.crashes = f"{base}:crashes"    # hash: prompt id -> unexpected task failures
+        # hash: prompt id -> the workers it was delivered to, one name a line, while unfinished
+        self.deliveries = f"{base}:deliveries"
         self.minutes = f"{base}:minutes"    # hash: "<minute>:samples|tokens" -> count, for rates
         # hash: prompt id -> packed token ids (codec.py), while not done or dead. Named
         # `ids`, not `prompts` as when it held int32: no version reads the other's bytes.

@@ -74,7 +74,8 @@ def settle(client, held: dict[str, Delivery], tags: Iterable[str]) -> None:
 
 
 class Leases:
-    """One round at a time: renew what is held, settle what is finished, drop what is overdue."""
+    """One round at a time: renew what is held, settle what is finished, drop what is overdue.
+    `decide` is the whole policy, without I/O; `round` reads the ledger and writes the leases."""
 
     def __init__(self, client, limit: float, clock: Callable[[], float] = time.monotonic):
         self.client, self.limit, self.clock = client, limit, clock
@@ -82,19 +83,24 @@ class Leases:
         self._finished: set[str] = set()
         self._overdue: set[str] = set()
 
-    def round(self, held: dict[str, Delivery]) -> int:
+    def decide(self, held: Iterable[str], finished_now: set[str]) -> tuple[set[str], list[str], set[str]]:
+        """(tags to settle, tags to renew, tags newly overdue) for this round. A tag is settled when
+        its prompt was finished in this round and the one before; it is overdue once held longer
+        than the limit, and then never renewed again."""
         now = self.clock()
+        held = list(held)
         self._since = {tag: self._since.get(tag, now) for tag in held}
-        done = finished(self.client, held.values())
-        settled, self._finished = done & self._finished, done
-        settle(self.client, held, settled)
+        settled, self._finished = finished_now & self._finished, set(finished_now)
         overdue = {tag for tag, since in self._since.items() if now - since > self.limit}
-        for tag in sorted(overdue - self._overdue):
-            d = held[tag]
+        newly, self._overdue = overdue - self._overdue, overdue
+        return settled, [t for t in held if t not in settled and t not in overdue], newly
+
+    def round(self, held: dict[str, Delivery]) -> int:
+        settled, live, newly_overdue = self.decide(held, finished(self.client, held.values()))
+        settle(self.client, held, settled)
+        for tag in sorted(newly_overdue):
             log.warning("prompt %s of run %s held for over %.0fs: its lease is left to run out",
-                        d.prompt_id, d.run, self.limit)
-        self._overdue = overdue
-        live = [tag for tag in held if tag not in settled and tag not in overdue]
+                        held[tag].prompt_id, held[tag].run, self.limit)
         kombu_redis.renew(self.client, live, time.time())
         return len(live)
 

@@ -17,10 +17,11 @@ bystander waits its turn uncounted and finishes, while the poison prompt, when
 its turn comes, kills its worker once more, with no other last-chance prompt
 beside it, and is dead-lettered at its next delivery.
 
-A delivery that ends cleanly without a result is not the prompt's fault and is
-taken back (`undo`): no healthy server (the task gives the prompt back) and a
-SIGTERM hand-back. So a server outage or a rolling restart never poisons a
-good prompt. A finished prompt's record is dropped (`clear`), so Redis keeps
+A delivery that ends without its worker dying is taken back (`undo`): no
+healthy server (the task gives the prompt back), a SIGTERM hand-back, and an
+unexpected error, which `FLEET_MAX_CRASHES` counts instead. So a server outage
+or a rolling restart never poisons a good prompt, and what is left counted is
+deliveries whose worker died holding them. A finished prompt's record is dropped (`clear`), so Redis keeps
 one only for prompts in flight, and a requeued dead letter starts afresh.
 
 One hash per run (`RunKeys.deliveries`): prompt id -> the workers it was
@@ -29,9 +30,13 @@ is one Lua script, so concurrent deliveries of one prompt never lose a line.
 """
 from __future__ import annotations
 
+import logging
+
 import redis
 
 from contract.keys import RunKeys
+
+log = logging.getLogger(__name__)
 
 _NOTE = """
 local held = redis.call('HGET', KEYS[1], ARGV[1])
@@ -61,8 +66,12 @@ def note(client: redis.Redis, run: str, prompt_id: str, worker: str) -> list[str
 
 
 def undo(client: redis.Redis, run: str, prompt_id: str, worker: str) -> None:
-    """Take back `worker`'s latest delivery: it ended without a fault of the prompt's."""
-    client.eval(_UNDO, 1, RunKeys(run).deliveries, prompt_id, worker)
+    """Take back `worker`'s latest delivery: it ended without its worker dying. Best effort: it is
+    called on the way out of a failure, and a delivery left counted only errs towards caution."""
+    try:
+        client.eval(_UNDO, 1, RunKeys(run).deliveries, prompt_id, worker)
+    except redis.RedisError as exc:
+        log.warning("could not take back a delivery of prompt %s of run %s: %r", prompt_id, run, exc)
 
 
 def clear(client: redis.Redis, run: str, prompt_id: str) -> None:

@@ -77,6 +77,8 @@ def generate(self, run: str, prompt_id: str, max_new_tokens: int | None = None) 
         if HANDING_BACK.is_set():
             raise Reject(f"cut short by shutdown: {exc!r}", requeue=True) from exc
         log.exception("prompt %s of run %s failed unexpectedly", prompt_id, run)
+        if noted:  # a crash is counted as a crash, not as a delivery its worker died with
+            deliveries.undo(rt.redis, run, prompt_id, rt.worker)
         crashes = rt.redis.hincrby(RunKeys(run).crashes, prompt_id, 1)
         if crashes < rt.settings.max_crashes or raw is None or ledger.state(prompt_id) == PromptState.DONE:
             raise Reject(f"requeued after {exc!r}", requeue=True) from exc

@@ -52,6 +52,7 @@ def get_runtime(settings: Settings, worker: str | None = None) -> Runtime:
     with _lock:
         if _runtime is None:
             _runtime = _build(settings, worker or socket.gethostname())
+            _warn_if_redis_may_forget(_runtime.redis, settings.redis_url)
         return _runtime
 
 
@@ -79,7 +80,6 @@ def _build(s: Settings, worker: str) -> Runtime:
     log.warning("worker %s bound to %s; broker %s; shards to %s; %d threads, %d in flight per server",
                 worker, ", ".join(s.server_urls), redact_url(s.redis_url), s.output_dir,
                 s.pool_size, s.max_inflight_per_server)
-    _warn_if_redis_may_forget(client, s.redis_url)
     monitor.start()
     metrics.serve(runtime, s.metrics_port)
     return runtime

@@ -24,6 +24,10 @@ or a rolling restart never poisons a good prompt, and what is left counted is
 deliveries whose worker died holding them. A finished prompt's record is dropped (`clear`), so Redis keeps
 one only for prompts in flight, and a requeued dead letter starts afresh.
 
+A delivery is taken back only by the process that counted it, and at most once
+(`Started`): a worker restarted under the same name must not erase the record
+of its predecessor's death.
+
 One hash per run (`RunKeys.deliveries`): prompt id -> the workers it was
 delivered to, one name a line; the count is the number of lines. Each update
 is one Lua script, so concurrent deliveries of one prompt never lose a line.
@@ -31,6 +35,8 @@ is one Lua script, so concurrent deliveries of one prompt never lose a line.
 from __future__ import annotations
 
 import logging
+import threading
+from collections import Counter
 
 import redis
 
@@ -88,3 +94,38 @@ def _names(raw: bytes | str | None) -> list[str]:
         return []
     text = raw.decode() if isinstance(raw, bytes) else raw
     return [name for name in text.split("\n") if name]
+
+
+class Started:
+    """The deliveries this process counted and has not settled yet, so that each is taken back
+    at most once, and only by the process that counted it (the task, or the SIGTERM hand-back)."""
+
+    def __init__(self) -> None:
+        self._mine: Counter[tuple[str, str]] = Counter()
+        self._lock = threading.Lock()
+
+    def start(self, client: redis.Redis, run: str, prompt_id: str, worker: str) -> None:
+        note(client, run, prompt_id, worker)
+        with self._lock:
+            self._mine[(run, prompt_id)] += 1
+
+    def take_back(self, client: redis.Redis, run: str, prompt_id: str, worker: str) -> None:
+        if self._settle(run, prompt_id):
+            undo(client, run, prompt_id, worker)
+
+    def finish(self, client: redis.Redis, run: str, prompt_id: str) -> None:
+        self._settle(run, prompt_id)
+        clear(client, run, prompt_id)
+
+    def _settle(self, run: str, prompt_id: str) -> bool:
+        with self._lock:
+            if self._mine[(run, prompt_id)] <= 0:
+                self._mine.pop((run, prompt_id), None)
+                return False
+            self._mine[(run, prompt_id)] -= 1
+            if not self._mine[(run, prompt_id)]:
+                del self._mine[(run, prompt_id)]
+            return True
+
+
+STARTED = Started()

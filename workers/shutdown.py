@@ -123,7 +123,7 @@ def settle_held(c, rt) -> tuple[int, int]:
     for d in back:
         kombu_redis.mark_acked(d.qos, d.tag)
         if d.run is not None and d.prompt_id is not None:
-            deliveries.undo(rt.redis, d.run, d.prompt_id, rt.worker)
+            deliveries.STARTED.take_back(rt.redis, d.run, d.prompt_id, rt.worker)
     return len(done), len(back)
 
 

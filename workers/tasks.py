@@ -37,6 +37,7 @@ from contract.ledger import Ledger
 from contract.names import PromptState, Reason
 
 from . import deliveries
+from .deliveries import STARTED
 from .generation import GiveBack, bury, process_prompt
 from .lease import hold_limit
 from .runtime import Runtime, get_runtime
@@ -53,7 +54,6 @@ def generate(self, run: str, prompt_id: str, max_new_tokens: int | None = None) 
     rt = get_runtime(self.app.fleet_settings)
     ledger = Ledger(rt.redis, run)
     raw = None
-    noted = False
     try:
         raw = ledger.payload(prompt_id)
         if raw is None:
@@ -62,23 +62,21 @@ def generate(self, run: str, prompt_id: str, max_new_tokens: int | None = None) 
         if len(before) > rt.settings.max_deliveries:
             return _bury_poison(rt, run, prompt_id, raw, max_new_tokens, before)
         with _alone_if(len(before) == rt.settings.max_deliveries, rt):
-            deliveries.note(rt.redis, run, prompt_id, rt.worker)
-            noted = True
+            STARTED.start(rt.redis, run, prompt_id, rt.worker)
             spec = cached_spec(rt.settings.redis_url, run)
             with _COMMITTING.counted(rt) as task_rt:
                 outcome = process_prompt(task_rt, spec, prompt_id, unpack_ids(raw), max_new_tokens)
-        deliveries.clear(rt.redis, run, prompt_id)
+        STARTED.finish(rt.redis, run, prompt_id)
         return outcome
     except GiveBack as exc:
-        if noted:
-            deliveries.undo(rt.redis, run, prompt_id, rt.worker)
+        STARTED.take_back(rt.redis, run, prompt_id, rt.worker)
         raise Reject(str(exc), requeue=True) from exc
     except Exception as exc:
+        # Its worker did not die: not a delivery to count (a crash is counted as a crash).
+        STARTED.take_back(rt.redis, run, prompt_id, rt.worker)
         if HANDING_BACK.is_set():
             raise Reject(f"cut short by shutdown: {exc!r}", requeue=True) from exc
         log.exception("prompt %s of run %s failed unexpectedly", prompt_id, run)
-        if noted:  # a crash is counted as a crash, not as a delivery its worker died with
-            deliveries.undo(rt.redis, run, prompt_id, rt.worker)
         crashes = rt.redis.hincrby(RunKeys(run).crashes, prompt_id, 1)
         if crashes < rt.settings.max_crashes or raw is None or ledger.state(prompt_id) == PromptState.DONE:
             raise Reject(f"requeued after {exc!r}", requeue=True) from exc

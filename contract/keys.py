@@ -30,6 +30,8 @@ class RunKeys:
         # by versions before the state counts (samples stored, duplicates included).
         self.counters = f"{base}:counters"
         self.crashes = f"{base}:crashes"    # hash: prompt id -> unexpected task failures
+        # hash: prompt id -> the workers it was delivered to, one name a line, while unfinished
+        self.deliveries = f"{base}:deliveries"
         self.minutes = f"{base}:minutes"    # hash: "<minute>:samples|tokens" -> count, for rates
         # hash: prompt id -> packed token ids (codec.py), while not done or dead. Named
         # `ids`, not `prompts` as when it held int32: no version reads the other's bytes.

@@ -1,24 +1,34 @@
 """The one door to kombu's Redis transport internals.
 
 The fleet needs a few things kombu does not expose: the deliveries a channel
-still holds (to renew their leases and hand them back), the sorted set that
-scores them, the hash of unacknowledged messages (for the lost-message audit),
-the priority sub-lists of a queue, and the transport behind a connection
-(to keep late acks working across a broker reconnect). Each is read here and
-nowhere else, with the kombu version it was read from; `check()` fails loudly
-when an upgrade moves one of them (`tests/specs/test_kombu_redis.py` calls it).
+still holds (to renew their leases, acknowledge them and hand them back), the
+sorted set that scores them, the hash of unacknowledged messages (for the
+lost-message audit), the priority sub-lists of a queue, and a way to keep a
+channel's deliveries when the channel closes because its connection was lost
+(`detach`). Each is read here and nowhere else, with the kombu version it was
+read from; `check()` fails loudly when an upgrade moves one of them
+(`tests/specs/test_broker_faults.py` calls it).
 
 Read from kombu 5.7.0: `kombu/transport/redis.py` (`Channel.sep`,
-`unacked_key`, `unacked_index_key`, `PRIORITY_STEPS`, `QoS.restore_unacked`,
-`QoS.append` storing `[message._raw, exchange, routing_key]`) and
+`unacked_key`, `unacked_index_key`, `PRIORITY_STEPS`; `QoS.append` storing
+`[message._raw, exchange, routing key]` under the delivery tag in `unacked`
+and the fetch time in `unacked_index`; `QoS.ack` -> `_remove_from_indices`
+(ZREM + HDEL by tag); `QoS.restore_by_tag` (a WATCH transaction, so a tag is
+restored at most once); `QoS.restore_visible`, the sweep that restores every
+tag scored older than `visibility_timeout`) and
 `kombu/transport/virtual/base.py` (`QoS._delivered`, an OrderedDict of
-delivery tag -> message; `QoS._dirty`, the tags acked but not yet flushed).
+delivery tag -> message; `QoS._dirty`, the tags acked but not yet flushed, the
+way kombu lets other threads ack; `Channel.close` -> `QoS.restore_unacked_once`
+-> `restore_unacked`, guarded by `restore_at_shutdown`). Delivery tags are
+global in Redis (uuids in the `unacked` hash and `unacked_index` set, shared
+by every channel), so any client can renew, acknowledge or expire any tag.
 """
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from types import SimpleNamespace
-from typing import Any, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 READ_FROM = "5.7.0"
 UNACKED = "unacked"               # hash: delivery tag -> JSON [message, exchange, routing key]
@@ -40,41 +50,96 @@ def queue_depth(client, queue: str) -> int:
         return sum(int(n) for n in pipe.execute())
 
 
-def held_tags(channel) -> list[str]:
-    """Delivery tags the channel holds and has not acknowledged."""
-    qos = channel.qos
+def held(qos) -> dict[str, Any]:
+    """Delivery tag -> kombu message, for what a channel's QoS holds and has not acknowledged."""
     for _ in range(3):
         try:
-            return [tag for tag in list(qos._delivered) if tag not in qos._dirty]
-        except RuntimeError:  # changed size during iteration (a task thread acked): again
+            dirty = set(qos._dirty)
+            return {tag: m for tag, m in list(qos._delivered.items()) if tag not in dirty}
+        except RuntimeError:  # changed size during iteration (a thread acked): again
             continue
-    return []
+    return {}
 
 
-def held_count(channel) -> int:
+def qos_of(channel) -> Any | None:
+    """The QoS that holds a channel's deliveries (None before it consumed anything)."""
+    return getattr(channel, "_qos", None)
+
+
+def mark_acked(qos, tag: str) -> None:
+    """Tell a QoS a tag is settled, as kombu's own ack does from any thread."""
+    qos._dirty.add(tag)
+
+
+def renew(client, tags: Iterable[str], at: float) -> None:
+    """Re-score leases that still exist (XX: never resurrect an acknowledged tag)."""
+    tags = list(tags)
+    if tags:
+        client.zadd(UNACKED_INDEX, {tag: at for tag in tags}, xx=True)
+
+
+def ack(client, tags: Iterable[str]) -> None:
+    """Acknowledge by tag, as `QoS.ack` -> `_remove_from_indices` does."""
+    tags = list(tags)
+    if tags:
+        with client.pipeline() as pipe:
+            pipe.zrem(UNACKED_INDEX, *tags)
+            pipe.hdel(UNACKED, *tags)
+            pipe.execute()
+
+
+def expire(client, tags: Iterable[str]) -> None:
+    """Hand deliveries back through kombu's own sweep: a lease scored 0 has run out, so the
+    next `restore_visible` of any live worker restores it, once (its WATCH transaction)."""
+    renew(client, tags, 0.0)
+
+
+def restore(channel, tags: Iterable[str]) -> None:
+    """Put deliveries back on their queue now, through a live channel's kombu restore."""
     qos = channel.qos
-    return len(qos._delivered) - len(qos._dirty)
+    for tag in tags:
+        qos.restore_by_tag(tag)
 
 
-def index_key(channel) -> str:
-    """The sorted set whose scores are the leases of this channel's deliveries."""
-    return channel.unacked_index_key
+def detach(channel, on_ack: Callable[[str], None], on_requeue: Callable[[str], None]) -> Any | None:
+    """Keep a channel's deliveries when it closes: its QoS restores nothing at close (nor when
+    collected), and an ack or reject of one of its messages calls `on_ack(tag)` or, for a
+    reject with requeue, `on_requeue(tag)`, instead of using the closed channel. Returns the
+    QoS, whose `held` deliveries the caller now owns."""
+    qos = qos_of(channel)
+    if qos is None:
+        return None
+    if not hasattr(qos, "fleet_on_ack"):  # detached once is enough
+        qos.__class__ = _detached_class(type(qos))
+    qos.fleet_on_ack, qos.fleet_on_requeue = on_ack, on_requeue
+    return qos
 
 
-def restore_held(channel) -> None:
-    """Put every delivery the channel holds back on its queue (kombu's own restore)."""
-    channel.qos.restore_unacked()
+@lru_cache(maxsize=4)
+def _detached_class(base: type) -> type:
+    class DetachedQoS(base):
+        """A closed channel's QoS whose deliveries a live worker still runs."""
+        restore_at_shutdown = False
 
+        def ack(self, delivery_tag):
+            self.fleet_on_ack(delivery_tag)
+            self._dirty.add(delivery_tag)
 
-def transport_of(connection) -> Any:
-    """The transport object behind a kombu connection, if one was made."""
-    return getattr(connection, "_transport", None)
+        def reject(self, delivery_tag, requeue=False):
+            (self.fleet_on_requeue if requeue else self.fleet_on_ack)(delivery_tag)
+            self._dirty.add(delivery_tag)
 
+        def restore_unacked(self, client=None):
+            return []
 
-def reattach(transport, connection) -> None:
-    """Let channels of a dropped transport still build Redis clients (for late acks)."""
-    if transport is not None and getattr(transport, "client", None) is None:
-        transport.client = connection
+        def restore_unacked_once(self, stderr=None):
+            self._on_collect.cancel()
+
+        def restore_visible(self, *args, **kwargs):
+            return None
+
+    DetachedQoS.__name__ = f"Detached{base.__name__}"
+    return DetachedQoS
 
 
 def unacked_messages(client) -> Iterator[dict]:
@@ -103,10 +168,14 @@ def check() -> list[str]:
                             f"not {expected!r}")
     if tuple(getattr(kredis, "PRIORITY_STEPS", ())) != PRIORITY_STEPS:
         problems.append(f"kombu.transport.redis.PRIORITY_STEPS is {getattr(kredis, 'PRIORITY_STEPS', None)!r}")
-    if not callable(getattr(kredis.QoS, "restore_unacked", None)):
-        problems.append("kombu.transport.redis.QoS.restore_unacked is gone")
+    for name in ("restore_unacked", "restore_unacked_once", "restore_by_tag", "restore_visible", "ack",
+                 "reject", "_remove_from_indices"):
+        if not callable(getattr(kredis.QoS, name, None)):
+            problems.append(f"kombu.transport.redis.QoS.{name} is gone")
+    if not hasattr(kredis.QoS, "restore_at_shutdown"):
+        problems.append("kombu.transport.redis.QoS.restore_at_shutdown is gone")
     qos = base.QoS(channel=SimpleNamespace(do_restore=False), prefetch_count=1)
-    for name in ("_delivered", "_dirty"):
+    for name in ("_delivered", "_dirty", "_on_collect"):
         if not hasattr(qos, name):
             problems.append(f"kombu.transport.virtual.base.QoS has no {name}")
     return problems

@@ -33,6 +33,7 @@ class Reason(_Name):
     SERVER_REJECTED = "server_rejected"
     PROMPT_TOO_LONG = "prompt_too_long"
     WORKER_ERROR = "worker_error"
+    POISON = "poison"   # delivered FLEET_MAX_DELIVERIES times, and each worker died holding it
 
 
 THINK_RULES = (Reason.THINK_START_IN_OUTPUT, Reason.MISSING_THINK_START, Reason.MISSING_THINK_END,

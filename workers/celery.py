@@ -42,6 +42,9 @@ app = celery_app(
     worker_pool="threads",
     worker_concurrency=settings.pool_size,
     broker_connection_max_retries=None,
+    # Tasks keep running across a lost broker connection; their deliveries stay leased to this
+    # worker (workers/consumer.py). Celery 6 means to cancel them by default: never here.
+    worker_cancel_long_running_tasks_on_connection_loss=False,
     worker_send_task_events=True,
     worker_hijack_root_logger=False,
     worker_consumer="workers.consumer:FleetConsumer",

@@ -53,6 +53,7 @@ def get_runtime(settings: Settings, worker: str | None = None) -> Runtime:
     with _lock:
         if _runtime is None:
             _runtime = _build(settings, worker or socket.gethostname())
+            _warn_if_redis_may_forget(_runtime.redis, settings.redis_url)
         return _runtime
 
 
@@ -85,3 +86,28 @@ def _build(s: Settings, worker: str) -> Runtime:
     monitor.start()
     metrics.serve(runtime, s.metrics_port)
     return runtime
+
+
+def _warn_if_redis_may_forget(client: redis.Redis, url: str) -> None:
+    """One line at start when Redis may drop queued work: an eviction policy other than
+    `noeviction`, or no persistence at all. Managed Redis may refuse CONFIG: then say so."""
+    try:
+        conf = {}
+        for name in ("maxmemory-policy", "appendonly", "save"):
+            conf.update({_text(k): _text(v) for k, v in client.config_get(name).items()})
+    except redis.RedisError as exc:
+        log.warning("could not check Redis %s for eviction and persistence (%s): it needs "
+                    "maxmemory-policy noeviction and appendonly yes", redact_url(url), exc)
+        return
+    problems = []
+    if conf.get("maxmemory-policy", "noeviction") != "noeviction":
+        problems.append(f"maxmemory-policy is {conf['maxmemory-policy']}, not noeviction (queued prompts "
+                        "and ledger entries may be evicted)")
+    if conf.get("appendonly") != "yes" and not conf.get("save"):
+        problems.append("no persistence, neither AOF nor RDB save points (a restart loses every queued prompt)")
+    if problems:
+        log.warning("Redis %s may forget work: %s", redact_url(url), "; ".join(problems))
+
+
+def _text(value) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)

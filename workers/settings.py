@@ -50,6 +50,9 @@ class Settings(SharedSettings):
     # Unexpected task failures (not server or verification failures) before a
     # prompt becomes a `worker_error` dead letter instead of being requeued.
     max_crashes: int = 3
+    # A prompt whose worker died holding it (OOM, a native crash) more than this many
+    # times, the last time alone, becomes a `poison` dead letter instead of killing the next.
+    max_deliveries: int = 5
     # Resample once before dead-lettering a verification failure.
     resample_on_verify_failure: bool = False
 

@@ -1,41 +1,83 @@
-"""SIGTERM drains within a grace period, then hands back what is left.
+"""SIGTERM drains within a grace period, keeps what is finished, then hands back the rest.
 
 Celery's warm shutdown (SIGTERM) stops fetching and waits for running tasks,
 however long they take; Kubernetes SIGKILLs the pod when its grace period is
 over, and the prompts would then wait a whole lease to be restored. So once
-`FLEET_SHUTDOWN_GRACE` seconds have passed, the worker flushes its shards
-(finished samples become durable), puts every prompt it still holds back on
-the queue for other workers, and exits 0.
+`FLEET_SHUTDOWN_GRACE` seconds have passed, the worker:
+
+1. commits what the shard writer holds, even when its group commit would wait
+   longer (`FLEET_SHARD_MAX_WAIT` above the grace): every sample finished
+   before the end of the grace becomes durable;
+2. waits, at most `SETTLE_SECONDS`, for the tasks of those samples to mark
+   them done (`tasks.committing()` counts them);
+3. settles every delivery it still holds, the current channel's and those kept
+   across a reconnect, by the ledger: a prompt done or dead is acknowledged,
+   never handed back, so never generated again (even if its task's own ack is
+   still queued on the stopped event loop); any other goes back to the queue
+   exactly once (kombu's restore, through the live channel, or else an expired
+   lease that any worker's sweep restores), and that delivery is not counted
+   against the prompt (`deliveries.undo`): a rolling restart poisons nothing;
+4. exits 0.
+
+Every wait has a deadline: the grace itself, the writer's join, the settle
+wait, and a watchdog that exits with status 1 when the hand-back hangs on
+Redis for `HAND_BACK_SECONDS`; whatever it could not hand back returns when
+its lease runs out. A worker whose tasks all end within the grace shuts down
+the ordinary way and settles, the same way, what a reconnect left it holding.
 """
 from __future__ import annotations
 
 import logging
 import os
 import threading
+import time
 
 from celery import bootsteps, signals
 
 from contract import kombu_redis
 
-from .runtime import close_runtime
+from . import deliveries
+from .consumer import current_channel, held_deliveries
+from .lease import finished, settle
+from .runtime import get_runtime
+from .tasks import HANDING_BACK, committing
 
 log = logging.getLogger(__name__)
-_consumer: list = []
+SETTLE_SECONDS = 10.0     # for tasks whose samples were just committed to mark them done
+HAND_BACK_SECONDS = 25.0  # the whole hand-back, after the grace (keep the pod's grace above both)
+_consumer: list = []  # [(consumer, runtime)] once consuming
 
 
 class ShutdownGrace(bootsteps.StartStopStep):
-    """Remembers the consumer, whose deliveries are handed back when the grace is over."""
+    """Remembers the consumer, whose deliveries are settled when the grace is over."""
     requires = {"celery.worker.consumer.tasks:Tasks"}
 
     def start(self, c) -> None:
-        _consumer[:] = [c]
+        _consumer[:] = [(c, get_runtime(c.app.fleet_settings, c.hostname))]
+
+    def shutdown(self, c) -> None:
+        """Tasks are over (or cancelled before they ran): settle what is still held, within
+        `HAND_BACK_SECONDS` (a Redis that is down must not hold the exit)."""
+        if _consumer:
+            worker = threading.Thread(target=self._settle, name="fleet-settle", daemon=True)
+            worker.start()
+            worker.join(HAND_BACK_SECONDS)
+
+    @staticmethod
+    def _settle() -> None:
+        try:
+            kept, back = settle_held(*_consumer[0])
+            if kept or back:
+                log.warning("shutdown: %d finished prompts acknowledged, %d handed back", kept, back)
+        except Exception:
+            log.exception("settling held prompts at shutdown failed: their leases will run out")
 
 
 @signals.worker_shutting_down.connect
 def _arm_grace_timer(sig=None, how=None, exitcode=None, **_) -> None:
     if not _consumer:  # stopped before consuming: nothing is held
         return
-    grace = _consumer[0].app.fleet_settings.shutdown_grace
+    grace = _consumer[0][0].app.fleet_settings.shutdown_grace
     log.warning("%s received: draining in-flight prompts for up to %.0fs", sig, grace)
     timer = threading.Timer(grace, _hand_back)
     timer.daemon = True
@@ -43,14 +85,56 @@ def _arm_grace_timer(sig=None, how=None, exitcode=None, **_) -> None:
 
 
 def _hand_back() -> None:
+    watchdog = threading.Timer(HAND_BACK_SECONDS, _give_up)
+    watchdog.daemon = True
+    watchdog.start()
+    HANDING_BACK.set()
+    c, rt = _consumer[0]
     try:
-        close_runtime()  # finished samples: into a shard, and marked done
+        rt.shards.close()  # finished samples: into a shard
     except Exception:
         log.exception("flushing shards at the end of the grace period failed")
-    if _consumer and _consumer[0].task_consumer is not None:
-        channel = _consumer[0].task_consumer.channel
-        log.warning("grace period over: handing %d in-flight prompts back to the queue",
-                    kombu_redis.held_count(channel))
-        kombu_redis.restore_held(channel)
+    _wait(lambda: committing() == 0, SETTLE_SECONDS)
+    try:
+        kept, back = settle_held(c, rt)
+        log.warning("grace period over: %d finished prompts kept, handing %d in-flight prompts back "
+                    "to the queue", kept, back)
+    except Exception:
+        log.exception("handing prompts back failed: they return when their leases run out")
     logging.shutdown()
     os._exit(0)
+
+
+def settle_held(c, rt) -> tuple[int, int]:
+    """Acknowledge every held delivery whose prompt is finished; hand back the others.
+    Returns (acknowledged, handed back)."""
+    held = held_deliveries(c)
+    done = finished(rt.redis, held.values())
+    settle(rt.redis, held, done)
+    back = [d for tag, d in held.items() if tag not in done]
+    channel = current_channel(c)
+    try:
+        if channel is None:
+            raise ConnectionError("no live broker channel")
+        kombu_redis.restore(channel, [d.tag for d in back])
+    except Exception as exc:
+        log.warning("restoring through the broker channel failed (%r): expiring the leases instead", exc)
+        kombu_redis.expire(rt.redis, [d.tag for d in back])
+    for d in back:
+        kombu_redis.mark_acked(d.qos, d.tag)
+        if d.run is not None and d.prompt_id is not None:
+            deliveries.STARTED.take_back(rt.redis, d.run, d.prompt_id, rt.worker)
+    return len(done), len(back)
+
+
+def _wait(predicate, limit: float) -> None:
+    deadline = time.monotonic() + limit
+    while not predicate() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
+def _give_up() -> None:
+    log.error("handing prompts back took over %.0fs: exiting; the rest return when their leases run out",
+              HAND_BACK_SECONDS)
+    logging.shutdown()
+    os._exit(1)

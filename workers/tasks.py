@@ -6,11 +6,26 @@ and its prompt lost, so nothing escapes here: no free server gives the prompt
 back to the queue, and an unexpected error (a broker blip while marking it
 done, a bug) requeues it, until the same prompt has failed this way
 `max_crashes` times and becomes a `worker_error` dead letter.
+
+Before generating, the task records the delivery (`deliveries.note`): a prompt
+whose deliveries keep killing their workers ends as a `poison` dead letter
+instead of killing the next one (its last allowed delivery runs alone among
+such prompts in its worker, so bystanders of its deaths are not blamed). A message whose prompt the ledger has never
+heard of (neither ids nor state: Redis evicted or lost them) is never
+acknowledged silently: it becomes a `worker_error` dead letter that says so.
+
+A SIGTERM hand-back (`shutdown`) must not hand back a sample that is already
+being committed, so the task counts the samples it gave the shard writer until
+it returns (`committing()`): the hand-back waits for them to be marked done.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
+import threading
 import traceback
+from contextlib import contextmanager
+from typing import Iterator
 
 from celery import shared_task
 from celery.exceptions import Reject
@@ -21,11 +36,17 @@ from contract.keys import TASK_NAME, RunKeys
 from contract.ledger import Ledger
 from contract.names import PromptState, Reason
 
+from . import deliveries
+from .deliveries import STARTED
 from .generation import GiveBack, bury, process_prompt
-from .runtime import get_runtime
+from .lease import hold_limit
+from .runtime import Runtime, get_runtime
 from .specs import cached_spec
 
 log = logging.getLogger(__name__)
+# Set when the SIGTERM grace is over: a task failing then is being cut short, not crashing.
+HANDING_BACK = threading.Event()
+_LAST_CHANCE = threading.Lock()  # one prompt on its last allowed delivery at a time in a worker
 
 
 @shared_task(name=TASK_NAME, bind=True, acks_late=True, ignore_result=True)
@@ -36,22 +57,77 @@ def generate(self, run: str, prompt_id: str, max_new_tokens: int | None = None) 
     try:
         raw = ledger.payload(prompt_id)
         if raw is None:
-            state = ledger.state(prompt_id)
-            if state != PromptState.QUEUED:  # a redelivery of a prompt already stored or dead-lettered
-                return f"nothing to do: prompt is {state or 'unknown'}"
-            return _bury_worker_error(rt, run, prompt_id, None, max_new_tokens, 0, "queued, but the ledger "
-                                      "holds no token ids for it (enqueued by another version of the fleet?)")
-        spec = cached_spec(rt.settings.redis_url, run)
-        return process_prompt(rt, spec, prompt_id, unpack_ids(raw), max_new_tokens)
+            return _without_ids(rt, ledger, run, prompt_id, max_new_tokens)
+        before = deliveries.holders(rt.redis, run, prompt_id)
+        if len(before) > rt.settings.max_deliveries:
+            return _bury_poison(rt, run, prompt_id, raw, max_new_tokens, before)
+        with _alone_if(len(before) == rt.settings.max_deliveries, rt):
+            STARTED.start(rt.redis, run, prompt_id, rt.worker)
+            spec = cached_spec(rt.settings.redis_url, run)
+            with _COMMITTING.counted(rt) as task_rt:
+                outcome = process_prompt(task_rt, spec, prompt_id, unpack_ids(raw), max_new_tokens)
+        STARTED.finish(rt.redis, run, prompt_id)
+        return outcome
     except GiveBack as exc:
+        STARTED.take_back(rt.redis, run, prompt_id, rt.worker)
         raise Reject(str(exc), requeue=True) from exc
     except Exception as exc:
+        # Its worker did not die: not a delivery to count (a crash is counted as a crash).
+        STARTED.take_back(rt.redis, run, prompt_id, rt.worker)
+        if HANDING_BACK.is_set():
+            raise Reject(f"cut short by shutdown: {exc!r}", requeue=True) from exc
         log.exception("prompt %s of run %s failed unexpectedly", prompt_id, run)
         crashes = rt.redis.hincrby(RunKeys(run).crashes, prompt_id, 1)
         if crashes < rt.settings.max_crashes or raw is None or ledger.state(prompt_id) == PromptState.DONE:
             raise Reject(f"requeued after {exc!r}", requeue=True) from exc
+        deliveries.clear(rt.redis, run, prompt_id)
         return _bury_worker_error(rt, run, prompt_id, raw, max_new_tokens, crashes,
                                   f"{crashes} crashes; last: {exc!r}", traceback.format_exc()[-4000:])
+
+
+@contextmanager
+def _alone_if(last_chance: bool, rt: Runtime) -> Iterator[None]:
+    """A prompt on its last allowed delivery runs as the only such prompt in this worker, so
+    that if the worker dies again, the death is its own and not a bystander's: prompts that were
+    merely in flight beside a poison one wait here (uncounted) and finish."""
+    if not last_chance:
+        yield
+        return
+    if not _LAST_CHANCE.acquire(timeout=hold_limit(rt.settings)):
+        raise GiveBack("another prompt on its last delivery held this worker too long")
+    try:
+        yield
+    finally:
+        _LAST_CHANCE.release()
+
+
+def _without_ids(rt: Runtime, ledger: Ledger, run: str, prompt_id: str, max_new_tokens: int | None) -> str:
+    """A message whose prompt has no ids in the ledger: finished already, or forgotten."""
+    state = ledger.state(prompt_id)
+    if state in (PromptState.DONE, PromptState.DEAD):  # a redelivery of a finished prompt
+        return f"nothing to do: prompt is {state}"
+    if state is None:
+        return _bury_worker_error(rt, run, prompt_id, None, max_new_tokens, 0, (
+            "Redis has forgotten this prompt: its message was queued, but the run's ledger holds "
+            "neither its token ids nor its state (evicted or flushed? Redis needs "
+            "maxmemory-policy noeviction and persistence); enqueue its line again"))
+    return _bury_worker_error(rt, run, prompt_id, None, max_new_tokens, 0, "queued, but the ledger "
+                              "holds no token ids for it (enqueued by another version of the fleet?)")
+
+
+def _bury_poison(rt: Runtime, run: str, prompt_id: str, raw: bytes, max_new_tokens: int | None,
+                 held_by: list[str]) -> str:
+    """A prompt whose deliveries never finished, the last one alone in its worker: each of its
+    workers died holding it."""
+    ids = _readable_ids(raw) or []
+    deliveries.clear(rt.redis, run, prompt_id)
+    return bury(rt, DeadLetter(
+        id=prompt_id, run=run, reason=Reason.POISON, attempts=len(held_by), servers=[],
+        message=(f"delivered {len(held_by)} times without finishing, the last time alone in its worker "
+                 f"(FLEET_MAX_DELIVERIES={rt.settings.max_deliveries}); the workers that held it, which "
+                 f"died or lost it: {', '.join(held_by)}"),
+        worker=rt.worker, prompt_b64=ids_to_b64(ids), prompt_tokens=len(ids),
+        sampling={"max_new_tokens": max_new_tokens}, excerpt={"held_by": held_by}))
 
 
 def _bury_worker_error(rt, run: str, prompt_id: str, raw: bytes | None, max_new_tokens: int | None,
@@ -75,3 +151,45 @@ def _readable_ids(raw: bytes | None) -> list[int] | None:
         return unpack_ids(raw)
     except (ValueError, IndexError):
         return None
+
+
+def committing() -> int:
+    """Samples handed to the shard writer by tasks that have not returned yet."""
+    return _COMMITTING.count
+
+
+class _Committing:
+    """Counts samples submitted to the shard writer until their task returns (marked done, or failed)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._lock = threading.Lock()
+
+    def _add(self, n: int) -> None:
+        with self._lock:
+            self.count += n
+
+    def counted(self, rt: Runtime) -> "_Counted":
+        return _Counted(self, rt)
+
+
+class _Counted:
+    """The task's view of the runtime: the same parts, with a shard writer that counts its samples."""
+
+    def __init__(self, owner: _Committing, rt: Runtime):
+        self.owner, self.rt, self.submitted = owner, rt, 0
+
+    def __enter__(self) -> Runtime:
+        return dataclasses.replace(self.rt, shards=self)
+
+    def __exit__(self, *_) -> None:
+        self.owner._add(-self.submitted)
+
+    def submit(self, run: str, row):
+        future = self.rt.shards.submit(run, row)
+        self.submitted += 1
+        self.owner._add(1)
+        return future
+
+
+_COMMITTING = _Committing()

@@ -1,0 +1,91 @@
+"""Broker faults, in process: what a detached channel keeps, what a lease keeper renews, what a
+message names. The real-process tests are tests/test_broker_faults.py."""
+from __future__ import annotations
+
+import json
+from types import SimpleNamespace
+
+from kombu.transport import redis as kombu_redis_transport
+from kombu.transport.virtual import base
+
+from contract import kombu_redis
+from workers.consumer import prompt_of
+from workers.lease import Leases, hold_limit
+from workers.settings import Settings
+
+
+def _qos_holding(*tags: str):
+    """kombu's own Redis QoS, holding deliveries as its channel's consumer would have appended them."""
+    qos = kombu_redis_transport.QoS(SimpleNamespace(do_restore=True), prefetch_count=10)
+    for tag in tags:
+        base.QoS.append(qos, SimpleNamespace(delivery_tag=tag), tag)
+    return qos
+
+
+def test_the_kombu_internals_the_fleet_reads_are_where_it_reads_them():
+    assert kombu_redis.check() == []
+
+
+def test_a_detached_channel_restores_nothing_when_it_closes_and_settles_through_the_fleet():
+    # Given a channel holding two deliveries, detached as a lost connection closes it
+    qos = _qos_holding("t1", "t2")
+    acked, requeued = [], []
+    assert kombu_redis.detach(SimpleNamespace(_qos=qos), acked.append, requeued.append) is qos
+
+    # When kombu closes the channel (its channel has no restore to call: calling one would raise)
+    qos.restore_unacked_once()
+
+    # Then both deliveries are still held, and an ack and a requeue go to the fleet, by tag
+    assert set(kombu_redis.held(qos)) == {"t1", "t2"}
+    qos.ack("t1")
+    qos.reject("t2", requeue=True)
+    assert (acked, requeued) == (["t1"], ["t2"])
+    assert kombu_redis.held(qos) == {}
+
+
+def test_a_channel_detached_twice_keeps_its_settlement():
+    qos = _qos_holding("t1")
+    acked: list[str] = []
+    kombu_redis.detach(SimpleNamespace(_qos=qos), acked.append, acked.append)
+    kind = type(qos)
+    kombu_redis.detach(SimpleNamespace(_qos=qos), acked.append, acked.append)
+    assert type(qos) is kind
+    qos.reject("t1")
+    assert acked == ["t1"]
+
+
+def test_a_channel_that_never_consumed_has_nothing_to_detach():
+    assert kombu_redis.detach(SimpleNamespace(_qos=None), print, print) is None
+
+
+def test_a_fleet_message_names_its_run_and_prompt():
+    body = json.dumps([["default", "p-0001", 512], {}, {"callbacks": None}])
+    assert prompt_of(SimpleNamespace(body=body)) == ("default", "p-0001")
+    assert prompt_of(SimpleNamespace(body=body.encode())) == ("default", "p-0001")
+    assert prompt_of(SimpleNamespace(body="not json")) == (None, None)
+    assert prompt_of(SimpleNamespace(body=json.dumps([[], {}, {}]))) == (None, None)
+
+
+def test_a_held_delivery_is_renewed_until_its_prompt_is_finished_twice_in_a_row():
+    leases = Leases(None, limit=100, clock=lambda: 0.0)
+    assert leases.decide(["a", "b"], set()) == (set(), ["a", "b"], set())
+    assert leases.decide(["a", "b"], {"a"}) == (set(), ["a", "b"], set())  # its own ack may be on its way
+    assert leases.decide(["a", "b"], {"a"}) == ({"a"}, ["b"], set())
+
+
+def test_no_lease_is_renewed_past_the_hold_limit():
+    now = [0.0]
+    leases = Leases(None, limit=10, clock=lambda: now[0])
+    assert leases.decide(["a"], set()) == (set(), ["a"], set())
+    now[0] = 8.0
+    assert leases.decide(["a", "b"], set()) == (set(), ["a", "b"], set())
+    now[0] = 11.0
+    assert leases.decide(["a", "b"], set()) == (set(), ["b"], {"a"})
+    now[0] = 12.0
+    assert leases.decide(["a", "b"], set()) == (set(), ["b"], set())  # said once, never renewed again
+    assert leases.decide(["b"], set()) == (set(), ["b"], set())
+
+
+def test_the_hold_limit_outlasts_every_request_a_task_may_make():
+    s = Settings()
+    assert hold_limit(s) > (s.max_attempts + 1) * s.request_timeout + s.lease_seconds

@@ -1,0 +1,132 @@
+"""Poison prompts end: a prompt whose deliveries keep dying with their worker becomes a dead letter.
+
+A prompt that kills the worker holding it (out of memory, a crash in a native
+library) raises nothing the task could catch: its worker dies, its lease runs
+out, and the next worker takes it and dies too. So each time a worker starts a
+prompt it records the delivery in Redis, naming itself, *before* generating
+(`note`): a delivery that kills its worker stays counted. A prompt delivered
+more than `FLEET_MAX_DELIVERIES` times without finishing is not generated
+again but dead-lettered as `poison`, with the workers that held it.
+
+A worker that dies takes every prompt it holds down with it, so a death counts
+against all of them, the poison one and its bystanders alike; with one worker,
+the same bystanders can be caught in every death. So the last allowed delivery
+(`FLEET_MAX_DELIVERIES` earlier ones unfinished) runs *alone* among such
+prompts in its worker (`tasks`), and is counted only once it starts: a
+bystander waits its turn uncounted and finishes, while the poison prompt, when
+its turn comes, kills its worker once more, with no other last-chance prompt
+beside it, and is dead-lettered at its next delivery.
+
+A delivery that ends without its worker dying is taken back (`undo`): no
+healthy server (the task gives the prompt back), a SIGTERM hand-back, and an
+unexpected error, which `FLEET_MAX_CRASHES` counts instead. So a server outage
+or a rolling restart never poisons a good prompt, and what is left counted is
+deliveries whose worker died holding them. A finished prompt's record is
+dropped (`clear`), so Redis keeps one only for prompts in flight, and a
+requeued dead letter starts afresh.
+
+A delivery is taken back only by the process that counted it, and at most once
+(`Started`): a worker restarted under the same name must not erase the record
+of its predecessor's death.
+
+One hash per run (`RunKeys.deliveries`): prompt id -> the workers it was
+delivered to, one name a line; the count is the number of lines. Each update
+is one Lua script, so concurrent deliveries of one prompt never lose a line.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+
+import redis
+
+from contract.keys import RunKeys
+
+log = logging.getLogger(__name__)
+
+_NOTE = """
+local held = redis.call('HGET', KEYS[1], ARGV[1])
+if held then held = held .. '\\n' .. ARGV[2] else held = ARGV[2] end
+redis.call('HSET', KEYS[1], ARGV[1], held)
+return held
+"""
+_UNDO = """
+local held = redis.call('HGET', KEYS[1], ARGV[1])
+if not held then return 0 end
+local names = {}
+for name in string.gmatch(held, '[^\\n]+') do table.insert(names, name) end
+for i = #names, 1, -1 do
+  if names[i] == ARGV[2] then table.remove(names, i) break end
+end
+if #names == 0 then redis.call('HDEL', KEYS[1], ARGV[1])
+else redis.call('HSET', KEYS[1], ARGV[1], table.concat(names, '\\n')) end
+return #names
+"""
+
+
+def note(client: redis.Redis, run: str, prompt_id: str, worker: str) -> list[str]:
+    """Record a delivery of the prompt to `worker`; returns every worker it was delivered to,
+    oldest first, this one last."""
+    held = client.eval(_NOTE, 1, RunKeys(run).deliveries, prompt_id, worker)
+    return _names(held)
+
+
+def undo(client: redis.Redis, run: str, prompt_id: str, worker: str) -> None:
+    """Take back `worker`'s latest delivery: it ended without its worker dying. Best effort: it is
+    called on the way out of a failure, and a delivery left counted only errs towards caution."""
+    try:
+        client.eval(_UNDO, 1, RunKeys(run).deliveries, prompt_id, worker)
+    except redis.RedisError as exc:
+        log.warning("could not take back a delivery of prompt %s of run %s: %r", prompt_id, run, exc)
+
+
+def clear(client: redis.Redis, run: str, prompt_id: str) -> None:
+    """The prompt finished (stored or dead-lettered): forget its deliveries."""
+    client.hdel(RunKeys(run).deliveries, prompt_id)
+
+
+def holders(client: redis.Redis, run: str, prompt_id: str) -> list[str]:
+    return _names(client.hget(RunKeys(run).deliveries, prompt_id))
+
+
+def _names(raw: bytes | str | None) -> list[str]:
+    if not raw:
+        return []
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    return [name for name in text.split("\n") if name]
+
+
+class Started:
+    """The deliveries this process counted and has not settled yet, so that each is taken back
+    at most once, and only by the process that counted it (the task, or the SIGTERM hand-back)."""
+
+    def __init__(self) -> None:
+        self._mine: Counter[tuple[str, str]] = Counter()
+        self._lock = threading.Lock()
+
+    def start(self, client: redis.Redis, run: str, prompt_id: str, worker: str) -> None:
+        note(client, run, prompt_id, worker)
+        with self._lock:
+            self._mine[(run, prompt_id)] += 1
+
+    def take_back(self, client: redis.Redis, run: str, prompt_id: str, worker: str) -> None:
+        if self._settle(run, prompt_id):
+            undo(client, run, prompt_id, worker)
+
+    def finish(self, client: redis.Redis, run: str, prompt_id: str) -> None:
+        self._settle(run, prompt_id)
+        clear(client, run, prompt_id)
+
+    def _settle(self, run: str, prompt_id: str) -> bool:
+        with self._lock:
+            if self._mine[(run, prompt_id)] <= 0:
+                self._mine.pop((run, prompt_id), None)
+                return False
+            self._mine[(run, prompt_id)] -= 1
+            if not self._mine[(run, prompt_id)]:
+                del self._mine[(run, prompt_id)]
+            return True
+
+
+STARTED = Started()

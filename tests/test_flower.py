@@ -60,16 +60,19 @@ def succeeded(url: str, worker: str) -> float:
     return metrics(url).get(key, 0)
 
 
-def fleet_with_flower(fleet: Fleet, tmp_path: Path, n: int, *flower_options: str, **flower_env: str):
-    """Given a stand-in, worker w1 and Flower seeing it online, when n prompts are generated."""
-    _, server = fleet.standin()
+def fleet_with_flower(fleet: Fleet, tmp_path: Path, n: int, *flower_options: str, standin: tuple = (),
+                      **flower_env: str):
+    """Given a stand-in, worker w1 and Flower seeing it online, when n prompts are generated
+    (all stored, unless the stand-in's options inject faults)."""
+    _, server = fleet.standin(*standin)
     fleet.worker("w1", [server])
     _, url = start_flower(fleet, *flower_options, **flower_env)
     worker = f"w1@{HOST}"
     wait_for(lambda: worker_online(url, worker), 60, "flower seeing w1 online")
     records = varied_prompts(n)
     fleet.producer("enqueue", str(write_prompts(tmp_path / "prompts.jsonl", records)))
-    assert fleet.wait_finished() == {"done": n}
+    states = fleet.wait_finished()
+    assert states == {"done": n} or (standin and sum(states.values()) == n)
     return url, worker, records
 
 
@@ -116,6 +119,38 @@ def test_the_dashboard_in_a_browser_lists_the_worker_and_its_succeeded_tasks(fle
     table = browser.find_element(By.ID, "tasks-table").text
     for record in records:
         assert f"default:{record['id']}" in table
+
+
+def failed(url: str, worker: str) -> float:
+    key = ("flower_events_total",
+           frozenset({("worker", worker), ("type", "task-failed"), ("task", "fleet.generate")}))
+    return metrics(url).get(key, 0)
+
+
+def test_a_dead_lettered_prompt_shows_in_flower_as_a_failed_task_naming_its_reason(fleet, tmp_path, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    # Given Flower watching a worker whose server leaves a share of its answers without think-end
+    url, worker, records = fleet_with_flower(fleet, tmp_path, 12, standin=("--fault-missing-think-end", "0.4"))
+    dead = {d["id"]: d for d in fleet.dead_letters()}
+    assert dead and len(dead) < len(records)
+
+    # When Flower has counted the tasks' events
+    wait_for(lambda: failed(url, worker) == len(dead) and succeeded(url, worker) == len(records) - len(dead),
+             30, "flower counting failed and succeeded tasks")
+
+    # Then each dead letter is a failed task (Flower's metrics and its tasks page agree) ...
+    browser.get(url + "/tasks")
+    wait = WebDriverWait(browser, 30)
+    wait.until(lambda d: d.find_element(By.ID, "tasks-table").text.count("FAILURE") == len(dead))
+    assert browser.find_element(By.ID, "tasks-table").text.count("SUCCESS") == len(records) - len(dead)
+    # ... whose exception names the reason code and the dead letter's message
+    some_id, letter = next(iter(dead.items()))
+    browser.get(f"{url}/task/default:{some_id}")
+    wait.until(lambda d: "FAILURE" in d.find_element(By.TAG_NAME, "body").text)
+    page = browser.find_element(By.TAG_NAME, "body").text
+    assert "DeadLettered" in page and f"{letter['reason']}: {letter['message'][:40]}" in page
 
 
 def test_metrics_show_the_worker_online_and_its_succeeded_tasks(fleet, tmp_path):

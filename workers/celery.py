@@ -38,6 +38,7 @@ app = celery_app(
     include=["workers.tasks"],
     task_acks_late=True,
     task_reject_on_worker_lost=True,
+    task_acks_on_failure_or_timeout=True,  # a dead-lettered prompt fails its task: acknowledged, never redelivered
     worker_prefetch_multiplier=1,
     worker_pool="threads",
     worker_concurrency=settings.pool_size,

@@ -87,6 +87,24 @@ def process_prompt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[
         return _store(rt, spec, prompt_id, prompt_ids, tries, generation, verdict)
 
 
+class Buried(str):
+    """What a task returns for a prompt it dead-lettered: the task raises `DeadLettered`
+    from it, so Flower and Celery's events show the prompt as failed with its reason."""
+
+    def __new__(cls, letter: DeadLetter) -> "Buried":
+        buried = super().__new__(cls, f"dead: {letter.reason}")
+        buried.reason, buried.message = str(letter.reason), letter.message
+        return buried
+
+
+class DeadLettered(Exception):
+    """A task's failure that Celery must not retry: the prompt is in the dead-letter queue."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+
+
 def bury(rt: Runtime, letter: DeadLetter) -> str:
     """Every dead letter goes through here: stored unless the prompt is already done,
     counted in the metrics, logged."""
@@ -99,7 +117,7 @@ def bury(rt: Runtime, letter: DeadLetter) -> str:
         metrics.PROMPTS.labels(letter.run, "dead").inc()
     metrics.DEAD_LETTERS.labels(letter.reason).inc()
     log.info("prompt %s dead-lettered: %s (%s)", letter.id, letter.reason, letter.message)
-    return f"dead: {letter.reason}"
+    return Buried(letter)
 
 
 def _check_storage(rt: Runtime, prompt_id: str) -> None:

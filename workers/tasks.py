@@ -38,7 +38,7 @@ from contract.names import PromptState, Reason
 
 from . import deliveries
 from .deliveries import STARTED
-from .generation import GiveBack, bury, process_prompt
+from .generation import Buried, DeadLettered, GiveBack, bury, process_prompt
 from .lease import hold_limit
 from .runtime import Runtime, get_runtime
 from .specs import cached_spec
@@ -49,8 +49,17 @@ HANDING_BACK = threading.Event()
 _LAST_CHANCE = threading.Lock()  # one prompt on its last allowed delivery at a time in a worker
 
 
-@shared_task(name=TASK_NAME, bind=True, acks_late=True, ignore_result=True)
+@shared_task(name=TASK_NAME, bind=True, acks_late=True, ignore_result=True, throws=(DeadLettered,))
 def generate(self, run: str, prompt_id: str, max_new_tokens: int | None = None) -> str:
+    """A dead-lettered prompt ends as a failed task whose exception names its reason
+    (`throws`: logged without a traceback; acknowledged like any finished task, never retried)."""
+    outcome = _generate(self, run, prompt_id, max_new_tokens)
+    if isinstance(outcome, Buried):
+        raise DeadLettered(outcome.reason, outcome.message)
+    return outcome
+
+
+def _generate(self, run: str, prompt_id: str, max_new_tokens: int | None) -> str:
     rt = get_runtime(self.app.fleet_settings)
     ledger = Ledger(rt.redis, run)
     raw = None
@@ -190,6 +199,10 @@ class _Counted:
         self.submitted += 1
         self.owner._add(1)
         return future
+
+    def __getattr__(self, name: str):
+        """Everything else (storage health, withdrawing a sample) is the writer's own."""
+        return getattr(self.rt.shards, name)
 
 
 _COMMITTING = _Committing()

@@ -1,0 +1,63 @@
+"""Shard files never collide, even between workers whose node name and pid coincide.
+
+Containers where every worker is pid 1, or pods on the host network, give two
+workers the same node name and the same pid. Each worker here runs in its own
+pid namespace (`unshare --pid`), so both are pid 1, under one node name, and
+both write shards of one run into one folder at once.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from collections import Counter
+
+import pyarrow.parquet as pq
+import pytest
+
+from producer.local import spawn
+
+from conftest import varied_prompts, write_prompts
+
+
+def _as_pid_one(fleet, name: str, servers: list[str]):
+    """`celery -A workers worker` as pid 1 of a new pid namespace, named `same@node`."""
+    argv = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", sys.executable, "-m", "celery",
+            "-A", "workers", "worker", "-n", "same@node", "-l", "INFO", "--without-mingle", "--without-gossip"]
+    env = fleet.env(SGLANG_URLS=",".join(servers), FLEET_SHARD_MAX_ROWS="2", FLEET_SHARD_MAX_WAIT="0.05")
+    process = spawn(name, argv, fleet.logs, env=env)
+    fleet.processes.append(process)
+    return process
+
+
+def _can_unshare() -> bool:
+    if os.geteuid() != 0 or not shutil.which("unshare"):
+        return False
+    probe = subprocess.run(["unshare", "--pid", "--fork", "--mount-proc", "true"], capture_output=True, timeout=20)
+    return probe.returncode == 0
+
+
+@pytest.mark.skipif(not _can_unshare(), reason="needs root and unshare (pid namespaces)")
+def test_two_workers_with_the_same_node_name_and_pid_never_write_the_same_shard(fleet, tmp_path):
+    # Given two workers that are both pid 1 and both named same@node, sharing one OUTPUT_DIR
+    _, url = fleet.standin("--max-running-requests", "64")
+    first, second = _as_pid_one(fleet, "w1", [url]), _as_pid_one(fleet, "w2", [url])
+
+    # When they store 200 prompts in shards of two samples, side by side
+    fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(200))))
+    assert fleet.wait_finished() == {"done": 200}
+
+    # Then both did write (as pid 1), and every shard is whole and readable, none replaced:
+    # the shards hold every prompt, and a prompt stored twice holds identical tokens
+    for worker in (first, second):
+        assert worker.log.read_text().count("succeeded") > 0, worker.tail()
+    rows = fleet.rows()
+    counts = Counter(r["id"] for r in rows)
+    assert set(counts) == {f"p-{i:04d}" for i in range(200)}
+    assert len({r["worker"] for r in rows}) == 1  # the same name on both sides
+    folder = fleet.output_dir / "default"
+    assert [p.name for p in folder.iterdir() if p.name.startswith(".")] == []
+    for path in folder.glob("*.parquet"):
+        pq.read_table(path)  # an interleaved file would not read
+    assert sum(pq.read_metadata(p).num_rows for p in folder.glob("*.parquet")) == len(rows)

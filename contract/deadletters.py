@@ -60,10 +60,10 @@ class DeadLetters:
         self.keys = RunKeys(run)  # for reading only; the ledger makes every change
         self.ledger = Ledger(client, run)
 
-    def put(self, letter: DeadLetter) -> str | None:
+    def put(self, letter: DeadLetter, forgotten: bool = False) -> str | None:
         """Store the letter unless its prompt is already done; returns the state the prompt
-        was in (queued or dead: stored; done or None: left as it was)."""
-        return self.ledger.bury(letter.id, letter.reason, letter.to_json())
+        was in (queued or dead: stored; done or None: left as it was). `forgotten`: see `Ledger.bury`."""
+        return self.ledger.bury(letter.id, letter.reason, letter.to_json(), forgotten)
 
     def get(self, prompt_id: str) -> DeadLetter | None:
         raw = self.ledger.letter(prompt_id)

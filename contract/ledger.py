@@ -115,6 +115,7 @@ return found
 _BURY = _PRELUDE + """
 local id = ARGV[1]
 local found = redis.call('HGET', state, id)
+if not found and ARGV[4] == 'forgotten' then found = 'queued' end  -- counted queued when enqueued
 if found == 'queued' then
   move(id, 'queued', 'dead')
   redis.call('HDEL', ids, id)
@@ -239,10 +240,13 @@ class Ledger:
         found = self._script(_DONE, [prompt_id, output_tokens, int(time.time() // 60)])
         return found.decode() or None
 
-    def bury(self, prompt_id: str, reason: str, letter: str) -> str | None:
+    def bury(self, prompt_id: str, reason: str, letter: str, forgotten: bool = False) -> str | None:
         """Store the prompt's dead letter; returns the state it was in. Only a queued or dead
-        prompt gets a letter: a done one (or one the run does not have) is left as it is."""
-        return self._script(_BURY, [prompt_id, str(reason), letter]).decode() or None
+        prompt gets a letter: a done one (or one the run does not have) is left as it is, unless
+        `forgotten`: a prompt whose message is queued but whose ledger entries Redis lost (evicted,
+        flushed) is buried as the queued prompt it was."""
+        args = [prompt_id, str(reason), letter, "forgotten" if forgotten else ""]
+        return self._script(_BURY, args).decode() or None
 
     def purge(self, prompt_ids: list[str]) -> int:
         """Delete dead letters; their prompts stay dead. Returns how many were deleted."""

@@ -105,10 +105,10 @@ class DeadLettered(Exception):
         self.reason = reason
 
 
-def bury(rt: Runtime, letter: DeadLetter) -> str:
+def bury(rt: Runtime, letter: DeadLetter, forgotten: bool = False) -> str:
     """Every dead letter goes through here: stored unless the prompt is already done,
-    counted in the metrics, logged."""
-    found = DeadLetters(rt.redis, letter.run).put(letter)
+    counted in the metrics, logged. `forgotten`: the ledger lost the prompt (see `Ledger.bury`)."""
+    found = DeadLetters(rt.redis, letter.run).put(letter, forgotten)
     if found == PromptState.DONE or found is None:
         log.warning("prompt %s is %s: its %s failure (%s) is not dead-lettered", letter.id,
                     "already stored" if found else "not in the ledger", letter.reason, letter.message)

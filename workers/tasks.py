@@ -119,7 +119,7 @@ def _without_ids(rt: Runtime, ledger: Ledger, run: str, prompt_id: str, max_new_
         return _bury_worker_error(rt, run, prompt_id, None, max_new_tokens, 0, (
             "Redis has forgotten this prompt: its message was queued, but the run's ledger holds "
             "neither its token ids nor its state (evicted or flushed? Redis needs "
-            "maxmemory-policy noeviction and persistence); enqueue its line again"))
+            "maxmemory-policy noeviction and persistence); enqueue its line again"), forgotten=True)
     return _bury_worker_error(rt, run, prompt_id, None, max_new_tokens, 0, "queued, but the ledger "
                               "holds no token ids for it (enqueued by another version of the fleet?)")
 
@@ -140,7 +140,7 @@ def _bury_poison(rt: Runtime, run: str, prompt_id: str, raw: bytes, max_new_toke
 
 
 def _bury_worker_error(rt, run: str, prompt_id: str, raw: bytes | None, max_new_tokens: int | None,
-                       attempts: int, message: str, trace: str = "") -> str:
+                       attempts: int, message: str, trace: str = "", forgotten: bool = False) -> str:
     """A `worker_error` dead letter: the prompt ends somewhere, with what is known of it."""
     ids = _readable_ids(raw)
     if raw is not None and ids is None:
@@ -148,7 +148,8 @@ def _bury_worker_error(rt, run: str, prompt_id: str, raw: bytes | None, max_new_
     return bury(rt, DeadLetter(
         id=prompt_id, run=run, reason=Reason.WORKER_ERROR, message=message, attempts=attempts, servers=[],
         worker=rt.worker, prompt_b64=ids_to_b64(ids or []), prompt_tokens=len(ids or []),
-        sampling={"max_new_tokens": max_new_tokens}, excerpt={"traceback": trace} if trace else {}))
+        sampling={"max_new_tokens": max_new_tokens}, excerpt={"traceback": trace} if trace else {}),
+        forgotten)
 
 
 def _readable_ids(raw: bytes | None) -> list[int] | None:

@@ -42,6 +42,7 @@ import pyarrow.parquet as pq
 import redis
 
 from contract.deadletters import DeadLetters
+from contract.durable import fsync_folder, fsync_path
 from contract.ledger import Ledger
 from contract.names import PromptState
 from contract.schema import arrow_schema, shard_files
@@ -147,7 +148,7 @@ def _write_export(spec: RunSpec, client: redis.Redis, output_dir: str, folder: P
         "run_spec": asdict(spec),
     }
     _write_atomically(folder / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True).encode())
-    _fsync_dir(folder)
+    fsync_folder(folder)
     return manifest
 
 
@@ -191,21 +192,6 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def _fsync_dir(path: Path) -> None:
-    try:
-        _fsync(path)
-    except OSError:  # some filesystems cannot fsync a folder; the files themselves are synced
-        pass
-
-
 def _swap_into_place(staging: Path, dest: Path) -> None:
     """Make `staging` be `dest` in one step; afterwards `staging` holds what `dest` held."""
     if not dest.exists():
@@ -214,7 +200,7 @@ def _swap_into_place(staging: Path, dest: Path) -> None:
         os.rename(dest, staging.with_name(staging.name + ".old"))
         os.rename(staging, dest)
         os.rename(staging.with_name(staging.name + ".old"), staging)
-    _fsync_dir(dest.parent)
+    fsync_folder(dest.parent)
 
 
 def _exchange(a: Path, b: Path) -> bool:
@@ -262,7 +248,7 @@ class _RollingWriter:
         name = f"part-{len(self.files):05d}.parquet"
         temporary = self.folder / f".tmp-{name}"
         pq.write_table(pa.concat_tables(self.buffer), temporary, compression="zstd")
-        _fsync(temporary)
+        fsync_path(temporary)
         temporary.replace(self.folder / name)
         self.files.append({"name": name, "rows": self.buffered, "sha256": _sha256(self.folder / name)})
         self.buffer, self.buffered = [], 0

@@ -105,6 +105,33 @@ def wait_until(predicate, timeout: float, what: str, fleet: Fleet | None = None,
         time.sleep(poll)
 
 
+CHROMIUM = "/usr/bin/chromium"
+CHROMEDRIVER = "/usr/bin/chromedriver"
+CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
+                  "--hide-scrollbars", "--window-size=1400,1000"]
+
+
+@pytest.fixture
+def browser(tmp_path: Path):
+    """Headless Debian Chromium through its own chromedriver (Selenium Manager never runs),
+    keeping the page's console log."""
+    if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
+        pytest.skip(f"Chromium not found ({CHROMIUM}, {CHROMEDRIVER}): run scripts/install-browser.sh")
+    from selenium import webdriver  # installed with the browser by scripts/install-browser.sh
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for flag in CHROMIUM_FLAGS + [f"--user-data-dir={tmp_path / 'chromium-profile'}"]:
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    service = Service(executable_path=CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log"))
+    driver = webdriver.Chrome(service=service, options=options)
+    yield driver
+    driver.quit()
+
+
 @pytest.fixture
 def redis_server(tmp_path: Path):
     process, url = start_redis(tmp_path / "logs")

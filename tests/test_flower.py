@@ -1,7 +1,6 @@
 """Flower (`celery -A workers flower`) beside real workers: dashboard, metrics, task arguments, security."""
 from __future__ import annotations
 
-import os
 import re
 import secrets
 import socket
@@ -17,11 +16,6 @@ from producer.local import Process, free_port, redis_server_binary, spawn, wait_
 
 from conftest import Fleet, messages_of, render, varied_prompts, write_prompts
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--window-size=1400,1000"]
 ARGSREPR = re.compile(r"^\(run='default', id='(p-\d{4})', prompt_tokens=(\d+)\)$")
 REFUSAL = "Refusing to start Flower"
 HOST = socket.gethostname()
@@ -74,24 +68,6 @@ def fleet_with_flower(fleet: Fleet, tmp_path: Path, n: int, *flower_options: str
     states = fleet.wait_finished()
     assert states == {"done": n} or (standin and sum(states.values()) == n)
     return url, worker, records
-
-
-@pytest.fixture
-def browser(tmp_path: Path):
-    """Headless Debian Chromium through its own chromedriver (Selenium Manager never runs)."""
-    if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
-        pytest.skip(f"Chromium not found ({CHROMIUM}, {CHROMEDRIVER}): run scripts/install-browser.sh")
-    from selenium import webdriver  # installed with the browser by scripts/install-browser.sh
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in CHROMIUM_FLAGS + [f"--user-data-dir={tmp_path / 'chromium-profile'}"]:
-        options.add_argument(flag)
-    service = Service(executable_path=CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log"))
-    driver = webdriver.Chrome(service=service, options=options)
-    yield driver
-    driver.quit()
 
 
 def test_the_dashboard_in_a_browser_lists_the_worker_and_its_succeeded_tasks(fleet, tmp_path, browser):

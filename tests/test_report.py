@@ -2,49 +2,23 @@
 from __future__ import annotations
 
 import json
-import os
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
 import pyarrow.compute as pc
 import pyarrow.parquet as pq
-import pytest
 
 from producer.report.charts import CHARTS
 
 from conftest import Fleet, varied_prompts, write_prompts
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMEDRIVER = "/usr/bin/chromedriver"
-CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
-                  "--hide-scrollbars", "--window-size=1400,1000"]
 # Truncation and missing think-ends are stored (their rules are off), double think-ends and empty
 # answers are dead-lettered: a run with every kind of bucket.
 FAULTS = ("--output-len-max", "300", "--fault-truncate", "0.15", "--fault-missing-think-end", "0.1",
           "--fault-double-think-end", "0.1", "--fault-empty-answer", "0.1")
 RULES_OFF = ("--disable-rule", "truncated", "--disable-rule", "missing_think_end")
 THINK_END = 128822
-
-
-@pytest.fixture
-def browser(tmp_path: Path):
-    """Headless Debian Chromium through its own chromedriver, keeping the console log."""
-    if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
-        pytest.skip(f"Chromium not found ({CHROMIUM}, {CHROMEDRIVER}): run scripts/install-browser.sh")
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
-
-    options = webdriver.ChromeOptions()
-    options.binary_location = CHROMIUM
-    for flag in CHROMIUM_FLAGS + [f"--user-data-dir={tmp_path / 'chromium-profile'}"]:
-        options.add_argument(flag)
-    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
-    service = Service(executable_path=CHROMEDRIVER, log_output=str(tmp_path / "chromedriver.log"))
-    driver = webdriver.Chrome(service=service, options=options)
-    yield driver
-    driver.quit()
 
 
 def finished_run(fleet: Fleet, tmp_path: Path, n: int, *standin: str, rules: tuple = RULES_OFF) -> dict:

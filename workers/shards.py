@@ -40,6 +40,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
+from contract.durable import fsync_path
 from contract.schema import INT32_MAX, Sample, samples_to_table
 
 from . import metrics
@@ -312,7 +313,7 @@ class ShardWriter:
             _publish(temporary, final)
         finally:
             _discard(temporary)
-        _fsync_dir(folder)
+        fsync_path(folder)
         return final
 
 
@@ -348,11 +349,3 @@ def _discard(temporary: Path) -> None:
         temporary.unlink()
     except OSError:
         pass
-
-
-def _fsync_dir(folder: Path) -> None:
-    fd = os.open(folder, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -13,22 +13,32 @@ import subprocess
 import sys
 from collections import Counter
 
+import httpx
 import pyarrow.parquet as pq
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 
-from producer.local import spawn
+from producer.local import free_port, spawn
 
 from conftest import varied_prompts, write_prompts
 
 
-def _as_pid_one(fleet, name: str, servers: list[str]):
-    """`celery -A workers worker` as pid 1 of a new pid namespace, named `same@node`."""
+def _as_pid_one(fleet, name: str, servers: list[str]) -> tuple[object, int]:
+    """`celery -A workers worker` as pid 1 of a new pid namespace, named `same@node`; and its metrics port."""
     argv = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", sys.executable, "-m", "celery",
             "-A", "workers", "worker", "-n", "same@node", "-l", "INFO", "--without-mingle", "--without-gossip"]
-    env = fleet.env(SGLANG_URLS=",".join(servers), FLEET_SHARD_MAX_ROWS="2", FLEET_SHARD_MAX_WAIT="0.05")
+    port = free_port()
+    env = fleet.env(SGLANG_URLS=",".join(servers), FLEET_SHARD_MAX_ROWS="2", FLEET_SHARD_MAX_WAIT="0.05",
+                    FLEET_METRICS_PORT=str(port))
     process = spawn(name, argv, fleet.logs, env=env)
     fleet.processes.append(process)
-    return process
+    return process, port
+
+
+def _shard_commits(port: int) -> float:
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
+               if s.name == "fleet_shard_commits_total")
 
 
 def _can_unshare() -> bool:
@@ -42,7 +52,7 @@ def _can_unshare() -> bool:
 def test_two_workers_with_the_same_node_name_and_pid_never_write_the_same_shard(fleet, tmp_path):
     # Given two workers that are both pid 1 and both named same@node, sharing one OUTPUT_DIR
     _, url = fleet.standin("--max-running-requests", "64")
-    first, second = _as_pid_one(fleet, "w1", [url]), _as_pid_one(fleet, "w2", [url])
+    workers = [_as_pid_one(fleet, name, [url]) for name in ("w1", "w2")]
 
     # When they store 200 prompts in shards of two samples, side by side
     fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(200))))
@@ -50,8 +60,8 @@ def test_two_workers_with_the_same_node_name_and_pid_never_write_the_same_shard(
 
     # Then both did write (as pid 1), and every shard is whole and readable, none replaced:
     # the shards hold every prompt, and a prompt stored twice holds identical tokens
-    for worker in (first, second):
-        assert worker.log.read_text().count("succeeded") > 0, worker.tail()
+    for process, port in workers:
+        assert _shard_commits(port) > 0, process.tail()
     rows = fleet.rows()
     counts = Counter(r["id"] for r in rows)
     assert set(counts) == {f"p-{i:04d}" for i in range(200)}

@@ -19,6 +19,7 @@ import pytest
 import redis
 
 from conftest import Fleet, messages_of, render, varied_prompts, write_prompts
+from contract.ledger import Ledger
 from producer.local import free_port, redis_server_binary, spawn, wait_for
 
 BAD_RUN_NAMES = ["../../x", "/abs/path", "a:b", ""]
@@ -138,9 +139,9 @@ def test_every_bad_line_is_reported_by_number_and_every_good_prompt_is_generated
 
 # --- export twice, each id once ---------------------------------------------------------------------
 
-def _ledger_states(fleet: Fleet, run: str = "default") -> dict[str, str]:
-    client = redis.Redis.from_url(fleet.redis_url)
-    return {k.decode(): v.decode() for k, v in client.hgetall(f"fleet:run:{run}:state").items()}
+def _ledger_states(fleet: Fleet, ids: list[str], run: str = "default") -> dict[str, str | None]:
+    ledger = Ledger(redis.Redis.from_url(fleet.redis_url), run)
+    return dict(zip(ids, ledger.states(ids)))
 
 
 def _read_export(dest: Path) -> tuple[list[str], dict]:
@@ -160,7 +161,7 @@ def test_exporting_again_into_the_same_folder_leaves_each_done_id_once(fleet, tm
     dest = tmp_path / "dataset"
     fleet.producer("export", str(dest), "--rows-per-file", "3")
     first_ids, first = _read_export(dest)
-    assert sorted(first_ids) == sorted(i for i, s in _ledger_states(fleet).items() if s == "done")
+    assert sorted(first_ids) == sorted(i for i, s in _ledger_states(fleet, [r["id"] for r in records]).items() if s == "done")
     assert first["rows"] == len(first_ids) == len(set(first_ids))
 
     # When 10 more prompts are enqueued and the dead letters requeued, all finish,
@@ -183,7 +184,7 @@ def test_exporting_again_into_the_same_folder_leaves_each_done_id_once(fleet, tm
 
     # Then a reader of DEST/*.parquet sees each done id exactly once, and no dead one
     ids, manifest = _read_export(dest)
-    states = _ledger_states(fleet)
+    states = _ledger_states(fleet, [r["id"] for r in records])
     assert len(ids) == len(set(ids))
     assert set(ids) == {i for i, s in states.items() if s == "done"} and buried not in ids
     assert len(ids) > len(first_ids)

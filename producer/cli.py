@@ -176,17 +176,19 @@ def _print_enqueue_summary(summary, mode: str) -> None:
 
     for item in summary.rejected[:50]:
         say(f"line {item.line}: {item.reason}" + (f" (id {item.id})" if item.id else ""))
-    if len(summary.rejected) > 50:
-        say(f"... and {len(summary.rejected) - 50} more rejected lines")
+    if summary.rejected_count > 50:
+        say(f"... and {summary.rejected_count - 50} more rejected lines")
     for item in summary.duplicates[:20]:
         say(f"line {item.line}: {item.reason}: {item.id}")
+    if summary.duplicate_count > 20:
+        say(f"... and {summary.duplicate_count - 20} more duplicate lines")
     table = Table(title=f"enqueue: run {summary.run!r} -> queue {summary.queue!r} (thinking: {mode})")
     for column in ("published", "prompt tokens", "skipped (already in run)", "duplicates", "rejected", "prompts/s"):
         table.add_column(column, justify="right")
     rate = summary.published / summary.seconds if summary.seconds else 0.0
     already = ", ".join(f"{k}={v}" for k, v in sorted(summary.already.items())) or "0"
     table.add_row(str(summary.published), str(summary.prompt_tokens), already,
-                  str(len(summary.duplicates)), str(len(summary.rejected)), f"{rate:,.0f}")
+                  str(summary.duplicate_count), str(summary.rejected_count), f"{rate:,.0f}")
     out.print(table)
     if summary.held_back:
         out.print(f"held back {summary.held_back:.0f}s while the queue was deeper than --max-queued")

@@ -6,6 +6,7 @@ environment) and passes them on; importing this module reads nothing.
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -324,6 +325,9 @@ def dead_purge(run: Optional[str] = RunOpt, reason: list[str] = typer.Option([])
 @app.command()
 def export(dest: Path = typer.Argument(..., help="A new or empty folder, or a previous export to replace."),
            run: Optional[str] = RunOpt, rows_per_file: int = typer.Option(10_000, min=1),
+           jobs: int = typer.Option(0, min=0, help="Processes sharing the shards (0: one per core, at most 8)."),
+           index_only: bool = typer.Option(False, "--index-only", help="Write keep-*.parquet, the (shard, id) "
+                                           "of each canonical row, instead of copying the rows."),
            redis_url: Optional[str] = RedisOpt) -> None:
     """Write the finished dataset (each done id once) and a manifest to DEST.
 
@@ -332,7 +336,8 @@ def export(dest: Path = typer.Argument(..., help="A new or empty folder, or a pr
     of DEST/*.parquet sees the old export or the new one, never both. A DEST that
     holds anything else is refused (exit 2) and left alone. Samples whose prompt
     the ledger does not mark done (dead-lettered since, or queued again) are left
-    out and counted in the manifest.
+    out and counted in the manifest. --index-only copies nothing: readers of the
+    shards in place (DuckDB, Spark) semi-join them with DEST/keep-*.parquet.
     """
     name = _run_name(run)
     settings, client = _connect(redis_url)
@@ -346,12 +351,15 @@ def export(dest: Path = typer.Argument(..., help="A new or empty folder, or a pr
                       console=err, transient=True) as bar:
             task = bar.add_task("export", total=total)
             manifest = export_run(spec, client, settings.output_dir, dest, rows_per_file,
-                                  on_progress=lambda n: bar.update(task, completed=n))
+                                  on_progress=lambda n: bar.update(task, completed=n),
+                                  jobs=jobs or min(os.cpu_count() or 1, 8), redis_url=settings.redis_url,
+                                  index_only=index_only)
     except ExportRefused as exc:
         err.print(f"[red]{escape(str(exc))}[/red]")
         raise typer.Exit(2)
     left_out = ", ".join(f"{k}={v}" for k, v in manifest["left_out"].items()) or "none"
-    out.print(f"exported {manifest['rows']} samples ({manifest['duplicates_dropped']} duplicates dropped, "
+    what = "indexed" if index_only else "exported"
+    out.print(f"{what} {manifest['rows']} samples ({manifest['duplicates_dropped']} duplicates dropped, "
               f"left out as not done: {left_out}) into {len(manifest['files'])} files under {dest}; "
               f"dead letters: {manifest['dead_letters']}")
 

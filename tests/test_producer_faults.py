@@ -13,6 +13,7 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
+import pyarrow as pa
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
@@ -172,13 +173,19 @@ def test_exporting_again_into_the_same_folder_leaves_each_done_id_once(fleet, tm
     run_dir = fleet.output_dir / "default"
     shards = sorted(run_dir.glob("*.parquet"))
     shutil.copy(shards[0], run_dir / "zz-redelivered-copy.parquet")
-    # a stored prompt is dead-lettered afterwards (a redelivery of it that failed),
-    buried = pq.read_table(shards[-1], columns=["id"]).column("id")[0].as_py()
+    # a sample is in a shard while its prompt is dead (a worker stored it and died before marking
+    # it done; its redelivery failed: a done prompt itself is never dead-lettered),
+    buried = "p-buried"
+    from contract.codec import pack_ids
     from contract.deadletters import DeadLetter, DeadLetters
 
-    DeadLetters(redis.Redis.from_url(fleet.redis_url), "default").put(DeadLetter(
+    client = redis.Redis.from_url(fleet.redis_url)
+    Ledger(client, "default").enqueue({buried: pack_ids([1, 2, 3])})
+    DeadLetters(client, "default").put(DeadLetter(
         id=buried, run="default", reason="worker_error", message="a redelivery failed", attempts=1,
         servers=[], worker="test", prompt_b64="", prompt_tokens=0, sampling={}))
+    row = pq.read_table(shards[-1]).slice(0, 1)
+    pq.write_table(row.set_column(0, "id", pa.array([buried])), run_dir / "part-stored-then-died.parquet")
     # and the run is exported again into the same folder, in one file
     result = fleet.producer("export", str(dest))
 

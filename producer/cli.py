@@ -227,22 +227,50 @@ def status(run: Optional[str] = RunOpt, as_json: bool = typer.Option(False, "--j
 
 @dead_app.command("list")
 def dead_list(run: Optional[str] = RunOpt, reason: list[str] = typer.Option([], help="Only these reason codes."),
+              limit: int = typer.Option(0, min=0, help="At most this many (0: all)."),
               as_json: bool = typer.Option(False, "--json"), redis_url: Optional[str] = RedisOpt) -> None:
-    """Every dead-lettered prompt with its reason (`--json`: a JSON array)."""
+    """Dead-lettered prompts with their reasons, streamed as they are read (`--json`: a JSON
+    array), in the store's order; `dead stats` counts them."""
     name = _run_name(run)
     _, client = _connect(redis_url)
+    import itertools
+
     from contract.deadletters import DeadLetters
 
-    letters = DeadLetters(client, _spec(client, name).name).select(reason or None)
+    store = DeadLetters(client, _spec(client, name).name)
+    letters = store.scan(reason or None)
+    if limit:
+        letters = itertools.islice(letters, limit)
     if as_json:
-        sys.stdout.write(json.dumps([d.summary() for d in letters], ensure_ascii=False) + "\n")
+        _stream_json(d.summary() for d in letters)
         return
-    table = Table(title=f"{len(letters)} dead letters")
-    for column in ("id", "reason", "attempts", "message"):
-        table.add_column(column, overflow="fold")
-    for d in letters:
-        table.add_row(d.id, d.reason, str(d.attempts), d.message)
-    out.print(table)
+    shown = 0
+    for page in _pages(letters, 500):
+        table = Table(title=None if shown else f"dead letters of run {name!r}", show_header=not shown)
+        for column in ("id", "reason", "attempts", "message"):
+            table.add_column(column, overflow="fold")
+        for d in page:
+            table.add_row(escape(d.id), d.reason, str(d.attempts), escape(d.message))
+        out.print(table)
+        shown += len(page)
+    total = store.count(reason or None)
+    out.print(f"{shown} dead letters shown" + (f" of {total}" if total != shown else ""))
+
+
+def _stream_json(items) -> None:
+    """A JSON array written an element at a time."""
+    sys.stdout.write("[")
+    for n, item in enumerate(items):
+        sys.stdout.write(("," if n else "") + json.dumps(item, ensure_ascii=False))
+    sys.stdout.write("]\n")
+
+
+def _pages(items, size: int):
+    import itertools
+
+    iterator = iter(items)
+    while page := list(itertools.islice(iterator, size)):
+        yield page
 
 
 @dead_app.command("show")
@@ -283,7 +311,8 @@ def dead_requeue(run: Optional[str] = RunOpt, reason: list[str] = typer.Option([
                  prompt_id: list[str] = typer.Option([], "--id"),
                  max_new_tokens: Optional[int] = typer.Option(None, min=1, help="A larger budget, e.g. for truncated prompts."),
                  yes: bool = typer.Option(False, "--yes", "-y"), redis_url: Optional[str] = RedisOpt) -> None:
-    """Publish dead-lettered prompts again (all, or by --reason / --id)."""
+    """Publish dead-lettered prompts again (all, or by --reason / --id), a page at a time as
+    the letters are read."""
     name = _run_name(run)
     settings, client = _connect(redis_url)
     from contract.deadletters import DeadLetters
@@ -291,35 +320,40 @@ def dead_requeue(run: Optional[str] = RunOpt, reason: list[str] = typer.Option([
     from .dead import requeue
 
     spec = _spec(client, name)
-    letters = DeadLetters(client, spec.name).select(reason or None, prompt_id or None)
-    if not letters:
+    store = DeadLetters(client, spec.name)
+    pages = [store.select(reason or None, prompt_id)] if prompt_id else store.pages(reason or None)
+    total = sum(len(p) for p in pages) if prompt_id else store.count(reason or None)
+    if not total:
         out.print("nothing to requeue")
         return
     if not yes:
-        typer.confirm(f"requeue {len(letters)} dead letters of run {spec.name!r}?", abort=True)
+        typer.confirm(f"requeue {total} dead letters of run {spec.name!r}?", abort=True)
+    count, publisher = 0, _publisher(settings)
     with Progress(TextColumn("requeue"), BarColumn(), MofNCompleteColumn(), console=err, transient=True) as bar:
-        task = bar.add_task("requeue", total=len(letters))
-        count = requeue(client, _publisher(settings), spec, letters, settings.queue_prefix, max_new_tokens,
-                        on_progress=lambda n: bar.update(task, completed=n))
+        task = bar.add_task("requeue", total=total)
+        for page in pages:
+            count += requeue(client, publisher, spec, page, settings.queue_prefix, max_new_tokens)
+            bar.update(task, completed=count)
     out.print(f"requeued {count} prompts" + (f" with max_new_tokens={max_new_tokens}" if max_new_tokens else ""))
 
 
 @dead_app.command("purge")
 def dead_purge(run: Optional[str] = RunOpt, reason: list[str] = typer.Option([]),
                yes: bool = typer.Option(False, "--yes", "-y"), redis_url: Optional[str] = RedisOpt) -> None:
-    """Delete dead letters (all, or by --reason). Their prompts stay marked dead."""
+    """Delete dead letters (all, or by --reason), a page at a time. Their prompts stay marked dead."""
     name = _run_name(run)
     _, client = _connect(redis_url)
     from contract.deadletters import DeadLetters
 
     store = DeadLetters(client, _spec(client, name).name)
-    letters = store.select(reason or None)
-    if not letters:
+    total = store.count(reason or None)
+    if not total:
         out.print("nothing to purge")
         return
     if not yes:
-        typer.confirm(f"delete {len(letters)} dead letters?", abort=True)
-    out.print(f"purged {store.remove([d.id for d in letters])} dead letters")
+        typer.confirm(f"delete {total} dead letters?", abort=True)
+    purged = sum(store.remove([d.id for d in page]) for page in store.pages(reason or None))
+    out.print(f"purged {purged} dead letters")
 
 
 @app.command()

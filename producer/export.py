@@ -16,9 +16,9 @@ Invariants, and why they hold:
   whole in memory; `jobs` processes each export an interleaved share of the
   shards into their own files (`part-<job>-<n>.parquet`).
 - **Readers of the shards in place** (`index_only`): `keep-<job>.parquet`
-  lists (shard, id) of every canonical row, read from the shards' `id` column
-  alone; a distributed reader (DuckDB, Spark) semi-joins the shards with it
-  instead of copying the dataset.
+  lists (shard file name, row number in the shard, id) of every canonical row,
+  read from the shards' `id` column alone; a distributed reader (DuckDB,
+  Spark) semi-joins the shards with it instead of copying the dataset.
 - **A reader of `DEST/*.parquet` sees one whole export, never two mixed.** The
   export is written into a fresh folder beside DEST (files and manifest each
   written to a temporary name, fsynced, renamed), then swapped with DEST in
@@ -60,7 +60,7 @@ from contract.spec import RunSpec, check_run_name
 MANIFEST = "manifest.json"
 BATCH_ROWS = 2048           # rows read (and looked up in the ledger) at a time
 GROUP_BYTES = 64 * 2**20    # a row group is written once this much is buffered
-KEEP_SCHEMA = pa.schema([("shard", pa.string()), ("id", pa.string())])
+KEEP_SCHEMA = pa.schema([("shard", pa.string()), ("row", pa.int64()), ("id", pa.string())])
 
 
 class ExportRefused(Exception):
@@ -233,19 +233,22 @@ def _export_shard(path: Path, ledger: Ledger, writer: "_RollingWriter", share: _
     columns = ["id"] if share.index_only else None
     dataset = pads.dataset(str(path), format="parquet", schema=arrow_schema())
     seen: set[str] = set()  # this shard's ids: a row written twice into one shard counts once
+    offset = 0  # the batch's first row number in the shard
     for batch in dataset.to_batches(columns=columns, batch_size=BATCH_ROWS, batch_readahead=1):
         ids = batch.column("id").to_pylist()
         share.source_rows += len(ids)
-        keep = [_keep(prompt_id, entry, code, seen, share)
-                for prompt_id, entry in zip(ids, _entries(ledger, ids, path))]
-        kept = batch.filter(pa.array(keep, type=pa.bool_()))
+        keep = pa.array([_keep(prompt_id, entry, code, seen, share)
+                         for prompt_id, entry in zip(ids, _entries(ledger, ids, path))], type=pa.bool_())
+        kept = batch.filter(keep)
         share.rows += kept.num_rows
         if share.index_only:
-            kept = pa.record_batch([pa.array([path.name] * kept.num_rows, pa.string()), kept.column("id")],
+            rows = pc.filter(pa.array(range(offset, offset + len(ids)), pa.int64()), keep)
+            kept = pa.record_batch([pa.array([path.name] * kept.num_rows, pa.string()), rows, kept.column("id")],
                                    schema=KEEP_SCHEMA)
         elif kept.num_rows:
             share.models.update(m for m in pc.unique(kept.column("model")).to_pylist() if m is not None)
         writer.write(kept)
+        offset += len(ids)
 
 
 def _entries(ledger: Ledger, ids: list[str], path: Path) -> list[Entry]:

@@ -39,7 +39,9 @@ an integer value 2 to 6 bytes. The value is the state:
 
 A stored sample belongs to the dataset only while its prompt is done AND it
 sits in that shard, so a prompt stored twice counts once, with no set of ids
-anywhere (`export`). `<call>` tells `enqueue` that a prompt it finds queued
+anywhere (`export`). The same step counts, per shard code, the prompts whose
+canonical copy the shard holds (`shards`, a field per shard), so `export`
+knows in one read that a shard holds only canonical rows. `<call>` tells `enqueue` that a prompt it finds queued
 was queued by an earlier line of the same call (a duplicate in the file), not
 by another producer, without a set of the file's ids.
 
@@ -72,10 +74,10 @@ NEW, AGAIN = "new", "again"  # enqueue outcomes besides the state found
 UNKNOWN_SHARD = 0
 READ_CHUNK = 1000  # prompts per read script call
 
-# Shared by every script. KEYS: legacy state, ids, dead, counters, minutes, then one state
-# bucket per prompt (KEYS[5 + i] for the i-th prompt of ARGV).
+# Shared by every script. KEYS: legacy state, ids, dead, counters, minutes, shards, then one
+# state bucket per prompt (KEYS[6 + i] for the i-th prompt of ARGV).
 _READ_PRELUDE = """
-local legacy, ids, dead, counters, minutes = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local legacy, ids, dead, counters, minutes, shards = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
 local has_legacy = redis.call('EXISTS', legacy) == 1
 local OLD = {queued = 'q', dead = 'd', done = '0'}
 local function kind(v)
@@ -122,7 +124,7 @@ end
 # ARGV: field, id per prompt. Returns each prompt's raw state (nil: not in the run).
 _READ = _READ_PRELUDE + """
 local out = {}
-for i = 1, #ARGV / 2 do out[i] = peek(KEYS[5 + i], ARGV[2 * i - 1], ARGV[2 * i]) end
+for i = 1, #ARGV / 2 do out[i] = peek(KEYS[6 + i], ARGV[2 * i - 1], ARGV[2 * i]) end
 return out
 """
 
@@ -134,7 +136,7 @@ if redis.call('HEXISTS', counters, 'enqueued') == 0 then redis.call('HSET', coun
 local mine = 'q' .. ARGV[1]
 local out, fresh, tokens = {}, 0, 0
 for i = 1, (#ARGV - 1) / 4 do
-  local a, bucket = 4 * i - 2, KEYS[5 + i]
+  local a, bucket = 4 * i - 2, KEYS[6 + i]
   local found = get(bucket, ARGV[a], ARGV[a + 1])
   if not found then
     redis.call('HSET', bucket, ARGV[a], mine)
@@ -159,7 +161,7 @@ return out
 _REQUEUE = _PRELUDE + """
 local out = {}
 for i = 1, #ARGV / 3 do
-  local a, bucket = 3 * i - 2, KEYS[5 + i]
+  local a, bucket = 3 * i - 2, KEYS[6 + i]
   out[i] = 0
   if kind(get(bucket, ARGV[a], ARGV[a + 1])) == 'dead' then
     forget_letter(ARGV[a + 1])
@@ -171,13 +173,14 @@ end
 return out
 """
 
-# KEYS[6]: the bucket. ARGV: field, id, output tokens, minute, shard code
+# KEYS[7]: the bucket. ARGV: field, id, output tokens, minute, shard code
 _DONE = _PRELUDE + """
-local bucket, field, id, tokens = KEYS[6], ARGV[1], ARGV[2], tonumber(ARGV[3])
+local bucket, field, id, tokens = KEYS[7], ARGV[1], ARGV[2], tonumber(ARGV[3])
 local found = kind(get(bucket, field, id))
 if found ~= 'queued' and found ~= 'dead' then return found or '' end
 forget_letter(id)
 move(bucket, field, found, 'done', ARGV[5])
+if ARGV[5] ~= '0' then redis.call('HINCRBY', shards, ARGV[5], 1) end
 redis.call('HDEL', ids, id)
 count('output_tokens', tokens)
 redis.call('HINCRBY', minutes, ARGV[4] .. ':samples', 1)
@@ -185,9 +188,9 @@ redis.call('HINCRBY', minutes, ARGV[4] .. ':tokens', tokens)
 return found
 """
 
-# KEYS[6]: the bucket. ARGV: field, id, reason, letter (JSON with a `reason`)
+# KEYS[7]: the bucket. ARGV: field, id, reason, letter (JSON with a `reason`)
 _BURY = _PRELUDE + """
-local bucket, field, id = KEYS[6], ARGV[1], ARGV[2]
+local bucket, field, id = KEYS[7], ARGV[1], ARGV[2]
 local found = kind(get(bucket, field, id))
 if found == 'queued' then
   move(bucket, field, 'queued', 'dead', 'd')
@@ -214,10 +217,11 @@ return removed
 _CLAIM = _PRELUDE + """
 local out = {}
 for i = 1, (#ARGV - 1) / 2 do
-  local bucket, field = KEYS[5 + i], ARGV[2 * i]
+  local bucket, field = KEYS[6 + i], ARGV[2 * i]
   local v = get(bucket, field, ARGV[2 * i + 1])
   if v == '0' then
     redis.call('HSET', bucket, field, ARGV[1])
+    redis.call('HINCRBY', shards, ARGV[1], 1)
     v = ARGV[1]
   end
   out[i] = v
@@ -306,6 +310,12 @@ class Ledger:
     def stored(self, prompt_ids: list[str]) -> list[bool]:
         """Whether each prompt's sample belongs to the dataset (its state is done)."""
         return [state == DONE for state in self.states(prompt_ids)]
+
+    def canonical_rows(self, shard: str | Path) -> int:
+        """How many prompts name `shard` as the holder of their canonical copy. A shard of
+        that many rows holds only canonical rows: each such prompt has a row in it, so its
+        rows are those prompts, once each (barring a 2^-32 collision of shard codes)."""
+        return int(self.client.hget(self.keys.shards, shard_code(shard)) or 0)
 
     def payload(self, prompt_id: str) -> bytes | None:
         return self.client.hget(self.keys.prompts, prompt_id)
@@ -433,7 +443,7 @@ class Ledger:
     def _script(self, source: str, buckets: list[str], args: list,
                 pipe: redis.client.Pipeline | None = None):
         keys = [self.keys.legacy_state, self.keys.prompts, self.keys.dead, self.keys.counters,
-                self.keys.minutes, *buckets]
+                self.keys.minutes, self.keys.shards, *buckets]
         script = _SCRIPTS.get(source) or _SCRIPTS.setdefault(source, self.client.register_script(source))
         return script(keys=keys, args=args, client=self.client if pipe is None else pipe)
 

@@ -11,10 +11,15 @@ Invariants, and why they hold:
   a set of the run's ids (only the ids of the one shard being read, to drop a
   row written twice into the same shard). A prompt stored by a version that
   recorded no shard gets the first shard export meets (`Ledger.claim`).
-- **Bounded memory, every core.** Shards are read a batch at a time and rows
-  are written out a row group at a time (ParquetWriter), so no file is ever
-  whole in memory; `jobs` processes each export an interleaved share of the
-  shards into their own files (`part-<job>-<n>.parquet`).
+- **As fast as reading the shards.** The ledger counts, per shard, the
+  prompts whose canonical copy it holds (`Ledger.canonical_rows`): a shard
+  with that many rows holds only canonical rows, and (when it fits in a file)
+  is exported whole, hard-linked into the export (copied across file
+  systems), its footer alone read. Only a shard with rows to leave out is
+  read, a batch at a time, one script call per batch looking up its ids, and
+  its kept rows are written out a row group at a time (ParquetWriter), so no
+  file is ever whole in memory. `jobs` processes each export an interleaved
+  share of the shards into their own files (`part-<job>-<n>.parquet`).
 - **Readers of the shards in place** (`index_only`): `keep-<job>.parquet`
   lists (shard file name, row number in the shard, id) of every canonical row,
   read from the shards' `id` column alone; a distributed reader (DuckDB,
@@ -228,7 +233,43 @@ def _export_share(share: _Share, client: redis.Redis | None = None,
 
 
 def _export_shard(path: Path, ledger: Ledger, writer: "_RollingWriter", share: _Share) -> None:
-    """The shard's canonical rows, a batch at a time, to `writer`."""
+    """The shard's canonical rows to `writer`: the whole shard as it is when the ledger says
+    every row of it is canonical (the usual case), else a batch at a time."""
+    shard = pq.ParquetFile(path)
+    rows = shard.metadata.num_rows
+    whole = (rows and shard.schema_arrow.equals(arrow_schema())
+             and (share.index_only or rows <= share.rows_per_file) and ledger.canonical_rows(path) == rows)
+    if whole:
+        share.source_rows += rows
+        share.rows += rows
+        if share.index_only:
+            ids = shard.read(columns=["id"]).column("id")
+            writer.write(pa.record_batch([pa.repeat(pa.scalar(path.name), rows), pa.array(range(rows), pa.int64()),
+                                          ids.combine_chunks()], schema=KEEP_SCHEMA))
+        else:
+            share.models.update(_models(shard))
+            writer.adopt(path, rows)
+        return
+    _export_rows(path, ledger, writer, share)
+
+
+def _models(shard: pq.ParquetFile) -> set[str]:
+    """The `model` values of a shard, from its footer's statistics when they tell."""
+    index = shard.schema_arrow.get_field_index("model")
+    found: set[str] = set()
+    for group in range(shard.metadata.num_row_groups):
+        stats = shard.metadata.row_group(group).column(index).statistics
+        if stats is not None and stats.has_min_max and stats.min == stats.max:
+            found.add(stats.min)
+        elif stats is None or stats.null_count != stats.num_values:
+            column = shard.read_row_group(group, columns=["model"]).column("model")
+            found.update(m for m in pc.unique(column).to_pylist() if m is not None)
+    return found
+
+
+def _export_rows(path: Path, ledger: Ledger, writer: "_RollingWriter", share: _Share) -> None:
+    """The shard's rows a batch at a time, each kept iff the ledger says its prompt is done
+    with its canonical copy in this shard."""
     code = shard_code(path)
     columns = ["id"] if share.index_only else None
     dataset = pads.dataset(str(path), format="parquet", schema=arrow_schema())
@@ -333,7 +374,9 @@ def _exchange(a: Path, b: Path) -> bool:
 
 class _RollingWriter:
     """Writes batches into files of at most `limit` rows each (None: one file), a row group
-    at a time; each file is written under a temporary name, fsynced and renamed."""
+    at a time; each file is written under a temporary name, fsynced and renamed. A shard
+    exported whole is adopted as a file of its own: hard-linked (no byte written, the shard
+    being immutable), or copied where the export is on another file system."""
 
     def __init__(self, folder: Path, stem: str, limit: int | None, schema: pa.Schema):
         self.folder, self.stem, self.limit, self.schema = folder, stem, limit, schema
@@ -341,7 +384,9 @@ class _RollingWriter:
         self.pending_bytes = 0
         self.in_file = 0
         self.writer: pq.ParquetWriter | None = None
+        self.current = ""  # the name of the file being written
         self.files: list[dict] = []
+        self.sequence = 0
 
     def write(self, batch: pa.RecordBatch) -> None:
         while batch.num_rows:
@@ -355,17 +400,30 @@ class _RollingWriter:
             if self.limit is not None and self.in_file >= self.limit:
                 self._roll()
 
+    def adopt(self, shard: Path, rows: int) -> None:
+        name = self._next_name()
+        target = self.folder / name
+        try:
+            os.link(shard, target)
+            digest = _sha256(target)
+        except OSError:  # another file system, or one without hard links
+            digest = _copy(shard, target)
+        self.files.append({"name": name, "rows": rows, "sha256": digest})
+
     def close(self) -> list[dict]:
         if self.in_file or not self.files and self.limit is None:  # an index is written even if empty
             self._roll()
         return self.files
 
-    def _name(self) -> str:
-        return f"{self.stem}.parquet" if self.limit is None else f"{self.stem}-{len(self.files):05d}.parquet"
+    def _next_name(self) -> str:
+        name = f"{self.stem}.parquet" if self.limit is None else f"{self.stem}-{self.sequence:05d}.parquet"
+        self.sequence += 1
+        return name
 
     def _flush_group(self) -> None:
         if self.writer is None:
-            self.writer = pq.ParquetWriter(self.folder / f".tmp-{self._name()}", self.schema, compression="zstd")
+            self.current = self._next_name()
+            self.writer = pq.ParquetWriter(self.folder / f".tmp-{self.current}", self.schema, compression="zstd")
         if self.pending:
             self.writer.write_table(pa.Table.from_batches(self.pending, schema=self.schema))
         self.pending, self.pending_bytes = [], 0
@@ -374,9 +432,20 @@ class _RollingWriter:
         self._flush_group()
         self.writer.close()
         self.writer = None
-        name = self._name()
-        temporary = self.folder / f".tmp-{name}"
+        temporary = self.folder / f".tmp-{self.current}"
         _fsync(temporary)
-        temporary.replace(self.folder / name)
-        self.files.append({"name": name, "rows": self.in_file, "sha256": _sha256(self.folder / name)})
+        temporary.replace(self.folder / self.current)
+        self.files.append({"name": self.current, "rows": self.in_file, "sha256": _sha256(self.folder / self.current)})
         self.in_file = 0
+
+
+def _copy(source: Path, target: Path) -> str:
+    """Copy a file (fsynced), returning its SHA-256."""
+    digest = hashlib.sha256()
+    with open(source, "rb") as reader, open(target, "xb") as sink:
+        while chunk := reader.read(4 * 2**20):
+            digest.update(chunk)
+            sink.write(chunk)
+        sink.flush()
+        os.fsync(sink.fileno())
+    return digest.hexdigest()

@@ -124,6 +124,18 @@ def test_a_reader_of_the_shards_in_place_sees_the_export_through_the_index(clien
     assert [(i, list(ids)) for i, ids in in_place] == exported
 
 
+def test_a_shard_holding_only_canonical_rows_is_exported_without_a_byte_copied(client, run, tmp_path):
+    # When the run is exported onto the shards' file system
+    manifest = export_run(spec(), client, str(run), tmp_path / "dest")
+
+    # Then shard a (all its rows canonical) is a file of the export as it is, hard-linked
+    whole = [f for f in manifest["files"] if f["rows"] == 10 and
+             (tmp_path / "dest" / f["name"]).stat().st_ino == (run / RUN / "part-a.parquet").stat().st_ino]
+    assert len(whole) == 1 and Ledger(client, RUN).canonical_rows("part-a.parquet") == 10
+    # and the others, which hold rows to leave out, are read and rewritten
+    assert Ledger(client, RUN).canonical_rows("part-b.parquet") == 10 and manifest["rows"] == 21
+
+
 def test_a_prompt_stored_without_a_shard_code_is_exported_once(client, tmp_path):
     # Given a prompt an older version marked done without naming its shard, stored twice
     ledger = Ledger(client, RUN)

@@ -13,8 +13,11 @@ For each size n, in a flushed Redis:
   Redis commands each sends (INFO commandstats).
 - **export**: shards holding the n done rows (plus a redelivered copy of one
   shard) are written in the shard schema; `python -m producer export` runs as a
-  child with `--jobs 1` (its peak RSS, from wait4, and rows/s) and with one job
-  per core (rows/s), against a child reading the same shards with
+  child with `--jobs 1` (its peak RSS, from wait4, and rows/s), with its default
+  jobs (a process per GiB of shards), with one job per core, and with one job
+  per core and `--rows-per-file` below the
+  shards' size (the worst case: every shard read row by row, every id looked
+  up, every row rewritten), each against a child reading the same shards with
   `pyarrow.dataset` alone (every column, its default threads).
 - **producer**: `python -m producer enqueue` of an n-line file as a child,
   `--max-queued 0` (no worker runs), its peak RSS.
@@ -25,6 +28,7 @@ for RSS).
 """
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import sys
@@ -46,6 +50,7 @@ class ScaleOptions:
     shard_rows: int = 1000
     row_tokens: int = 256        # tokens per exported row (prompt + output)
     export: bool = True
+    export_worst_case: bool = True  # also export with every shard rewritten row by row
     producer: bool = True
     timeout: float = 1800.0
 
@@ -213,20 +218,28 @@ def _export(lab: Lab, run: str, n: int, opts: ScaleOptions, log) -> dict:
            "pyarrow_dataset": {"wall_s": alone.wall_seconds, "read_s": float(read_s),
                                "peak_rss_bytes": alone.peak_rss_bytes, "cpu_s": alone.cpu_seconds}}
     cores = min(os.cpu_count() or 1, 8)
-    for label, jobs in (("export_1_job", 1), (f"export_{cores}_jobs", cores)):
-        dest = lab.root / "scale-export" / f"{n}-{jobs}"
-        log(f"scale {n:,}: python -m producer export --jobs {jobs}")
+    # --rows-per-file below the shards' rows sends every shard through the row-by-row path
+    # (ledger lookups, rewrite): the worst case, where every shard has rows to leave out.
+    variants = [("one_job", 1, 10_000), ("default_jobs", 0, 10_000), ("all_cores", cores, 10_000)]
+    if opts.export_worst_case:
+        variants.append(("all_cores_every_row", cores, opts.shard_rows - 1))
+    for label, jobs, rows_per_file in variants:
+        dest = lab.root / "scale-export" / f"{n}-{label}"
+        log(f"scale {n:,}: python -m producer export --jobs {jobs} --rows-per-file {rows_per_file}")
         child = run_measured([sys.executable, "-m", "producer", "export", str(dest), "--run", run,
-                              "--jobs", str(jobs), "--redis-url", lab.redis_url], env, cwd=str(ROOT),
-                             timeout=opts.timeout)
+                              "--jobs", str(jobs), "--rows-per-file", str(rows_per_file),
+                              "--redis-url", lab.redis_url], env, cwd=str(ROOT), timeout=opts.timeout)
         if child.returncode != 0:
             raise RuntimeError(f"export exited {child.returncode}:\n{child.output[-2000:]}")
-        out[label] = {"jobs": jobs, "wall_s": child.wall_seconds, "cpu_s": child.cpu_seconds,
-                      "peak_rss_bytes": child.peak_rss_bytes, "rows_per_s": int(rows_read) / child.wall_seconds,
-                      "output": child.output.strip()[-400:]}
+        manifest = json.loads((dest / "manifest.json").read_text())
+        out[label] = {"jobs": jobs, "rows_per_file": rows_per_file, "wall_s": child.wall_seconds,
+                      "cpu_s": child.cpu_seconds, "peak_rss_bytes": child.peak_rss_bytes,
+                      "rows_per_s": int(rows_read) / child.wall_seconds,
+                      "over_read": child.wall_seconds / alone.wall_seconds,
+                      "manifest": {k: manifest[k] for k in ("rows", "source_rows", "duplicates_dropped",
+                                                            "left_out", "shards_whole", "shards_rewritten")}}
         _remove(dest)
     out["cores"] = cores
-    out["export_over_read"] = out[f"export_{cores}_jobs"]["wall_s"] / alone.wall_seconds
     _remove(folder)
     return out
 

@@ -121,10 +121,12 @@ local function move(bucket, field, from, to, value)
 end
 """
 
-# ARGV: field, id per prompt. Returns each prompt's raw state (nil: not in the run).
+# ARGV: the prompts' fields, then (for a run an older version kept) their ids. Returns each
+# prompt's raw state (nil: not in the run).
 _READ = _READ_PRELUDE + """
-local out = {}
-for i = 1, #ARGV / 2 do out[i] = peek(KEYS[6 + i], ARGV[2 * i - 1], ARGV[2 * i]) end
+local n, out = #KEYS - 6, {}
+if #ARGV < 2 * n then has_legacy = false end
+for i = 1, n do out[i] = peek(KEYS[6 + i], ARGV[i], ARGV[n + i]) end
 return out
 """
 
@@ -288,17 +290,23 @@ class Tally:
 class Ledger:
     def __init__(self, client: redis.Redis, run: str):
         self.client, self.run, self.keys = client, run, RunKeys(run)
+        self._names: list[str] | None = None
 
     # -- reads ------------------------------------------------------------------------------
 
     def entries(self, prompt_ids: list[str]) -> list[Entry]:
         """Each prompt's entry, one script call per `READ_CHUNK` prompts."""
-        found: list[Entry] = []
+        return [Entry.decode(raw) for raw in self.raw_entries(prompt_ids)]
+
+    def raw_entries(self, prompt_ids: list[str]) -> list[bytes | None]:
+        """Each prompt's state as stored (`Entry.decode` reads it; a done prompt's is
+        `b"%d" % shard_code(shard)`), one script call per `READ_CHUNK` prompts."""
+        found: list[bytes | None] = []
+        legacy = prompt_ids and self.client.exists(self.keys.legacy_state)  # then the ids are needed too
         for start in range(0, len(prompt_ids), READ_CHUNK):
             chunk = prompt_ids[start:start + READ_CHUNK]
             buckets, fields = self._locate(chunk)
-            raw = self._script(_READ, buckets, [x for pair in zip(fields, chunk) for x in pair])
-            found += [Entry.decode(r) for r in raw]
+            found += self._script(_READ, buckets, fields + chunk if legacy else fields)
         return found
 
     def states(self, prompt_ids: list[str]) -> list[str | None]:
@@ -434,11 +442,18 @@ class Ledger:
 
     def _locate(self, prompt_ids: list[str]) -> tuple[list[str], list[bytes]]:
         buckets, fields = [], []
+        names = self._bucket_names() if len(prompt_ids) > 64 else None
         for prompt_id in prompt_ids:
             bucket, f = locate(prompt_id)
-            buckets.append(self.keys.state_bucket(bucket))
+            buckets.append(names[bucket] if names else self.keys.state_bucket(bucket))
             fields.append(f)
         return buckets, fields
+
+    def _bucket_names(self) -> list[str]:
+        """Every bucket's key, built once per ledger that reads many prompts at a time."""
+        if self._names is None:
+            self._names = [self.keys.state_bucket(n) for n in range(STATE_BUCKETS)]
+        return self._names
 
     def _script(self, source: str, buckets: list[str], args: list,
                 pipe: redis.client.Pipeline | None = None):

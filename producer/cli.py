@@ -6,7 +6,6 @@ environment) and passes them on; importing this module reads nothing.
 from __future__ import annotations
 
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -359,7 +358,8 @@ def dead_purge(run: Optional[str] = RunOpt, reason: list[str] = typer.Option([])
 @app.command()
 def export(dest: Path = typer.Argument(..., help="A new or empty folder, or a previous export to replace."),
            run: Optional[str] = RunOpt, rows_per_file: int = typer.Option(10_000, min=1),
-           jobs: int = typer.Option(0, min=0, help="Processes sharing the shards (0: one per core, at most 8)."),
+           jobs: int = typer.Option(0, min=0, help="Processes sharing the shards (0: one per GiB of shards, "
+                                    "at most one per core and 8)."),
            index_only: bool = typer.Option(False, "--index-only", help="Write keep-*.parquet, the (shard, id) "
                                            "of each canonical row, instead of copying the rows."),
            redis_url: Optional[str] = RedisOpt) -> None:
@@ -386,7 +386,7 @@ def export(dest: Path = typer.Argument(..., help="A new or empty folder, or a pr
             task = bar.add_task("export", total=total)
             manifest = export_run(spec, client, settings.output_dir, dest, rows_per_file,
                                   on_progress=lambda n: bar.update(task, completed=n),
-                                  jobs=jobs or min(os.cpu_count() or 1, 8), redis_url=settings.redis_url,
+                                  jobs=jobs, redis_url=settings.redis_url,
                                   index_only=index_only)
     except ExportRefused as exc:
         err.print(f"[red]{escape(str(exc))}[/red]")

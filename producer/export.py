@@ -65,6 +65,7 @@ from contract.spec import RunSpec, check_run_name
 MANIFEST = "manifest.json"
 BATCH_ROWS = 2048           # rows read (and looked up in the ledger) at a time
 GROUP_BYTES = 64 * 2**20    # a row group is written once this much is buffered
+JOB_BYTES = 2**30           # jobs=0: a process per this much of shards (a process costs ~1 s to start)
 KEEP_SCHEMA = pa.schema([("shard", pa.string()), ("row", pa.int64()), ("id", pa.string())])
 
 
@@ -76,7 +77,8 @@ def export_run(spec: RunSpec, client: redis.Redis, output_dir: str, dest: Path,
                rows_per_file: int = 10_000, on_progress: Callable[[int], None] | None = None,
                jobs: int = 1, redis_url: str | None = None, index_only: bool = False) -> dict:
     """Write the export into a fresh folder beside `dest`, then swap it into place. With
-    `jobs` > 1 (and `redis_url`, for the other processes) the shards are shared out."""
+    `jobs` > 1 (and `redis_url`, for the other processes) the shards are shared out; 0:
+    a process per `JOB_BYTES` of shards, at most one per core (and 8)."""
     check_run_name(spec.name)
     dest = Path(dest).resolve()  # a symlinked DEST: its target is replaced, the link stays
     check_replaceable(dest)
@@ -84,7 +86,7 @@ def export_run(spec: RunSpec, client: redis.Redis, output_dir: str, dest: Path,
     staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.export-", dir=dest.parent))
     try:
         manifest = _write_export(spec, client, output_dir, staging, rows_per_file, on_progress,
-                                 jobs if redis_url else 1, redis_url, index_only)
+                                 jobs, redis_url, index_only)
         _swap_into_place(staging, dest)
     finally:  # after a swap, `staging` holds the previous export
         shutil.rmtree(staging, ignore_errors=True)
@@ -135,13 +137,17 @@ class _Share:
     duplicates: int = 0
     left_out: Counter = field(default_factory=Counter)
     models: set = field(default_factory=set)
+    whole: int = 0       # shards exported as they are
+    rewritten: int = 0   # shards read row by row (some rows left out, or too many for a file)
 
 
 def _write_export(spec: RunSpec, client: redis.Redis, output_dir: str, folder: Path, rows_per_file: int,
                   on_progress: Callable[[int], None] | None, jobs: int, redis_url: str | None,
                   index_only: bool) -> dict:
     sources = [str(p) for p in shard_files(output_dir, spec.name)]
-    jobs = max(1, min(jobs, len(sources)))
+    if not jobs:
+        jobs = min(os.cpu_count() or 1, 8, sum(os.path.getsize(p) for p in sources) // JOB_BYTES)
+    jobs = max(1, min(jobs if redis_url else 1, len(sources)))
     shares = [_Share(n, spec.name, sources[n::jobs], str(folder), rows_per_file, index_only, redis_url)
               for n in range(jobs)]
     if jobs == 1:
@@ -163,6 +169,8 @@ def _write_export(spec: RunSpec, client: redis.Redis, output_dir: str, folder: P
         # stored while the export ran
         "done_not_exported": max(0, tally.done - rows),
         "source_shards": len(sources),
+        "shards_whole": sum(s.whole for s in shares),
+        "shards_rewritten": sum(s.rewritten for s in shares),
         "source": str(Path(output_dir).resolve() / spec.name),
         "index_only": index_only,
         "dead_letters": dict(tally.reasons) if tally.exact else None,
@@ -240,6 +248,7 @@ def _export_shard(path: Path, ledger: Ledger, writer: "_RollingWriter", share: _
     whole = (rows and shard.schema_arrow.equals(arrow_schema())
              and (share.index_only or rows <= share.rows_per_file) and ledger.canonical_rows(path) == rows)
     if whole:
+        share.whole += 1
         share.source_rows += rows
         share.rows += rows
         if share.index_only:
@@ -250,6 +259,7 @@ def _export_shard(path: Path, ledger: Ledger, writer: "_RollingWriter", share: _
             share.models.update(_models(shard))
             writer.adopt(path, rows)
         return
+    share.rewritten += 1
     _export_rows(path, ledger, writer, share)
 
 
@@ -270,7 +280,7 @@ def _models(shard: pq.ParquetFile) -> set[str]:
 def _export_rows(path: Path, ledger: Ledger, writer: "_RollingWriter", share: _Share) -> None:
     """The shard's rows a batch at a time, each kept iff the ledger says its prompt is done
     with its canonical copy in this shard."""
-    code = shard_code(path)
+    canonical = b"%d" % shard_code(path)  # the stored state of a prompt done in this shard
     columns = ["id"] if share.index_only else None
     dataset = pads.dataset(str(path), format="parquet", schema=arrow_schema())
     seen: set[str] = set()  # this shard's ids: a row written twice into one shard counts once
@@ -278,8 +288,8 @@ def _export_rows(path: Path, ledger: Ledger, writer: "_RollingWriter", share: _S
     for batch in dataset.to_batches(columns=columns, batch_size=BATCH_ROWS, batch_readahead=1):
         ids = batch.column("id").to_pylist()
         share.source_rows += len(ids)
-        keep = pa.array([_keep(prompt_id, entry, code, seen, share)
-                         for prompt_id, entry in zip(ids, _entries(ledger, ids, path))], type=pa.bool_())
+        keep = pa.array([_keep(prompt_id, raw, canonical, seen, share)
+                         for prompt_id, raw in zip(ids, _states(ledger, ids, path))], type=pa.bool_())
         kept = batch.filter(keep)
         share.rows += kept.num_rows
         if share.index_only:
@@ -292,24 +302,25 @@ def _export_rows(path: Path, ledger: Ledger, writer: "_RollingWriter", share: _S
         offset += len(ids)
 
 
-def _entries(ledger: Ledger, ids: list[str], path: Path) -> list[Entry]:
-    """The ids' ledger entries; a done prompt whose canonical shard is not known gets this one."""
-    entries = ledger.entries(ids)
-    unknown = [i for i, e in enumerate(entries) if e.state == PromptState.DONE and e.shard == UNKNOWN_SHARD]
+def _states(ledger: Ledger, ids: list[str], path: Path) -> list[bytes | None]:
+    """The ids' stored states; a done prompt whose canonical shard is not known gets this one."""
+    states = ledger.raw_entries(ids)
+    unknown = [i for i, raw in enumerate(states) if raw == b"%d" % UNKNOWN_SHARD]
     for i, entry in zip(unknown, ledger.claim([ids[i] for i in unknown], path) if unknown else []):
-        entries[i] = entry
-    return entries
+        states[i] = b"%d" % entry.shard if entry.state == PromptState.DONE else None
+    return states
 
 
-def _keep(prompt_id: str, entry: Entry, code: int, seen: set[str], share: _Share) -> bool:
-    if entry.state != PromptState.DONE:
-        share.left_out[entry.state or "missing"] += 1
-        return False
-    if entry.shard != code or prompt_id in seen:  # another copy is the canonical one
+def _keep(prompt_id: str, raw: bytes | None, canonical: bytes, seen: set[str], share: _Share) -> bool:
+    if raw == canonical and prompt_id not in seen:
+        seen.add(prompt_id)
+        return True
+    state = Entry.decode(raw).state
+    if state == PromptState.DONE:  # another copy is the canonical one
         share.duplicates += 1
-        return False
-    seen.add(prompt_id)
-    return True
+    else:
+        share.left_out[state or "missing"] += 1
+    return False
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
@@ -423,7 +434,11 @@ class _RollingWriter:
     def _flush_group(self) -> None:
         if self.writer is None:
             self.current = self._next_name()
-            self.writer = pq.ParquetWriter(self.folder / f".tmp-{self.current}", self.schema, compression="zstd")
+            # Dictionary pages for every column but the token ids, whose dictionary costs more
+            # time to build than it saves in bytes: rewriting stays as fast as reading.
+            dictionary = [f.name for f in self.schema if f.name != "input_ids"]
+            self.writer = pq.ParquetWriter(self.folder / f".tmp-{self.current}", self.schema, compression="zstd",
+                                           use_dictionary=dictionary)
         if self.pending:
             self.writer.write_table(pa.Table.from_batches(self.pending, schema=self.schema))
         self.pending, self.pending_bytes = [], 0

@@ -169,6 +169,8 @@ def test_the_first_durable_copy_of_a_prompt_is_its_canonical_one(client):
     assert ledger.entries(["a"]) == [Entry("done", shard=shard_code("part-A.parquet"))]
     assert shard_code("part-A.parquet") != shard_code("part-B.parquet")
     assert ledger.tally().done == 1 and ledger.tally().output_tokens == 3
+    # and counts shard A as holding one canonical row, shard B none
+    assert (ledger.canonical_rows("part-A.parquet"), ledger.canonical_rows("part-B.parquet")) == (1, 0)
 
 
 def test_finished_prompts_are_kept_in_compact_buckets(client):

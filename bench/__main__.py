@@ -6,6 +6,8 @@ Parts (each can be chosen with --parts, each sized by its flags):
   worker           worker CPU ms per sample, and worker RSS after m and 10m samples
   redis            Redis bytes per queued prompt token
   producer-memory  producer peak RSS for n and 4n input lines
+  scale            per-run costs at 10^4..10^6 prompts, and a real run's first vs last tenth
+                   (not in the default set: about 15 minutes here; --parts scale)
 
 Defaults are sized to finish in about ten minutes on a 2-core machine; every
 goal is a ratio or a size measured within the same run.
@@ -25,7 +27,8 @@ from rich.console import Console
 
 from .report import Figure, at_least, at_most, print_table, write_json
 
-PARTS = ("saturation", "producer", "worker", "redis", "producer-memory")
+PARTS = ("saturation", "producer", "worker", "redis", "producer-memory", "scale")
+DEFAULT_PARTS = PARTS[:-1]
 MiB = 1024 * 1024
 MEMORY_SCALE = 10_000  # worker RSS: after 10,000 and after 100,000 samples, as the issue sets it
 
@@ -33,7 +36,7 @@ MEMORY_SCALE = 10_000  # worker RSS: after 10,000 and after 100,000 samples, as 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--parts", default=",".join(PARTS), help=f"comma-separated subset of {', '.join(PARTS)}")
+    p.add_argument("--parts", default=",".join(DEFAULT_PARTS), help=f"comma-separated subset of {', '.join(PARTS)}")
     p.add_argument("--json", type=Path, help="also write every figure and its details here")
     p.add_argument("--workdir", type=Path, help="logs, prompt files and shards (default: a temporary folder)")
     p.add_argument("--keep", action="store_true", help="keep the work folder (always kept after a failure)")
@@ -69,6 +72,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     r.add_argument("--redis-prompt-tokens", type=int, default=300)
     m = p.add_argument_group("producer memory")
     m.add_argument("--producer-lines", type=int, default=2000, help="n: peak RSS for n and 4n lines")
+    c = p.add_argument_group("scale")
+    c.add_argument("--scale-sizes", default="10000,100000,1000000", help="run sizes, comma-separated")
+    c.add_argument("--scale-real-prompts", type=int, default=10_000,
+                   help="prompts of the real run through producer, Redis and a worker (0: none; 100000: the issue's)")
+    c.add_argument("--scale-row-tokens", type=int, default=256, help="tokens per exported row")
+    c.add_argument("--scale-skip", default="", help="comma-separated: export, worst-case, producer")
     args = p.parse_args(argv)
     args.parts = [x.strip() for x in args.parts.split(",") if x.strip()]
     unknown = set(args.parts) - set(PARTS)
@@ -225,6 +234,20 @@ def main(argv: list[str] | None = None) -> int:
                     goal="<= 1.10 (flat)", met=at_most(d["ratio"], 1.10),
                     note=f"{d['runs']['n']['peak_rss_bytes'] / MiB:.0f} MiB -> "
                          f"{d['runs']['4n']['peak_rss_bytes'] / MiB:.0f} MiB (python -m producer enqueue)"))
+            if "scale" in args.parts:
+                from .scale import ScaleOptions, run_scale
+                from .scale_figures import real_run_figures, scale_figures
+                from .scale_run import RealRunOptions, run_real
+
+                skip = set(args.scale_skip.split(","))
+                d = details["scale"] = run_scale(lab, ScaleOptions(
+                    sizes=[int(x) for x in args.scale_sizes.split(",")], row_tokens=args.scale_row_tokens,
+                    export="export" not in skip, export_worst_case="worst-case" not in skip,
+                    producer="producer" not in skip), log)
+                figures += scale_figures(d)
+                if args.scale_real_prompts:
+                    d = details["scale_real_run"] = run_real(lab, RealRunOptions(args.scale_real_prompts), log)
+                    figures += real_run_figures(d)
         ok = True
     finally:
         seconds = time.monotonic() - started

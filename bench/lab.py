@@ -96,12 +96,10 @@ class Lab:
             process.stop(timeout=30)
 
     def run_states(self, run: str) -> dict[str, int]:
-        """Prompts of a run by ledger state (`fleet:run:<run>:state`)."""
-        counts: dict[str, int] = {}
-        for raw in self.client.hvals(f"fleet:run:{run}:state"):
-            state = raw.decode()
-            counts[state] = counts.get(state, 0) + 1
-        return counts
+        """Prompts of a run by ledger state, as the ledger's transitions count them (O(1))."""
+        from contract.ledger import Ledger
+
+        return Ledger(self.client, run).tally().by_state()
 
     def wait_finished(self, run: str, total: int, timeout: float, watch: list[Process],
                       on_poll: Callable[[], None] | None = None, interval: float = 0.25) -> dict[str, int]:

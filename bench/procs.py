@@ -50,6 +50,7 @@ class ChildRun:
     cpu_seconds: float
     peak_rss_bytes: int
     output: str
+    hwm_bytes: int = 0  # the highest VmHWM read while it ran (its own memory since its exec)
 
 
 def run_measured(argv: list[str], env: dict[str, str], cwd: str | None = None,
@@ -58,6 +59,9 @@ def run_measured(argv: list[str], env: dict[str, str], cwd: str | None = None,
 
     `resource.getrusage(RUSAGE_CHILDREN)` would report the maximum over every
     child ever waited for; wait4 on the pid gives this child's peak RSS alone.
+    But Linux carries into a child's `ru_maxrss` the RSS of the process it was
+    forked from (the bench, large after writing shards), so `hwm_bytes` also
+    reads the child's own VmHWM every 50 ms while it runs.
     """
     import tempfile
     import time
@@ -66,7 +70,12 @@ def run_measured(argv: list[str], env: dict[str, str], cwd: str | None = None,
         started = time.monotonic()
         popen = subprocess.Popen(argv, env=env, cwd=cwd, stdout=log, stderr=subprocess.STDOUT)
         deadline = started + timeout
+        hwm = 0
         while True:
+            try:
+                hwm = max(hwm, peak_rss_bytes(popen.pid))
+            except (OSError, KeyError):  # exiting: its memory is gone from /proc
+                pass
             pid, status, usage = os.wait4(popen.pid, os.WNOHANG)
             if pid:
                 break
@@ -80,4 +89,4 @@ def run_measured(argv: list[str], env: dict[str, str], cwd: str | None = None,
         log.seek(0)
         output = log.read().decode(errors="replace")
     return ChildRun(popen.returncode, wall, usage.ru_utime + usage.ru_stime,
-                    usage.ru_maxrss * 1024, output)
+                    usage.ru_maxrss * 1024, output, hwm)

@@ -33,7 +33,7 @@ def run_producer_memory(lab: Lab, opts: ProducerMemoryOptions, log) -> dict:
         child = run_measured(argv, env, cwd=str(ROOT), timeout=opts.timeout)
         if child.returncode != 0:
             raise RuntimeError(f"producer enqueue exited {child.returncode}:\n{child.output[-2000:]}")
-        runs[label] = {"lines": count, "peak_rss_bytes": child.peak_rss_bytes,
+        runs[label] = {"lines": count, "peak_rss_bytes": child.hwm_bytes,  # not ru_maxrss: see procs.py
                        "wall_s": child.wall_seconds, "cpu_s": child.cpu_seconds}
     lab.flush()
     return {"n": opts.lines, "runs": runs,

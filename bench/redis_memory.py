@@ -4,7 +4,7 @@ The queue is the work, and Redis runs with no eviction, so the memory a
 queued prompt takes bounds how many prompts one Redis can hold. Prompts of
 about 300 tokens are enqueued with no worker running; the figure is the
 growth of INFO memory `used_memory` over the prompt tokens published. The
-breakdown (MEMORY USAGE of the queue list and of the ledger hash, and the
+breakdown (MEMORY USAGE of the queue list and of the ledger's hashes, and the
 anatomy of one queued message) says where the bytes go.
 """
 from __future__ import annotations
@@ -59,7 +59,9 @@ def run_redis_memory(lab: Lab, opts: RedisOptions, log) -> dict:
     queue = SharedSettings().queue_prefix
     keys = RunKeys("rm")
     usage = {name: int(client.memory_usage(key, samples=0) or 0) for name, key in
-             (("queue", queue), ("ledger_state", keys.state), ("ledger_prompts", keys.prompts))}
+             (("queue", queue), ("ledger_prompts", keys.prompts))}
+    usage["ledger_state"] = sum(int(client.memory_usage(key, samples=0) or 0)
+                                for key in client.scan_iter(match=keys.state_prefix + "*", count=1000))
     first = client.lindex(queue, 0)
     result = {
         "prompts": summary.published,

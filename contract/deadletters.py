@@ -9,14 +9,19 @@ task payload and an excerpt of the offending output.
 This module is the letters' format and their reader; the run's `Ledger` owns
 the hash and makes every change to it in the same atomic step as the prompt's
 state and counts (`put` is `Ledger.bury`, `remove` is `Ledger.purge`), so a
-letter exists exactly while its prompt is dead and `stats` is O(1).
+letter exists exactly while its prompt is dead and `stats` and `count` are O(1).
+
+A run may hold millions of letters, so nothing here gathers them: `scan` and
+`pages` stream them a page of HSCAN at a time (in the hash's order, not by id),
+and the commands list, replay and purge page by page as they scan.
 """
 from __future__ import annotations
 
+import itertools
 import json
 import time
 from dataclasses import asdict, dataclass, field
-from typing import Iterator
+from typing import Iterable, Iterator
 
 import redis
 
@@ -70,17 +75,36 @@ class DeadLetters:
         return DeadLetter.from_json(raw) if raw else None
 
     def __iter__(self) -> Iterator[DeadLetter]:
-        for raw in self.ledger.letters():
-            yield DeadLetter.from_json(raw)
+        return self.scan()
 
-    def select(self, reasons: list[str] | None = None, ids: list[str] | None = None) -> list[DeadLetter]:
+    def scan(self, reasons: Iterable[str] | None = None, page: int = 500) -> Iterator[DeadLetter]:
+        """Every letter (of these reasons), streamed a page of HSCAN at a time."""
+        wanted = set(reasons or ())
+        for _, raw in self.ledger.letters(page):
+            letter = DeadLetter.from_json(raw)
+            if not wanted or letter.reason in wanted:
+                yield letter
+
+    def pages(self, reasons: Iterable[str] | None = None, size: int = 500) -> Iterator[list[DeadLetter]]:
+        """`scan` in lists of at most `size` letters, for replaying or purging as it goes."""
+        page: list[DeadLetter] = []
+        for letter in self.scan(reasons, size):
+            page.append(letter)
+            if len(page) >= size:
+                yield page
+                page = []
+        if page:
+            yield page
+
+    def select(self, reasons: list[str] | None = None, ids: list[str] | None = None,
+               limit: int | None = None) -> list[DeadLetter]:
+        """Letters by id (`ids`), or the first `limit` the scan meets, sorted by id. Without
+        a limit this holds every letter: the commands stream with `scan` instead."""
         if ids:
-            letters = [self.get(i) for i in ids]
-            found = [letter for letter in letters if letter]
+            found = [letter for letter in (self.get(i) for i in ids) if letter]
+            found = [letter for letter in found if not reasons or letter.reason in reasons]
         else:
-            found = list(self)
-        if reasons:
-            found = [letter for letter in found if letter.reason in reasons]
+            found = list(itertools.islice(self.scan(reasons), limit))
         return sorted(found, key=lambda letter: letter.id)
 
     def stats(self) -> dict[str, int]:
@@ -100,5 +124,7 @@ class DeadLetters:
         """Delete letters (`dead purge`); their prompts stay dead."""
         return self.ledger.purge(prompt_ids)
 
-    def count(self) -> int:
-        return sum(self.stats().values())
+    def count(self, reasons: Iterable[str] | None = None) -> int:
+        """How many letters (of these reasons), from the counts."""
+        stats = self.stats()
+        return sum(n for reason, n in stats.items() if not reasons or reason in set(reasons))

@@ -11,8 +11,16 @@ from __future__ import annotations
 RUNS = "fleet:runs"                  # set: every run's name
 WORKER_PREFIX = "fleet:worker:"      # string per worker: its heartbeat (JSON, expires)
 AUDIT_LOCK = "fleet:audit:lock"      # string: the worker running the lost-message audit
+WORKERS = "fleet:workers"            # sorted set: worker -> time of its last heartbeat
 TASK_NAME = "fleet.generate"         # the one Celery task
 DEFAULT_QUEUE = "fleet.generate"     # queue prefix (FLEET_QUEUE_PREFIX)
+# A run's prompt states are spread over this many hashes (`RunKeys.state_bucket`): few
+# enough that their fixed cost per key is ~3 bytes a prompt at 10^6 prompts, many enough
+# that a bucket stays within Redis's compact listpack encoding (`hash-max-listpack-entries`:
+# 128 by default, ~4 million prompts a run; 512, ~16 million). Fixed, because a run grows
+# by re-enqueueing appended lines, so its size is never known up front; another count
+# would be another key name.
+STATE_BUCKETS = 1 << 15
 
 
 class RunKeys:
@@ -21,9 +29,14 @@ class RunKeys:
     def __init__(self, run: str):
         base = f"fleet:run:{run}"
         self.spec = base                    # string: the run's spec (JSON)
-        # The ledger (ledger.py) owns state, dead, counters, minutes and prompts: only its
-        # scripts change them, each a prompt's whole transition in one atomic step.
-        self.state = f"{base}:state"        # hash: prompt id -> queued | done | dead
+        # The ledger (ledger.py) owns the state buckets, dead, counters, minutes, shards and prompts:
+        # only its scripts change them, each a prompt's whole transition in one atomic step.
+        # Each prompt's state lives in one of STATE_BUCKETS small hashes, `<base>:s:<n>`,
+        # under 8 bytes of a hash of its id (`ledger.py` says how, and why it is compact).
+        self.state_prefix = f"{base}:s:"
+        # hash: prompt id -> queued | done | dead, as versions before the buckets kept it;
+        # only read, and emptied prompt by prompt into the buckets (`ledger.py`).
+        self.legacy_state = f"{base}:state"
         self.dead = f"{base}:dead"          # hash: prompt id -> dead letter JSON, while dead
         # hash: enqueued, prompt_tokens, output_tokens, state:queued|done|dead, reason:CODE
         # (dead letters by reason), tallied (the state counts are complete); `done` was kept
@@ -33,9 +46,14 @@ class RunKeys:
         # hash: prompt id -> the workers it was delivered to, one name a line, while unfinished
         self.deliveries = f"{base}:deliveries"
         self.minutes = f"{base}:minutes"    # hash: "<minute>:samples|tokens" -> count, for rates
+        self.shards = f"{base}:shards"      # hash: shard code -> prompts whose canonical copy it holds
         # hash: prompt id -> packed token ids (codec.py), while not done or dead. Named
         # `ids`, not `prompts` as when it held int32: no version reads the other's bytes.
         self.prompts = f"{base}:ids"
+
+    def state_bucket(self, n: int) -> str:
+        """The hash that holds the states of the prompts whose id hashes to bucket `n`."""
+        return f"{self.state_prefix}{n}"
 
 
 def queue_for(prefix: str, served_model: str | None) -> str:

@@ -12,6 +12,8 @@ runs a script alone) and conditional (each looks at the state it finds):
     dead   -> done     mark_done  a redelivery succeeded after all; the letter goes
     queued -> dead     bury       its dead letter is stored
     dead   -> dead     bury       a redelivered failure replaces its letter
+    done   -> done     claim      export names the canonical shard of a prompt a
+                                  version without shard codes stored
     done   -> done     anything   a stored prompt is never dead-lettered, re-queued or counted twice
 
 Any other call is a no-op that returns the state it found, for the caller to
@@ -20,8 +22,33 @@ log. The counts by state (`state:queued|done|dead`) and by dead-letter reason
 `status` and `dead stats` read them in O(1) and they always add up:
 queued + done + dead == enqueued. A dead letter exists exactly while its
 prompt is dead (purging one keeps the prompt dead), so `dead list` never
-names a stored prompt, and a shard row belongs to the dataset only while the
-ledger says its prompt is done (`stored`).
+names a stored prompt.
+
+**Compact states.** A run of 10^7 prompts keeps 10^7 states forever, so a
+state costs ~21 bytes of Redis at 10^6 prompts (`python -m bench --parts
+scale`), not the ~100 of a hash field per id. `locate` hashes the id (BLAKE2b,
+80 bits): 15 bits pick one of `STATE_BUCKETS` small hashes, 64 bits are the
+field (ids colliding in all 80 bits: ~1e-10 at 10^7 prompts). Small hashes
+stay in Redis's listpack encoding, where a field costs its bytes plus two and
+an integer value 2 to 6 bytes. The value is the state:
+
+    q<call>   queued, by enqueue call <call> (`q` alone: requeued)
+    d         dead
+    <int>     done; the int is `shard_code` of the shard holding the prompt's
+              canonical copy (0: not known, stored by an older version)
+
+A stored sample belongs to the dataset only while its prompt is done AND it
+sits in that shard, so a prompt stored twice counts once, with no set of ids
+anywhere (`export`). The same step counts, per shard code, the prompts whose
+canonical copy the shard holds (`shards`, a field per shard), so `export`
+knows in one read that a shard holds only canonical rows. `<call>` tells `enqueue` that a prompt it finds queued
+was queued by an earlier line of the same call (a duplicate in the file), not
+by another producer, without a set of the file's ids.
+
+The bucket and field are computed here in Python and passed in, each bucket
+as a declared key, so the scripts compute nothing from ids. A run written by
+a version that kept one `state` hash keyed by id is read through it, and each
+script moves the entries it touches into their buckets.
 
 The producer writes a prompt's token ids and marks it queued before it
 publishes the message (so a crash in between leaves a prompt the audit can
@@ -30,21 +57,50 @@ the ledger already has.
 """
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Iterator
 
 import redis
 
 from .codec import count_ids
-from .keys import RunKeys
+from .keys import STATE_BUCKETS, RunKeys
 from .names import PromptState
 
 QUEUED, DONE, DEAD = PromptState.QUEUED, PromptState.DONE, PromptState.DEAD
+NEW, AGAIN = "new", "again"  # enqueue outcomes besides the state found
+UNKNOWN_SHARD = 0
+READ_CHUNK = 1000  # prompts per read script call
 
-# Shared by every script. KEYS: state, ids, dead, counters, minutes (always in this order).
-_PRELUDE = """
-local state, ids, dead, counters = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
+# Shared by every script. KEYS: legacy state, ids, dead, counters, minutes, shards, then one
+# state bucket per prompt (KEYS[6 + i] for the i-th prompt of ARGV).
+_READ_PRELUDE = """
+local legacy, ids, dead, counters, minutes, shards = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local has_legacy = redis.call('EXISTS', legacy) == 1
+local OLD = {queued = 'q', dead = 'd', done = '0'}
+local function kind(v)
+  if not v then return nil end
+  local c = string.sub(v, 1, 1)
+  if c == 'q' then return 'queued' elseif c == 'd' then return 'dead' end
+  return 'done'
+end
+local function peek(bucket, field, id)
+  local v = redis.call('HGET', bucket, field)
+  if v or not has_legacy then return v end
+  local old = redis.call('HGET', legacy, id)
+  if not old then return false end
+  return OLD[old] or '0'
+end
+"""
+
+_PRELUDE = _READ_PRELUDE + """
+local function get(bucket, field, id)
+  local v = peek(bucket, field, id)
+  if v and has_legacy and redis.call('HDEL', legacy, id) == 1 then redis.call('HSET', bucket, field, v) end
+  return v
+end
 local function count(name, by)
   if redis.call('HINCRBY', counters, name, by) <= 0 and string.sub(name, 1, 7) == 'reason:' then
     redis.call('HDEL', counters, name)
@@ -58,21 +114,41 @@ local function forget_letter(id)
   redis.call('HDEL', dead, id)
   return 1
 end
-local function move(id, from, to)
-  redis.call('HSET', state, id, to)
+local function move(bucket, field, from, to, value)
+  redis.call('HSET', bucket, field, value)
   count('state:' .. from, -1)
   count('state:' .. to, 1)
 end
 """
 
-# ARGV: id, packed ids, token count, ... A run enqueued first by this version is `tallied`.
+# ARGV: the prompts' fields, then (for a run an older version kept) their ids. Returns each
+# prompt's raw state (nil: not in the run).
+_READ = _READ_PRELUDE + """
+local n, out = #KEYS - 6, {}
+if #ARGV < 2 * n then has_legacy = false end
+for i = 1, n do out[i] = peek(KEYS[6 + i], ARGV[i], ARGV[n + i]) end
+return out
+"""
+
+# ARGV: call, then field, id, packed ids, token count per prompt. Returns per prompt
+# 'new', 'again' (queued by this same call) or the state found. A run enqueued first
+# by a version that keeps state counts is `tallied`.
 _ENQUEUE = _PRELUDE + """
 if redis.call('HEXISTS', counters, 'enqueued') == 0 then redis.call('HSET', counters, 'tallied', 1) end
-local fresh, tokens = 0, 0
-for i = 1, #ARGV, 3 do
-  if redis.call('HSETNX', state, ARGV[i], 'queued') == 1 then
-    redis.call('HSET', ids, ARGV[i], ARGV[i + 1])
-    fresh, tokens = fresh + 1, tokens + tonumber(ARGV[i + 2])
+local mine = 'q' .. ARGV[1]
+local out, fresh, tokens = {}, 0, 0
+for i = 1, (#ARGV - 1) / 4 do
+  local a, bucket = 4 * i - 2, KEYS[6 + i]
+  local found = get(bucket, ARGV[a], ARGV[a + 1])
+  if not found then
+    redis.call('HSET', bucket, ARGV[a], mine)
+    redis.call('HSET', ids, ARGV[a + 1], ARGV[a + 2])
+    fresh, tokens = fresh + 1, tokens + tonumber(ARGV[a + 3])
+    out[i] = 'new'
+  elseif found == mine then
+    out[i] = 'again'
+  else
+    out[i] = kind(found)
   end
 end
 if fresh > 0 then
@@ -80,52 +156,55 @@ if fresh > 0 then
   count('state:queued', fresh)
   count('prompt_tokens', tokens)
 end
-return fresh
+return out
 """
 
-# ARGV: id, packed ids, ...
+# ARGV: field, id, packed ids per prompt. Returns per prompt 1 (moved) or 0.
 _REQUEUE = _PRELUDE + """
-local moved = 0
-for i = 1, #ARGV, 2 do
-  if redis.call('HGET', state, ARGV[i]) == 'dead' then
-    forget_letter(ARGV[i])
-    move(ARGV[i], 'dead', 'queued')
-    redis.call('HSET', ids, ARGV[i], ARGV[i + 1])
-    moved = moved + 1
+local out = {}
+for i = 1, #ARGV / 3 do
+  local a, bucket = 3 * i - 2, KEYS[6 + i]
+  out[i] = 0
+  if kind(get(bucket, ARGV[a], ARGV[a + 1])) == 'dead' then
+    forget_letter(ARGV[a + 1])
+    move(bucket, ARGV[a], 'dead', 'queued', 'q')
+    redis.call('HSET', ids, ARGV[a + 1], ARGV[a + 2])
+    out[i] = 1
   end
 end
-return moved
+return out
 """
 
-# ARGV: id, output tokens, minute
+# KEYS[7]: the bucket. ARGV: field, id, output tokens, minute, shard code
 _DONE = _PRELUDE + """
-local id, tokens = ARGV[1], tonumber(ARGV[2])
-local found = redis.call('HGET', state, id)
+local bucket, field, id, tokens = KEYS[7], ARGV[1], ARGV[2], tonumber(ARGV[3])
+local found = kind(get(bucket, field, id))
 if found ~= 'queued' and found ~= 'dead' then return found or '' end
 forget_letter(id)
-move(id, found, 'done')
+move(bucket, field, found, 'done', ARGV[5])
+if ARGV[5] ~= '0' then redis.call('HINCRBY', shards, ARGV[5], 1) end
 redis.call('HDEL', ids, id)
 count('output_tokens', tokens)
-redis.call('HINCRBY', KEYS[5], ARGV[3] .. ':samples', 1)
-redis.call('HINCRBY', KEYS[5], ARGV[3] .. ':tokens', tokens)
+redis.call('HINCRBY', minutes, ARGV[4] .. ':samples', 1)
+redis.call('HINCRBY', minutes, ARGV[4] .. ':tokens', tokens)
 return found
 """
 
-# ARGV: id, reason, letter (JSON with a `reason`)
+# KEYS[7]: the bucket. ARGV: field, id, reason, letter (JSON with a `reason`), 'forgotten' or ''
 _BURY = _PRELUDE + """
-local id = ARGV[1]
-local found = redis.call('HGET', state, id)
-if not found and ARGV[4] == 'forgotten' then found = 'queued' end  -- counted queued when enqueued
+local bucket, field, id = KEYS[7], ARGV[1], ARGV[2]
+local found = kind(get(bucket, field, id))
+if not found and ARGV[5] == 'forgotten' then found = 'queued' end  -- counted queued when enqueued
 if found == 'queued' then
-  move(id, 'queued', 'dead')
+  move(bucket, field, 'queued', 'dead', 'd')
   redis.call('HDEL', ids, id)
 elseif found == 'dead' then
   forget_letter(id)
 else
   return found or ''
 end
-redis.call('HSET', dead, id, ARGV[3])
-count('reason:' .. ARGV[2], 1)
+redis.call('HSET', dead, id, ARGV[4])
+count('reason:' .. ARGV[3], 1)
 return found
 """
 
@@ -135,6 +214,54 @@ local removed = 0
 for i = 1, #ARGV do removed = removed + forget_letter(ARGV[i]) end
 return removed
 """
+
+# ARGV: shard code, then field, id per prompt. A done prompt whose canonical shard is
+# unknown gets this one. Returns each prompt's raw state afterwards.
+_CLAIM = _PRELUDE + """
+local out = {}
+for i = 1, (#ARGV - 1) / 2 do
+  local bucket, field = KEYS[6 + i], ARGV[2 * i]
+  local v = get(bucket, field, ARGV[2 * i + 1])
+  if v == '0' then
+    redis.call('HSET', bucket, field, ARGV[1])
+    redis.call('HINCRBY', shards, ARGV[1], 1)
+    v = ARGV[1]
+  end
+  out[i] = v
+end
+return out
+"""
+
+
+def locate(prompt_id: str) -> tuple[int, bytes]:
+    """A prompt's state bucket (15 bits) and field (64 bits), from BLAKE2b of its id."""
+    digest = hashlib.blake2b(prompt_id.encode("utf-8", "surrogatepass"), digest_size=10).digest()
+    return int.from_bytes(digest[:2], "big") % STATE_BUCKETS, digest[2:]
+
+
+def shard_code(shard: str | Path) -> int:
+    """The code a done prompt's state holds for the shard of its canonical copy: 4 bytes
+    of BLAKE2b of the shard's file name (not its folder, which may move), never 0."""
+    digest = hashlib.blake2b(Path(shard).name.encode(), digest_size=4).digest()
+    return int.from_bytes(digest, "big", signed=True) or 1
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One prompt's state as the ledger holds it."""
+    state: str | None = None   # queued | done | dead; None: not in the run
+    shard: int | None = None   # done: `shard_code` of its canonical copy's shard (0: not known)
+    call: str | None = None    # queued: the enqueue call that queued it ('' if requeued)
+
+    @classmethod
+    def decode(cls, raw: bytes | None) -> "Entry":
+        if not raw:
+            return cls()
+        if raw[:1] == b"q":
+            return cls(QUEUED, call=raw[1:].decode())
+        if raw[:1] == b"d":
+            return cls(DEAD)
+        return cls(DONE, shard=int(raw))
 
 
 @dataclass(frozen=True)
@@ -157,25 +284,47 @@ class Tally:
                    prompt_tokens=counters.get("prompt_tokens", 0), output_tokens=counters.get("output_tokens", 0),
                    exact="tallied" in counters or not counters)
 
+    def by_state(self) -> dict[str, int]:
+        return {str(s): n for s, n in ((QUEUED, self.queued), (DONE, self.done), (DEAD, self.dead)) if n}
+
 
 class Ledger:
     def __init__(self, client: redis.Redis, run: str):
         self.client, self.run, self.keys = client, run, RunKeys(run)
+        self._names: list[str] | None = None
 
     # -- reads ------------------------------------------------------------------------------
 
-    def state(self, prompt_id: str) -> str | None:
-        raw = self.client.hget(self.keys.state, prompt_id)
-        return raw.decode() if raw else None
+    def entries(self, prompt_ids: list[str]) -> list[Entry]:
+        """Each prompt's entry, one script call per `READ_CHUNK` prompts."""
+        return [Entry.decode(raw) for raw in self.raw_entries(prompt_ids)]
+
+    def raw_entries(self, prompt_ids: list[str]) -> list[bytes | None]:
+        """Each prompt's state as stored (`Entry.decode` reads it; a done prompt's is
+        `b"%d" % shard_code(shard)`), one script call per `READ_CHUNK` prompts."""
+        found: list[bytes | None] = []
+        legacy = prompt_ids and self.client.exists(self.keys.legacy_state)  # then the ids are needed too
+        for start in range(0, len(prompt_ids), READ_CHUNK):
+            chunk = prompt_ids[start:start + READ_CHUNK]
+            buckets, fields = self._locate(chunk)
+            found += self._script(_READ, buckets, fields + chunk if legacy else fields)
+        return found
 
     def states(self, prompt_ids: list[str]) -> list[str | None]:
-        if not prompt_ids:
-            return []
-        return [r.decode() if r else None for r in self.client.hmget(self.keys.state, prompt_ids)]
+        return [e.state for e in self.entries(prompt_ids)]
+
+    def state(self, prompt_id: str) -> str | None:
+        return self.states([prompt_id])[0]
 
     def stored(self, prompt_ids: list[str]) -> list[bool]:
         """Whether each prompt's sample belongs to the dataset (its state is done)."""
         return [state == DONE for state in self.states(prompt_ids)]
+
+    def canonical_rows(self, shard: str | Path) -> int:
+        """How many prompts name `shard` as the holder of their canonical copy. A shard of
+        that many rows holds only canonical rows: each such prompt has a row in it, so its
+        rows are those prompts, once each (barring a 2^-32 collision of shard codes)."""
+        return int(self.client.hget(self.keys.shards, shard_code(shard)) or 0)
 
     def payload(self, prompt_id: str) -> bytes | None:
         return self.client.hget(self.keys.prompts, prompt_id)
@@ -188,9 +337,11 @@ class Ledger:
         """A dead prompt's dead letter (JSON), while it has one."""
         return self.client.hget(self.keys.dead, prompt_id)
 
-    def letters(self) -> Iterator[bytes]:
-        for _, raw in self.client.hscan_iter(self.keys.dead, count=500):
-            yield raw
+    def letters(self, page: int = 500) -> Iterator[tuple[str, bytes]]:
+        """Every dead letter as (prompt id, JSON), a page of HSCAN at a time (a letter purged
+        or replayed meanwhile may be missed, one present throughout comes at least once)."""
+        for prompt_id, raw in self.client.hscan_iter(self.keys.dead, count=page):
+            yield prompt_id.decode(), raw
 
     def tally(self) -> Tally:
         return Tally.from_counters(self.counters())
@@ -201,10 +352,22 @@ class Ledger:
     def counts(self) -> dict[str, int]:
         """Prompts by state, counted from the ledger's own entries: a slow check of `tally`."""
         counts: dict[str, int] = {}
-        for _, raw in self.client.hscan_iter(self.keys.state, count=1000):
-            state = raw.decode()
+        for raw in self._all_values():
+            state = Entry.decode(raw).state
             counts[state] = counts.get(state, 0) + 1
         return counts
+
+    def _all_values(self, page: int = 256) -> Iterator[bytes]:
+        keys = self.client.scan_iter(match=f"{self.keys.state_prefix}*", count=1000)
+        while chunk := [k for _, k in zip(range(page), keys)]:
+            with self.client.pipeline(transaction=False) as pipe:
+                for key in chunk:
+                    pipe.hvals(key)
+                for values in pipe.execute():
+                    yield from values
+        legacy = {b"queued": b"q", b"dead": b"d", b"done": b"0"}
+        for _, raw in self.client.hscan_iter(self.keys.legacy_state, count=1000):
+            yield legacy.get(raw, b"0")
 
     def recent(self, minutes: int = 5) -> tuple[int, int, float]:
         """Samples and output tokens stored in the current minute and the `minutes - 1`
@@ -217,41 +380,93 @@ class Ledger:
 
     # -- transitions ------------------------------------------------------------------------
 
-    def enqueue(self, payloads: dict[str, bytes], pipe: redis.client.Pipeline | None = None):
-        """New prompts become queued with their packed ids; returns how many were new
-        (a prompt the run already has is left as it is). On `pipe`, the pipeline returns it."""
-        args = [x for pid, raw in payloads.items() for x in (pid, raw, count_ids(raw))]
-        return self._script(_ENQUEUE, args, pipe) if payloads else 0
+    def enqueue(self, payloads: dict[str, bytes] | list[tuple[str, bytes]], call: int | str = "",
+                pipe: redis.client.Pipeline | None = None):
+        """New prompts become queued with their packed ids, by enqueue call `call`. Returns,
+        per (id, packed ids) in order, NEW, AGAIN (queued earlier by this same call, in this
+        list or before) or the state it found (left as it is). On `pipe`, the pipeline
+        returns it raw (`outcomes` reads it)."""
+        items = list(payloads.items()) if isinstance(payloads, dict) else list(payloads)
+        if not items:
+            return []
+        buckets, fields = self._locate([pid for pid, _ in items])
+        args = [str(call)] + [x for (pid, raw), f in zip(items, fields) for x in (f, pid, raw, count_ids(raw))]
+        result = self._script(_ENQUEUE, buckets, args, pipe)
+        return result if pipe is not None else self.outcomes(result)
+
+    @staticmethod
+    def outcomes(raw: list[bytes]) -> list[str]:
+        return [r.decode() for r in raw]
 
     def requeue(self, payloads: dict[str, bytes], pipe: redis.client.Pipeline | None = None):
         """Dead prompts become queued again with their packed ids, and lose their letters;
-        returns how many moved (a prompt that is not dead is left as it is)."""
-        args = [x for pid, raw in payloads.items() for x in (pid, raw)]
-        return self._script(_REQUEUE, args, pipe) if payloads else 0
+        returns the ids that moved (a prompt that is not dead is left as it is)."""
+        if not payloads:
+            return []
+        buckets, fields = self._locate(list(payloads))
+        args = [x for (pid, raw), f in zip(payloads.items(), fields) for x in (f, pid, raw)]
+        result = self._script(_REQUEUE, buckets, args, pipe)
+        return result if pipe is not None else [pid for pid, moved in zip(payloads, result) if moved]
 
-    def mark_queued(self, pipe: redis.client.Pipeline, payloads: dict[str, bytes], tokens: int,
-                    count_as_new: bool = True) -> None:
-        """`enqueue` (new prompts) or `requeue` (dead letters replayed) on a pipeline. `tokens`
-        is ignored: each prompt's count is read from its packed ids, and only new ones count."""
-        (self.enqueue if count_as_new else self.requeue)(payloads, pipe)
-
-    def mark_done(self, prompt_id: str, output_tokens: int) -> str | None:
-        """The prompt's sample is durable; returns the state it was in (done: nothing changed)."""
-        found = self._script(_DONE, [prompt_id, output_tokens, int(time.time() // 60)])
-        return found.decode() or None
+    def mark_done(self, prompt_id: str, output_tokens: int, shard: str | Path | None = None,
+                  pipe: redis.client.Pipeline | None = None):
+        """The prompt's sample is durable in `shard` (its canonical copy, unless the prompt
+        was done already); returns the state it was in (done: nothing changed)."""
+        code = shard_code(shard) if shard is not None else UNKNOWN_SHARD
+        buckets, fields = self._locate([prompt_id])
+        result = self._script(_DONE, buckets, [fields[0], prompt_id, output_tokens,
+                                               int(time.time() // 60), code], pipe)
+        return result if pipe is not None else (result.decode() or None)
 
     def bury(self, prompt_id: str, reason: str, letter: str, forgotten: bool = False) -> str | None:
         """Store the prompt's dead letter; returns the state it was in. Only a queued or dead
         prompt gets a letter: a done one (or one the run does not have) is left as it is, unless
         `forgotten`: a prompt whose message is queued but whose ledger entries Redis lost (evicted,
         flushed) is buried as the queued prompt it was."""
-        args = [prompt_id, str(reason), letter, "forgotten" if forgotten else ""]
-        return self._script(_BURY, args).decode() or None
+        buckets, fields = self._locate([prompt_id])
+        args = [fields[0], prompt_id, str(reason), letter, "forgotten" if forgotten else ""]
+        return self._script(_BURY, buckets, args).decode() or None
 
     def purge(self, prompt_ids: list[str]) -> int:
         """Delete dead letters; their prompts stay dead. Returns how many were deleted."""
-        return int(self._script(_PURGE, list(prompt_ids))) if prompt_ids else 0
+        return int(self._script(_PURGE, [], list(prompt_ids))) if prompt_ids else 0
 
-    def _script(self, source: str, args: list, pipe: redis.client.Pipeline | None = None):
-        keys = [self.keys.state, self.keys.prompts, self.keys.dead, self.keys.counters, self.keys.minutes]
-        return self.client.register_script(source)(keys=keys, args=args, client=pipe)
+    def claim(self, prompt_ids: list[str], shard: str | Path) -> list[Entry]:
+        """Done prompts whose canonical shard is not known (stored by a version that kept
+        none) get `shard`; returns each prompt's entry afterwards."""
+        found: list[Entry] = []
+        for start in range(0, len(prompt_ids), READ_CHUNK):
+            chunk = prompt_ids[start:start + READ_CHUNK]
+            buckets, fields = self._locate(chunk)
+            args = [shard_code(shard)] + [x for pair in zip(fields, chunk) for x in pair]
+            found += [Entry.decode(r) for r in self._script(_CLAIM, buckets, args)]
+        return found
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _locate(self, prompt_ids: list[str]) -> tuple[list[str], list[bytes]]:
+        buckets, fields = [], []
+        names = self._bucket_names() if len(prompt_ids) > 64 else None
+        for prompt_id in prompt_ids:
+            bucket, f = locate(prompt_id)
+            buckets.append(names[bucket] if names else self.keys.state_bucket(bucket))
+            fields.append(f)
+        return buckets, fields
+
+    def _bucket_names(self) -> list[str]:
+        """Every bucket's key, built once per ledger that reads many prompts at a time."""
+        if self._names is None:
+            self._names = [self.keys.state_bucket(n) for n in range(STATE_BUCKETS)]
+        return self._names
+
+    def _script(self, source: str, buckets: list[str], args: list,
+                pipe: redis.client.Pipeline | None = None):
+        keys = [self.keys.legacy_state, self.keys.prompts, self.keys.dead, self.keys.counters,
+                self.keys.minutes, self.keys.shards, *buckets]
+        script = _SCRIPTS.get(source) or _SCRIPTS.setdefault(source, self.client.register_script(source))
+        return script(keys=keys, args=args, client=self.client if pipe is None else pipe)
+
+
+# One Script object per source (its SHA computed once), called with the caller's client, so
+# a pipeline of many transitions loads each script once.
+_SCRIPTS: dict[str, "redis.commands.core.Script"] = {}

@@ -176,17 +176,19 @@ def _print_enqueue_summary(summary, mode: str) -> None:
 
     for item in summary.rejected[:50]:
         say(f"line {item.line}: {item.reason}" + (f" (id {item.id})" if item.id else ""))
-    if len(summary.rejected) > 50:
-        say(f"... and {len(summary.rejected) - 50} more rejected lines")
+    if summary.rejected_count > 50:
+        say(f"... and {summary.rejected_count - 50} more rejected lines")
     for item in summary.duplicates[:20]:
         say(f"line {item.line}: {item.reason}: {item.id}")
+    if summary.duplicate_count > 20:
+        say(f"... and {summary.duplicate_count - 20} more duplicate lines")
     table = Table(title=f"enqueue: run {summary.run!r} -> queue {summary.queue!r} (thinking: {mode})")
     for column in ("published", "prompt tokens", "skipped (already in run)", "duplicates", "rejected", "prompts/s"):
         table.add_column(column, justify="right")
     rate = summary.published / summary.seconds if summary.seconds else 0.0
     already = ", ".join(f"{k}={v}" for k, v in sorted(summary.already.items())) or "0"
     table.add_row(str(summary.published), str(summary.prompt_tokens), already,
-                  str(len(summary.duplicates)), str(len(summary.rejected)), f"{rate:,.0f}")
+                  str(summary.duplicate_count), str(summary.rejected_count), f"{rate:,.0f}")
     out.print(table)
     if summary.held_back:
         out.print(f"held back {summary.held_back:.0f}s while the queue was deeper than --max-queued")
@@ -224,22 +226,50 @@ def status(run: Optional[str] = RunOpt, as_json: bool = typer.Option(False, "--j
 
 @dead_app.command("list")
 def dead_list(run: Optional[str] = RunOpt, reason: list[str] = typer.Option([], help="Only these reason codes."),
+              limit: int = typer.Option(0, min=0, help="At most this many (0: all)."),
               as_json: bool = typer.Option(False, "--json"), redis_url: Optional[str] = RedisOpt) -> None:
-    """Every dead-lettered prompt with its reason (`--json`: a JSON array)."""
+    """Dead-lettered prompts with their reasons, streamed as they are read (`--json`: a JSON
+    array), in the store's order; `dead stats` counts them."""
     name = _run_name(run)
     _, client = _connect(redis_url)
+    import itertools
+
     from contract.deadletters import DeadLetters
 
-    letters = DeadLetters(client, _spec(client, name).name).select(reason or None)
+    store = DeadLetters(client, _spec(client, name).name)
+    letters = store.scan(reason or None)
+    if limit:
+        letters = itertools.islice(letters, limit)
     if as_json:
-        sys.stdout.write(json.dumps([d.summary() for d in letters], ensure_ascii=False) + "\n")
+        _stream_json(d.summary() for d in letters)
         return
-    table = Table(title=f"{len(letters)} dead letters")
-    for column in ("id", "reason", "attempts", "message"):
-        table.add_column(column, overflow="fold")
-    for d in letters:
-        table.add_row(d.id, d.reason, str(d.attempts), d.message)
-    out.print(table)
+    shown = 0
+    for page in _pages(letters, 500):
+        table = Table(title=None if shown else f"dead letters of run {name!r}", show_header=not shown)
+        for column in ("id", "reason", "attempts", "message"):
+            table.add_column(column, overflow="fold")
+        for d in page:
+            table.add_row(escape(d.id), d.reason, str(d.attempts), escape(d.message))
+        out.print(table)
+        shown += len(page)
+    total = store.count(reason or None)
+    out.print(f"{shown} dead letters shown" + (f" of {total}" if total != shown else ""))
+
+
+def _stream_json(items) -> None:
+    """A JSON array written an element at a time."""
+    sys.stdout.write("[")
+    for n, item in enumerate(items):
+        sys.stdout.write(("," if n else "") + json.dumps(item, ensure_ascii=False))
+    sys.stdout.write("]\n")
+
+
+def _pages(items, size: int):
+    import itertools
+
+    iterator = iter(items)
+    while page := list(itertools.islice(iterator, size)):
+        yield page
 
 
 @dead_app.command("show")
@@ -280,7 +310,8 @@ def dead_requeue(run: Optional[str] = RunOpt, reason: list[str] = typer.Option([
                  prompt_id: list[str] = typer.Option([], "--id"),
                  max_new_tokens: Optional[int] = typer.Option(None, min=1, help="A larger budget, e.g. for truncated prompts."),
                  yes: bool = typer.Option(False, "--yes", "-y"), redis_url: Optional[str] = RedisOpt) -> None:
-    """Publish dead-lettered prompts again (all, or by --reason / --id)."""
+    """Publish dead-lettered prompts again (all, or by --reason / --id), a page at a time as
+    the letters are read."""
     name = _run_name(run)
     settings, client = _connect(redis_url)
     from contract.deadletters import DeadLetters
@@ -288,40 +319,49 @@ def dead_requeue(run: Optional[str] = RunOpt, reason: list[str] = typer.Option([
     from .dead import requeue
 
     spec = _spec(client, name)
-    letters = DeadLetters(client, spec.name).select(reason or None, prompt_id or None)
-    if not letters:
+    store = DeadLetters(client, spec.name)
+    pages = [store.select(reason or None, prompt_id)] if prompt_id else store.pages(reason or None)
+    total = sum(len(p) for p in pages) if prompt_id else store.count(reason or None)
+    if not total:
         out.print("nothing to requeue")
         return
     if not yes:
-        typer.confirm(f"requeue {len(letters)} dead letters of run {spec.name!r}?", abort=True)
+        typer.confirm(f"requeue {total} dead letters of run {spec.name!r}?", abort=True)
+    count, publisher = 0, _publisher(settings)
     with Progress(TextColumn("requeue"), BarColumn(), MofNCompleteColumn(), console=err, transient=True) as bar:
-        task = bar.add_task("requeue", total=len(letters))
-        count = requeue(client, _publisher(settings), spec, letters, settings.queue_prefix, max_new_tokens,
-                        on_progress=lambda n: bar.update(task, completed=n))
+        task = bar.add_task("requeue", total=total)
+        for page in pages:
+            count += requeue(client, publisher, spec, page, settings.queue_prefix, max_new_tokens)
+            bar.update(task, completed=count)
     out.print(f"requeued {count} prompts" + (f" with max_new_tokens={max_new_tokens}" if max_new_tokens else ""))
 
 
 @dead_app.command("purge")
 def dead_purge(run: Optional[str] = RunOpt, reason: list[str] = typer.Option([]),
                yes: bool = typer.Option(False, "--yes", "-y"), redis_url: Optional[str] = RedisOpt) -> None:
-    """Delete dead letters (all, or by --reason). Their prompts stay marked dead."""
+    """Delete dead letters (all, or by --reason), a page at a time. Their prompts stay marked dead."""
     name = _run_name(run)
     _, client = _connect(redis_url)
     from contract.deadletters import DeadLetters
 
     store = DeadLetters(client, _spec(client, name).name)
-    letters = store.select(reason or None)
-    if not letters:
+    total = store.count(reason or None)
+    if not total:
         out.print("nothing to purge")
         return
     if not yes:
-        typer.confirm(f"delete {len(letters)} dead letters?", abort=True)
-    out.print(f"purged {store.remove([d.id for d in letters])} dead letters")
+        typer.confirm(f"delete {total} dead letters?", abort=True)
+    purged = sum(store.remove([d.id for d in page]) for page in store.pages(reason or None))
+    out.print(f"purged {purged} dead letters")
 
 
 @app.command()
 def export(dest: Path = typer.Argument(..., help="A new or empty folder, or a previous export to replace."),
            run: Optional[str] = RunOpt, rows_per_file: int = typer.Option(10_000, min=1),
+           jobs: int = typer.Option(0, min=0, help="Processes sharing the shards (0: one per GiB of shards, "
+                                    "at most one per core and 8)."),
+           index_only: bool = typer.Option(False, "--index-only", help="Write keep-*.parquet, the (shard, id) "
+                                           "of each canonical row, instead of copying the rows."),
            redis_url: Optional[str] = RedisOpt) -> None:
     """Write the finished dataset (each done id once) and a manifest to DEST.
 
@@ -330,7 +370,8 @@ def export(dest: Path = typer.Argument(..., help="A new or empty folder, or a pr
     of DEST/*.parquet sees the old export or the new one, never both. A DEST that
     holds anything else is refused (exit 2) and left alone. Samples whose prompt
     the ledger does not mark done (dead-lettered since, or queued again) are left
-    out and counted in the manifest.
+    out and counted in the manifest. --index-only copies nothing: readers of the
+    shards in place (DuckDB, Spark) semi-join them with DEST/keep-*.parquet.
     """
     name = _run_name(run)
     settings, client = _connect(redis_url)
@@ -344,12 +385,15 @@ def export(dest: Path = typer.Argument(..., help="A new or empty folder, or a pr
                       console=err, transient=True) as bar:
             task = bar.add_task("export", total=total)
             manifest = export_run(spec, client, settings.output_dir, dest, rows_per_file,
-                                  on_progress=lambda n: bar.update(task, completed=n))
+                                  on_progress=lambda n: bar.update(task, completed=n),
+                                  jobs=jobs, redis_url=settings.redis_url,
+                                  index_only=index_only)
     except ExportRefused as exc:
         err.print(f"[red]{escape(str(exc))}[/red]")
         raise typer.Exit(2)
     left_out = ", ".join(f"{k}={v}" for k, v in manifest["left_out"].items()) or "none"
-    out.print(f"exported {manifest['rows']} samples ({manifest['duplicates_dropped']} duplicates dropped, "
+    what = "indexed" if index_only else "exported"
+    out.print(f"{what} {manifest['rows']} samples ({manifest['duplicates_dropped']} duplicates dropped, "
               f"left out as not done: {left_out}) into {len(manifest['files'])} files under {dest}; "
               f"dead letters: {manifest['dead_letters']}")
 

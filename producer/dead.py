@@ -1,4 +1,4 @@
-"""Replaying dead letters: back onto the queue, optionally with a larger budget."""
+"""Replaying dead letters: back onto the queue, optionally with a larger budget, a page at a time."""
 from __future__ import annotations
 
 from typing import Callable
@@ -15,16 +15,21 @@ from contract.spec import RunSpec
 
 def requeue(client: redis.Redis, app, spec: RunSpec, letters: list[DeadLetter], queue_prefix: str,
             max_new_tokens: int | None = None, on_progress: Callable[[int], None] | None = None) -> int:
-    """Put the letters' prompts back in the ledger and on the queue; the letters go."""
+    """Put the letters' prompts back in the ledger and on the queue; the letters go. Only the
+    prompts the ledger moved from dead to queued are published, so a letter met twice (a
+    scan may return one twice) or replayed meanwhile by someone else is published once."""
     if not letters:
         return 0
     queue = queue_for(queue_prefix, spec.served_model)
     ledger = Ledger(client, spec.name)
+    published = 0
     for start in range(0, len(letters), 500):
         chunk = letters[start:start + 500]
-        ledger.requeue({d.id: pack_ids(b64_to_ids(d.prompt_b64)) for d in chunk})  # dead -> queued, letters go
+        moved = set(ledger.requeue({d.id: pack_ids(b64_to_ids(d.prompt_b64)) for d in chunk}))
         publish_prompts(app, spec.name, queue, [
-            (d.id, d.prompt_tokens, max_new_tokens or d.sampling.get("max_new_tokens")) for d in chunk])
+            (d.id, d.prompt_tokens, max_new_tokens or d.sampling.get("max_new_tokens"))
+            for d in chunk if d.id in moved])
+        published += len(moved)
         if on_progress:
             on_progress(start + len(chunk))
-    return len(letters)
+    return published

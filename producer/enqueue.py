@@ -4,6 +4,16 @@ Each batch of lines is validated, checked against the run's ledger (a re-run
 publishes only prompts not yet queued, done or dead), tokenized with the chat
 template, checked for the think-start token, and published through one
 pipelined kombu producer with compact arguments and a short `argsrepr`.
+
+**Each prompt is published once, and memory is flat in the file's size.** No
+set of ids is kept here: the ledger's enqueue script (atomic, set-if-absent)
+says which prompts of a batch were new, and only those are published, so a
+repeat of an id within the file, and two producers started on the same file,
+publish each prompt once. The script also says when a prompt it already had
+was queued by this same call (an earlier line: a duplicate) rather than by
+another call; a repeat whose first line's prompt is already done or dead by
+then is counted as already in the run. Reported lines are kept up to
+`MAX_REPORTED` each, then only counted.
 Tokenizing (mostly Rust, which releases the GIL) of one batch overlaps the
 publishing of the batch before it, so publishing adds little to a run.
 
@@ -15,6 +25,8 @@ other prompts of the batch are published.
 from __future__ import annotations
 
 import itertools
+import secrets
+import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -26,8 +38,8 @@ import redis
 from contract.codec import pack_ids
 from contract.keys import queue_for
 from contract.kombu_redis import queue_depth
-from contract.ledger import Ledger
-from contract.names import Thinking
+from contract.ledger import AGAIN, NEW, Entry, Ledger
+from contract.names import PromptState, Thinking
 from contract.publish import publish_prompts
 from contract.spec import RunSpec, load_spec, save_spec
 
@@ -35,6 +47,7 @@ from .chat import ChatTokenizer
 from .prompts import MAX_LINE_BYTES, BadLine, Prompt, read_prompts
 
 BATCH = 256  # prompts tokenized and published together
+MAX_REPORTED = 1000  # rejected and duplicate lines kept with their numbers; the rest are counted
 
 
 def _render_failed(exc: BaseException) -> bool:
@@ -57,14 +70,33 @@ class EnqueueSummary:
     published: int = 0
     prompt_tokens: int = 0
     already: dict[str, int] = field(default_factory=dict)   # state -> count, skipped on a re-run
-    duplicates: list[Rejection] = field(default_factory=list)
-    rejected: list[Rejection] = field(default_factory=list)
+    duplicates: list[Rejection] = field(default_factory=list)  # the first MAX_REPORTED
+    rejected: list[Rejection] = field(default_factory=list)    # the first MAX_REPORTED
+    duplicate_count: int = 0
+    rejected_count: int = 0
     seconds: float = 0.0
     held_back: float = 0.0  # seconds spent waiting for the queue to drain
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
     def skipped(self) -> int:
-        return sum(self.already.values()) + len(self.duplicates)
+        return sum(self.already.values()) + self.duplicate_count
+
+    def reject(self, line: int, prompt_id: str | None, reason: str) -> None:
+        """A line that is not published (bad, or refused by the tokenizer); from either thread."""
+        with self._lock:
+            self.rejected_count += 1
+            if len(self.rejected) < MAX_REPORTED:
+                self.rejected.append(Rejection(line, prompt_id, reason))
+
+    def skip(self, prompt: Prompt, outcome: str) -> None:
+        """A prompt the run already has: a repeat of an earlier line (AGAIN), or in a state."""
+        if outcome == AGAIN:
+            self.duplicate_count += 1
+            if len(self.duplicates) < MAX_REPORTED:
+                self.duplicates.append(Rejection(prompt.line, prompt.id, "duplicate id (first one kept)"))
+        else:
+            self.already[outcome] = self.already.get(outcome, 0) + 1
 
 
 class RunMismatch(Exception):
@@ -107,18 +139,18 @@ def enqueue_file(path: Path, spec: RunSpec, chat: ChatTokenizer, client: redis.R
                  max_queue_depth: int = 0, max_line_bytes: int = MAX_LINE_BYTES) -> EnqueueSummary:
     queue = queue_for(queue_prefix, spec.served_model)
     summary = EnqueueSummary(run=spec.name, queue=queue)
-    ledger, seen = Ledger(client, spec.name), set()
+    ledger, call = Ledger(client, spec.name), secrets.token_hex(4)  # this call, as the ledger knows it
     started = time.monotonic()
 
     def publish(ready: list[tuple[Prompt, list[int]]]) -> None:
         if ready and max_queue_depth:
             summary.held_back += _hold_back(client, queue, max_queue_depth)
-        _publish(ready, spec, client, app, queue, ledger, summary)
+        _publish(ready, spec, app, queue, ledger, call, summary)
 
     with open(path, "rb") as handle, ThreadPoolExecutor(1, thread_name_prefix="tokenize") as tokenizer:
         tokenized: Future | None = None  # the batch being tokenized while the one before is published
         for batch in _batches(read_prompts(handle, max_line_bytes), BATCH):
-            fresh = _select(batch, ledger, seen, summary)
+            fresh = _select(batch, ledger, call, summary)
             following = tokenizer.submit(_tokenize, fresh, spec, chat, max_prompt_tokens, summary)
             if tokenized:
                 publish(tokenized.result())
@@ -148,25 +180,28 @@ def _batches(items: Iterable, size: int) -> Iterator[list]:
         yield chunk
 
 
-def _select(batch: list[Prompt | BadLine], ledger: Ledger, seen: set[str],
+def _select(batch: list[Prompt | BadLine], ledger: Ledger, call: str,
             summary: EnqueueSummary) -> list[Prompt]:
-    """Drop bad lines, in-file duplicates (the first wins) and prompts the run already has."""
+    """Drop bad lines and prompts the run already has, before they are tokenized (a repeat
+    within the batch, or of a batch still being tokenized, is caught at `_publish`)."""
     prompts = []
     for item in batch:
         if isinstance(item, BadLine):
-            summary.rejected.append(Rejection(item.line, None, item.reason))
-        elif item.id in seen:
-            summary.duplicates.append(Rejection(item.line, item.id, "duplicate id (first one kept)"))
+            summary.reject(item.line, None, item.reason)
         else:
-            seen.add(item.id)
             prompts.append(item)
     fresh = []
-    for prompt, state in zip(prompts, ledger.states([p.id for p in prompts])):
-        if state is None:
+    for prompt, entry in zip(prompts, ledger.entries([p.id for p in prompts])):
+        if entry.state is None:
             fresh.append(prompt)
         else:
-            summary.already[state] = summary.already.get(state, 0) + 1
+            summary.skip(prompt, _outcome(entry, call))
     return fresh
+
+
+def _outcome(entry: Entry, call: str) -> str:
+    """What the enqueue script would say of a prompt the run has."""
+    return AGAIN if entry.state == PromptState.QUEUED and entry.call == call else str(entry.state)
 
 
 def _tokenize(prompts: list[Prompt], spec: RunSpec, chat: ChatTokenizer,
@@ -184,11 +219,9 @@ def _tokenize(prompts: list[Prompt], spec: RunSpec, chat: ChatTokenizer,
         if ids is None:
             continue
         if spec.thinking == Thinking.PROMPT and not chat.ends_with_think_start(ids):
-            summary.rejected.append(Rejection(prompt.line, prompt.id,
-                                              "rendered prompt does not end with the think-start token"))
+            summary.reject(prompt.line, prompt.id, "rendered prompt does not end with the think-start token")
         elif max_prompt_tokens and len(ids) > max_prompt_tokens:
-            summary.rejected.append(Rejection(prompt.line, prompt.id,
-                                              f"prompt_too_long: {len(ids)} tokens > {max_prompt_tokens}"))
+            summary.reject(prompt.line, prompt.id, f"prompt_too_long: {len(ids)} tokens > {max_prompt_tokens}")
         else:
             ready.append((prompt, ids))
     return ready
@@ -202,22 +235,25 @@ def _render_or_none(chat: ChatTokenizer, prompt: Prompt, summary: EnqueueSummary
     except BaseException as exc:
         if not _render_failed(exc):
             raise
-        summary.rejected.append(Rejection(prompt.line, prompt.id,
-                                          f"chat template or tokenizer failed: {exc.__class__.__name__}: "
-                                          f"{str(exc)[:300]}"))
+        summary.reject(prompt.line, prompt.id,
+                       f"chat template or tokenizer failed: {exc.__class__.__name__}: {str(exc)[:300]}")
         return None
 
 
-def _publish(ready: list[tuple[Prompt, list[int]]], spec: RunSpec, client: redis.Redis, app,
-             queue: str, ledger: Ledger, summary: EnqueueSummary) -> None:
-    """Record the prompts (with their token ids), then publish: a crash in between leaves
-    queued prompts without a message, which the workers' audit republishes."""
+def _publish(ready: list[tuple[Prompt, list[int]]], spec: RunSpec, app, queue: str, ledger: Ledger,
+             call: str, summary: EnqueueSummary) -> None:
+    """Record the prompts (with their token ids), then publish those the ledger did not have:
+    a crash in between leaves queued prompts without a message, which the workers' audit
+    republishes; a prompt another producer (or an earlier line) queued first is skipped."""
     if not ready:
         return
-    tokens = sum(len(ids) for _, ids in ready)
-    with client.pipeline(transaction=False) as pipe:
-        ledger.mark_queued(pipe, {p.id: pack_ids(ids) for p, ids in ready}, tokens)
-        pipe.execute()
-    publish_prompts(app, spec.name, queue, [(p.id, len(ids), None) for p, ids in ready])
-    summary.published += len(ready)
-    summary.prompt_tokens += tokens
+    outcomes = ledger.enqueue([(p.id, pack_ids(ids)) for p, ids in ready], call)
+    new = []
+    for (prompt, ids), outcome in zip(ready, outcomes):
+        if outcome == NEW:
+            new.append((prompt, ids))
+        else:
+            summary.skip(prompt, outcome)
+    publish_prompts(app, spec.name, queue, [(p.id, len(ids), None) for p, ids in new])
+    summary.published += len(new)
+    summary.prompt_tokens += sum(len(ids) for _, ids in new)

@@ -1,14 +1,29 @@
 """The finished dataset: each done id exactly once, with a manifest.
 
 Invariants, and why they hold:
-- **Each id once.** A redelivered prompt can be stored twice (its sample was
-  durable, the worker died before the acknowledgement); export keeps the first
-  copy in shard-name order.
-- **Only what the ledger says is done.** A stored sample whose prompt was later
-  dead-lettered (or is queued again) is left out: each shard's ids are looked up
-  in the ledger with HMGET, in chunks, and the rows left out are counted by state
-  in the manifest. Nothing holds the ledger in memory; the one set that grows
-  with the run is the ids already exported (the dedup).
+- **Each id once, and only what the ledger says is done.** When a worker marks
+  a prompt done, the ledger records which shard holds its canonical copy
+  (`shard_code` of the shard's file name). A stored row is exported iff its
+  prompt is done AND the row sits in that shard: a redelivered prompt stored
+  twice, or a sample whose prompt was dead-lettered or queued again since, is
+  left out and counted in the manifest (`duplicates_dropped`, `left_out`). A
+  batch of rows costs one script call that reads their entries; nothing holds
+  a set of the run's ids (only the ids of the one shard being read, to drop a
+  row written twice into the same shard). A prompt stored by a version that
+  recorded no shard gets the first shard export meets (`Ledger.claim`).
+- **As fast as reading the shards.** The ledger counts, per shard, the
+  prompts whose canonical copy it holds (`Ledger.canonical_rows`): a shard
+  with that many rows holds only canonical rows, and (when it fits in a file)
+  is exported whole, hard-linked into the export (copied across file
+  systems), its footer alone read. Only a shard with rows to leave out is
+  read, a batch at a time, one script call per batch looking up its ids, and
+  its kept rows are written out a row group at a time (ParquetWriter), so no
+  file is ever whole in memory. `jobs` processes each export an interleaved
+  share of the shards into their own files (`part-<job>-<n>.parquet`).
+- **Readers of the shards in place** (`index_only`): `keep-<job>.parquet`
+  lists (shard file name, row number in the shard, id) of every canonical row,
+  read from the shards' `id` column alone; a distributed reader (DuckDB,
+  Spark) semi-joins the shards with it instead of copying the dataset.
 - **A reader of `DEST/*.parquet` sees one whole export, never two mixed.** The
   export is written into a fresh folder beside DEST (files and manifest each
   written to a temporary name, fsynced, renamed), then swapped with DEST in
@@ -16,10 +31,8 @@ Invariants, and why they hold:
   which DEST is briefly absent, never mixed), and the previous export is
   deleted. Exporting again is how a growing run is refreshed, so replacing is
   the default; a DEST that holds anything but a previous export (a manifest and
-  `part-*.parquet` files) is refused rather than replaced, so export never
-  deletes a user's files.
-
-It streams shard by shard, so the dataset never has to fit in memory.
+  `part-*.parquet` / `keep-*.parquet` files) is refused rather than replaced,
+  so export never deletes a user's files.
 """
 from __future__ import annotations
 
@@ -27,29 +40,34 @@ import ctypes
 import errno
 import hashlib
 import json
+import multiprocessing
 import os
 import shutil
 import tempfile
 import time
 from collections import Counter
-from dataclasses import asdict
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import redis
 
-from contract.deadletters import DeadLetters
 from contract.durable import fsync_folder, fsync_path
-from contract.ledger import Ledger
+from contract.ledger import Entry, Ledger, UNKNOWN_SHARD, shard_code
 from contract.names import PromptState
 from contract.schema import arrow_schema, shard_files
 from contract.spec import RunSpec, check_run_name
 
 MANIFEST = "manifest.json"
-LEDGER_CHUNK = 1000  # ids per HMGET
+BATCH_ROWS = 2048           # rows read (and looked up in the ledger) at a time
+GROUP_BYTES = 64 * 2**20    # a row group is written once this much is buffered
+JOB_BYTES = 2**30           # jobs=0: a process per this much of shards (a process costs ~1 s to start)
+KEEP_SCHEMA = pa.schema([("shard", pa.string()), ("row", pa.int64()), ("id", pa.string())])
 
 
 class ExportRefused(Exception):
@@ -57,16 +75,19 @@ class ExportRefused(Exception):
 
 
 def export_run(spec: RunSpec, client: redis.Redis, output_dir: str, dest: Path,
-               rows_per_file: int = 10_000,
-               on_progress: Callable[[int], None] | None = None) -> dict:
-    """Write the export into a fresh folder beside `dest`, then swap it into place."""
+               rows_per_file: int = 10_000, on_progress: Callable[[int], None] | None = None,
+               jobs: int = 1, redis_url: str | None = None, index_only: bool = False) -> dict:
+    """Write the export into a fresh folder beside `dest`, then swap it into place. With
+    `jobs` > 1 (and `redis_url`, for the other processes) the shards are shared out; 0:
+    a process per `JOB_BYTES` of shards, at most one per core (and 8)."""
     check_run_name(spec.name)
     dest = Path(dest).resolve()  # a symlinked DEST: its target is replaced, the link stays
     check_replaceable(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.export-", dir=dest.parent))
     try:
-        manifest = _write_export(spec, client, output_dir, staging, rows_per_file, on_progress)
+        manifest = _write_export(spec, client, output_dir, staging, rows_per_file, on_progress,
+                                 jobs, redis_url, index_only)
         _swap_into_place(staging, dest)
     finally:  # after a swap, `staging` holds the previous export
         shutil.rmtree(staging, ignore_errors=True)
@@ -90,7 +111,7 @@ def check_replaceable(dest: Path) -> None:
 
 
 def _is_export_file(name: str) -> bool:
-    return (name.startswith("part-") and name.endswith(".parquet")) or name.startswith(".tmp-")
+    return (name.startswith(("part-", "keep-")) and name.endswith(".parquet")) or name.startswith(".tmp-")
 
 
 def _is_manifest(path: Path) -> bool:
@@ -101,78 +122,206 @@ def _is_manifest(path: Path) -> bool:
     return isinstance(data, dict) and "run" in data and "files" in data
 
 
+@dataclass
+class _Share:
+    """One process's share of an export, and what it found."""
+    number: int
+    run: str
+    shards: list[str]
+    folder: str
+    rows_per_file: int
+    index_only: bool
+    redis_url: str | None = None
+    files: list[dict] = field(default_factory=list)
+    rows: int = 0
+    source_rows: int = 0
+    duplicates: int = 0
+    left_out: Counter = field(default_factory=Counter)
+    models: set = field(default_factory=set)
+    whole: int = 0       # shards exported as they are
+    rewritten: int = 0   # shards read row by row (some rows left out, or too many for a file)
+
+
 def _write_export(spec: RunSpec, client: redis.Redis, output_dir: str, folder: Path, rows_per_file: int,
-                  on_progress: Callable[[int], None] | None) -> dict:
-    sources = shard_files(output_dir, spec.name)
-    writer = _RollingWriter(folder, rows_per_file)
-    ledger = Ledger(client, spec.name)
-    seen: set[str] = set()
-    left_out: Counter[str] = Counter()
-    read_rows = duplicates = 0
-    for number, path in enumerate(sources, start=1):
-        table = pq.read_table(path, schema=arrow_schema())
-        read_rows += table.num_rows
-        ids = table.column("id").to_pylist()
-        keep = []
-        for prompt_id, state in zip(ids, _states(ledger, ids)):
-            if state != PromptState.DONE:
-                left_out[state or "missing"] += 1
-                keep.append(False)
-            elif prompt_id in seen:  # the first copy of each id wins
-                duplicates += 1
-                keep.append(False)
-            else:
-                seen.add(prompt_id)
-                keep.append(True)
-        writer.write(table.filter(pa.array(keep, type=pa.bool_())))
-        if on_progress:
-            on_progress(number)
-    files = writer.close()
+                  on_progress: Callable[[int], None] | None, jobs: int, redis_url: str | None,
+                  index_only: bool) -> dict:
+    sources = [str(p) for p in shard_files(output_dir, spec.name)]
+    if not jobs:
+        jobs = min(os.cpu_count() or 1, 8, sum(os.path.getsize(p) for p in sources) // JOB_BYTES)
+    jobs = max(1, min(jobs if redis_url else 1, len(sources)))
+    shares = [_Share(n, spec.name, sources[n::jobs], str(folder), rows_per_file, index_only, redis_url)
+              for n in range(jobs)]
+    if jobs == 1:
+        shares = [_export_share(shares[0], client, on_progress)]
+    else:
+        shares = _in_processes(shares, on_progress)
+    files = sorted((f for s in shares for f in s.files), key=lambda f: f["name"])
+    tally = Ledger(client, spec.name).tally()
+    rows = sum(s.rows for s in shares)
     manifest = {
         "run": spec.name,
         "exported_at": time.time(),
-        "rows": len(seen),
-        "source_rows": read_rows,
-        "duplicates_dropped": duplicates,
-        "left_out": dict(sorted(left_out.items())),  # stored rows whose id is not done: dead, queued, missing
+        "rows": rows,
+        "source_rows": sum(s.source_rows for s in shares),
+        "duplicates_dropped": sum(s.duplicates for s in shares),
+        # stored rows whose id is not done: dead, queued, missing
+        "left_out": dict(sorted(sum((s.left_out for s in shares), Counter()).items())),
+        # done prompts with no row exported: their canonical shard is gone, or they were
+        # stored while the export ran
+        "done_not_exported": max(0, tally.done - rows),
         "source_shards": len(sources),
-        "dead_letters": DeadLetters(client, spec.name).stats(),
-        "ledger": _ledger_counts(ledger),
+        "shards_whole": sum(s.whole for s in shares),
+        "shards_rewritten": sum(s.rewritten for s in shares),
+        "source": str(Path(output_dir).resolve() / spec.name),
+        "index_only": index_only,
+        "dead_letters": dict(tally.reasons) if tally.exact else None,
+        "ledger": tally.by_state() if tally.exact else None,
         "files": files,
         "tokenizer": spec.tokenizer,
         "tokenizer_fingerprint": spec.tokenizer_fingerprint,
         "template_fingerprint": spec.template_fingerprint,
         "served_model": spec.served_model,
-        "models": _distinct(folder, files, "model"),
+        "models": sorted(set().union(*(s.models for s in shares))),
         "sampling": spec.sampling,
         "run_spec": asdict(spec),
     }
+    if not tally.exact:  # a run enqueued by a version that kept no counts: count them once
+        from contract.deadletters import DeadLetters
+
+        manifest["ledger"] = Ledger(client, spec.name).counts()
+        manifest["dead_letters"] = DeadLetters(client, spec.name).stats()
     _write_atomically(folder / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True).encode())
     fsync_folder(folder)
     return manifest
 
 
-def _ledger_counts(ledger: Ledger) -> dict[str, int]:
-    """Prompts by state, as the ledger's transitions keep them (no scan of the run)."""
-    tally = ledger.tally()
-    if not tally.exact:  # a run enqueued by a version that kept no counts by state
-        return ledger.counts()
-    return {state: n for state, n in (("queued", tally.queued), ("done", tally.done), ("dead", tally.dead)) if n}
+def _in_processes(shares: list[_Share], on_progress: Callable[[int], None] | None) -> list[_Share]:
+    """Each share in its own process (spawned: the parent may hold threads and connections)."""
+    context = multiprocessing.get_context("spawn")
+    done = context.Value("i", 0)
+    with ProcessPoolExecutor(len(shares), mp_context=context, initializer=_child_init,
+                             initargs=(done,)) as pool:
+        futures = [pool.submit(_export_share, share) for share in shares]
+        while not all(f.done() for f in futures):
+            time.sleep(0.2)
+            if on_progress:
+                on_progress(done.value)
+        results = [f.result() for f in futures]
+    if on_progress:
+        on_progress(done.value)
+    return results
 
 
-def _states(ledger: Ledger, ids: list[str]) -> list[str | None]:
-    """Each id's ledger state, read with one HMGET per chunk."""
-    states: list[str | None] = []
-    for start in range(0, len(ids), LEDGER_CHUNK):
-        states += ledger.states(ids[start:start + LEDGER_CHUNK])
+_shards_done = None  # in a child: the shared count of shards exported
+
+
+def _child_init(counter) -> None:
+    global _shards_done
+    _shards_done = counter
+
+
+def _export_share(share: _Share, client: redis.Redis | None = None,
+                  on_progress: Callable[[int], None] | None = None) -> _Share:
+    if client is None:
+        from contract.connections import redis_for
+
+        client = redis_for(share.redis_url)
+    ledger = Ledger(client, share.run)
+    folder = Path(share.folder)
+    writer = (_RollingWriter(folder, f"keep-{share.number:03d}", None, KEEP_SCHEMA) if share.index_only
+              else _RollingWriter(folder, f"part-{share.number:03d}", share.rows_per_file, arrow_schema()))
+    for number, path in enumerate(share.shards, start=1):
+        _export_shard(Path(path), ledger, writer, share)
+        if _shards_done is not None:
+            with _shards_done.get_lock():
+                _shards_done.value += 1
+        if on_progress:
+            on_progress(number)
+    share.files = writer.close()
+    return share
+
+
+def _export_shard(path: Path, ledger: Ledger, writer: "_RollingWriter", share: _Share) -> None:
+    """The shard's canonical rows to `writer`: the whole shard as it is when the ledger says
+    every row of it is canonical (the usual case), else a batch at a time."""
+    shard = pq.ParquetFile(path)
+    rows = shard.metadata.num_rows
+    whole = (rows and shard.schema_arrow.equals(arrow_schema())
+             and (share.index_only or rows <= share.rows_per_file) and ledger.canonical_rows(path) == rows)
+    if whole:
+        share.whole += 1
+        share.source_rows += rows
+        share.rows += rows
+        if share.index_only:
+            ids = shard.read(columns=["id"]).column("id")
+            writer.write(pa.record_batch([pa.repeat(pa.scalar(path.name), rows), pa.array(range(rows), pa.int64()),
+                                          ids.combine_chunks()], schema=KEEP_SCHEMA))
+        else:
+            share.models.update(_models(shard))
+            writer.adopt(path, rows)
+        return
+    share.rewritten += 1
+    _export_rows(path, ledger, writer, share)
+
+
+def _models(shard: pq.ParquetFile) -> set[str]:
+    """The `model` values of a shard, from its footer's statistics when they tell."""
+    index = shard.schema_arrow.get_field_index("model")
+    found: set[str] = set()
+    for group in range(shard.metadata.num_row_groups):
+        stats = shard.metadata.row_group(group).column(index).statistics
+        if stats is not None and stats.has_min_max and stats.min == stats.max:
+            found.add(stats.min)
+        elif stats is None or stats.null_count != stats.num_values:
+            column = shard.read_row_group(group, columns=["model"]).column("model")
+            found.update(m for m in pc.unique(column).to_pylist() if m is not None)
+    return found
+
+
+def _export_rows(path: Path, ledger: Ledger, writer: "_RollingWriter", share: _Share) -> None:
+    """The shard's rows a batch at a time, each kept iff the ledger says its prompt is done
+    with its canonical copy in this shard."""
+    canonical = b"%d" % shard_code(path)  # the stored state of a prompt done in this shard
+    columns = ["id"] if share.index_only else None
+    dataset = pads.dataset(str(path), format="parquet", schema=arrow_schema())
+    seen: set[str] = set()  # this shard's ids: a row written twice into one shard counts once
+    offset = 0  # the batch's first row number in the shard
+    for batch in dataset.to_batches(columns=columns, batch_size=BATCH_ROWS, batch_readahead=1):
+        ids = batch.column("id").to_pylist()
+        share.source_rows += len(ids)
+        keep = pa.array([_keep(prompt_id, raw, canonical, seen, share)
+                         for prompt_id, raw in zip(ids, _states(ledger, ids, path))], type=pa.bool_())
+        kept = batch.filter(keep)
+        share.rows += kept.num_rows
+        if share.index_only:
+            rows = pc.filter(pa.array(range(offset, offset + len(ids)), pa.int64()), keep)
+            kept = pa.record_batch([pa.array([path.name] * kept.num_rows, pa.string()), rows, kept.column("id")],
+                                   schema=KEEP_SCHEMA)
+        elif kept.num_rows:
+            share.models.update(m for m in pc.unique(kept.column("model")).to_pylist() if m is not None)
+        writer.write(kept)
+        offset += len(ids)
+
+
+def _states(ledger: Ledger, ids: list[str], path: Path) -> list[bytes | None]:
+    """The ids' stored states; a done prompt whose canonical shard is not known gets this one."""
+    states = ledger.raw_entries(ids)
+    unknown = [i for i, raw in enumerate(states) if raw == b"%d" % UNKNOWN_SHARD]
+    for i, entry in zip(unknown, ledger.claim([ids[i] for i in unknown], path) if unknown else []):
+        states[i] = b"%d" % entry.shard if entry.state == PromptState.DONE else None
     return states
 
 
-def _distinct(folder: Path, files: list[dict], column: str) -> list:
-    values: set = set()
-    for f in files:
-        values |= set(pc.unique(pq.read_table(folder / f["name"], columns=[column]).column(column)).to_pylist())
-    return sorted(v for v in values if v is not None)
+def _keep(prompt_id: str, raw: bytes | None, canonical: bytes, seen: set[str], share: _Share) -> bool:
+    if raw == canonical and prompt_id not in seen:
+        seen.add(prompt_id)
+        return True
+    state = Entry.decode(raw).state
+    if state == PromptState.DONE:  # another copy is the canonical one
+        share.duplicates += 1
+    else:
+        share.left_out[state or "missing"] += 1
+    return False
 
 
 def _write_atomically(path: Path, data: bytes) -> None:
@@ -221,34 +370,83 @@ def _exchange(a: Path, b: Path) -> bool:
 
 
 class _RollingWriter:
-    """Writes tables into files of at most `rows_per_file` rows each, each one written
-    under a temporary name, fsynced and renamed."""
+    """Writes batches into files of at most `limit` rows each (None: one file), a row group
+    at a time; each file is written under a temporary name, fsynced and renamed. A shard
+    exported whole is adopted as a file of its own: hard-linked (no byte written, the shard
+    being immutable), or copied where the export is on another file system."""
 
-    def __init__(self, folder: Path, rows_per_file: int):
-        self.folder, self.limit = folder, rows_per_file
-        self.buffer: list[pa.Table] = []
-        self.buffered = 0
+    def __init__(self, folder: Path, stem: str, limit: int | None, schema: pa.Schema):
+        self.folder, self.stem, self.limit, self.schema = folder, stem, limit, schema
+        self.pending: list[pa.RecordBatch] = []
+        self.pending_bytes = 0
+        self.in_file = 0
+        self.writer: pq.ParquetWriter | None = None
+        self.current = ""  # the name of the file being written
         self.files: list[dict] = []
+        self.sequence = 0
 
-    def write(self, table: pa.Table) -> None:
-        while table.num_rows:
-            take = min(self.limit - self.buffered, table.num_rows)
-            self.buffer.append(table.slice(0, take))
-            self.buffered += take
-            table = table.slice(take)
-            if self.buffered >= self.limit:
-                self._flush()
+    def write(self, batch: pa.RecordBatch) -> None:
+        while batch.num_rows:
+            take = batch.num_rows if self.limit is None else min(self.limit - self.in_file, batch.num_rows)
+            part, batch = batch.slice(0, take), batch.slice(take)
+            self.pending.append(part)
+            self.pending_bytes += part.nbytes
+            self.in_file += take
+            if self.pending_bytes >= GROUP_BYTES:
+                self._flush_group()
+            if self.limit is not None and self.in_file >= self.limit:
+                self._roll()
+
+    def adopt(self, shard: Path, rows: int) -> None:
+        name = self._next_name()
+        target = self.folder / name
+        try:
+            os.link(shard, target)
+            digest = _sha256(target)
+        except OSError:  # another file system, or one without hard links
+            digest = _copy(shard, target)
+        self.files.append({"name": name, "rows": rows, "sha256": digest})
 
     def close(self) -> list[dict]:
-        if self.buffered:
-            self._flush()
+        if self.in_file or not self.files and self.limit is None:  # an index is written even if empty
+            self._roll()
         return self.files
 
-    def _flush(self) -> None:
-        name = f"part-{len(self.files):05d}.parquet"
-        temporary = self.folder / f".tmp-{name}"
-        pq.write_table(pa.concat_tables(self.buffer), temporary, compression="zstd")
+    def _next_name(self) -> str:
+        name = f"{self.stem}.parquet" if self.limit is None else f"{self.stem}-{self.sequence:05d}.parquet"
+        self.sequence += 1
+        return name
+
+    def _flush_group(self) -> None:
+        if self.writer is None:
+            self.current = self._next_name()
+            # Dictionary pages for every column but the token ids, whose dictionary costs more
+            # time to build than it saves in bytes: rewriting stays as fast as reading.
+            dictionary = [f.name for f in self.schema if f.name != "input_ids"]
+            self.writer = pq.ParquetWriter(self.folder / f".tmp-{self.current}", self.schema, compression="zstd",
+                                           use_dictionary=dictionary)
+        if self.pending:
+            self.writer.write_table(pa.Table.from_batches(self.pending, schema=self.schema))
+        self.pending, self.pending_bytes = [], 0
+
+    def _roll(self) -> None:
+        self._flush_group()
+        self.writer.close()
+        self.writer = None
+        temporary = self.folder / f".tmp-{self.current}"
         fsync_path(temporary)
-        temporary.replace(self.folder / name)
-        self.files.append({"name": name, "rows": self.buffered, "sha256": _sha256(self.folder / name)})
-        self.buffer, self.buffered = [], 0
+        temporary.replace(self.folder / self.current)
+        self.files.append({"name": self.current, "rows": self.in_file, "sha256": _sha256(self.folder / self.current)})
+        self.in_file = 0
+
+
+def _copy(source: Path, target: Path) -> str:
+    """Copy a file (fsynced), returning its SHA-256."""
+    digest = hashlib.sha256()
+    with open(source, "rb") as reader, open(target, "xb") as sink:
+        while chunk := reader.read(4 * 2**20):
+            digest.update(chunk)
+            sink.write(chunk)
+        sink.flush()
+        os.fsync(sink.fileno())
+    return digest.hexdigest()

@@ -4,8 +4,10 @@ Counts come from the counts the ledger's transitions keep (O(1), however
 large the run; a run enqueued by a version that kept none is counted by a
 scan), rates from the per-minute counters the workers keep, server health and
 the output storage's state from the workers' own heartbeats (each worker's
-view of the servers it is bound to and of `OUTPUT_DIR`), and the queue depth
-from the broker.
+view of the servers it is bound to and of `OUTPUT_DIR`, found through the
+workers' registry, never a scan of the keyspace), and the queue depth from
+the broker. So `status` sends the same few commands whatever the run's size
+(`tests/test_scale.py`, `python -m bench --parts scale`).
 """
 from __future__ import annotations
 

@@ -19,6 +19,7 @@ import pytest
 import redis
 
 from contract.keys import RunKeys
+from contract.ledger import Ledger
 from producer.local import Process, start_redis, start_standin, start_worker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,8 +70,7 @@ class Fleet:
 
     def states(self, run: str = "default") -> dict[str, int]:
         """Prompts of the run by state, counted from the ledger's own entries."""
-        states = [v.decode() for v in redis.Redis.from_url(self.redis_url).hvals(RunKeys(run).state)]
-        return {s: states.count(s) for s in set(states)}
+        return Ledger(redis.Redis.from_url(self.redis_url), run).counts()
 
     def counters(self, run: str = "default") -> dict[str, int]:
         raw = redis.Redis.from_url(self.redis_url).hgetall(RunKeys(run).counters)

@@ -13,13 +13,14 @@ from collections import Counter
 from pathlib import Path
 
 import httpx
-import pyarrow.dataset as pads
 import pyarrow as pa
+import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 import redis
 
 from conftest import Fleet, messages_of, render, varied_prompts, write_prompts
+from contract.ledger import Ledger
 from producer.local import free_port, redis_server_binary, spawn, wait_for
 
 BAD_RUN_NAMES = ["../../x", "/abs/path", "a:b", ""]
@@ -139,9 +140,9 @@ def test_every_bad_line_is_reported_by_number_and_every_good_prompt_is_generated
 
 # --- export twice, each id once ---------------------------------------------------------------------
 
-def _ledger_states(fleet: Fleet, run: str = "default") -> dict[str, str]:
-    client = redis.Redis.from_url(fleet.redis_url)
-    return {k.decode(): v.decode() for k, v in client.hgetall(f"fleet:run:{run}:state").items()}
+def _ledger_states(fleet: Fleet, ids: list[str], run: str = "default") -> dict[str, str | None]:
+    ledger = Ledger(redis.Redis.from_url(fleet.redis_url), run)
+    return dict(zip(ids, ledger.states(ids)))
 
 
 def _read_export(dest: Path) -> tuple[list[str], dict]:
@@ -161,7 +162,7 @@ def test_exporting_again_into_the_same_folder_leaves_each_done_id_once(fleet, tm
     dest = tmp_path / "dataset"
     fleet.producer("export", str(dest), "--rows-per-file", "3")
     first_ids, first = _read_export(dest)
-    assert sorted(first_ids) == sorted(i for i, s in _ledger_states(fleet).items() if s == "done")
+    assert sorted(first_ids) == sorted(i for i, s in _ledger_states(fleet, [r["id"] for r in records]).items() if s == "done")
     assert first["rows"] == len(first_ids) == len(set(first_ids))
 
     # When 10 more prompts are enqueued and the dead letters requeued, all finish,
@@ -175,7 +176,7 @@ def test_exporting_again_into_the_same_folder_leaves_each_done_id_once(fleet, tm
     # and a shard holds a sample of a prompt the ledger says is dead (its sample was written,
     # then a redelivery failed before it was marked done: the ledger never lets a done
     # prompt be dead-lettered, so the orphan row is the only trace)
-    buried = next(i for i, s in _ledger_states(fleet).items() if s == "dead")
+    buried = next(i for i, s in _ledger_states(fleet, [r["id"] for r in records]).items() if s == "dead")
     orphan = pq.read_table(shards[0]).slice(0, 1)
     orphan = orphan.set_column(orphan.schema.get_field_index("id"), "id", pa.array([buried]))
     pq.write_table(orphan, run_dir / "zz-orphan.parquet")
@@ -184,7 +185,7 @@ def test_exporting_again_into_the_same_folder_leaves_each_done_id_once(fleet, tm
 
     # Then a reader of DEST/*.parquet sees each done id exactly once, and no dead one
     ids, manifest = _read_export(dest)
-    states = _ledger_states(fleet)
+    states = _ledger_states(fleet, [r["id"] for r in records])
     assert len(ids) == len(set(ids))
     assert set(ids) == {i for i, s in states.items() if s == "done"} and buried not in ids
     assert len(ids) > len(first_ids)

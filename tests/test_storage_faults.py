@@ -18,6 +18,7 @@ import httpx
 import redis
 
 from contract.broker import celery_app
+from contract.ledger import Ledger
 from contract.publish import publish_prompts
 from producer.local import free_port
 
@@ -68,13 +69,13 @@ def assert_one_place(fleet, prompts: int) -> None:
     assert report["done"] + report["dead"] + report["pending"] == counters["enqueued"] == prompts
     letters = fleet.dead_letters()
     assert json.loads(fleet.producer("dead", "stats", "--json").stdout) == Counter(d["reason"] for d in letters)
-    raw = redis.Redis.from_url(fleet.redis_url).hgetall("fleet:run:default:state")
-    done = {pid.decode() for pid, state in raw.items() if state == b"done"}
-    dead = {d["id"] for d in letters}
     stored = {row["id"] for row in fleet.rows()}
+    ledger = Ledger(redis.Redis.from_url(fleet.redis_url), "default")
+    done = {pid for pid, state in zip(sorted(stored), ledger.states(sorted(stored))) if state == "done"}
+    dead = {d["id"] for d in letters}
     assert len(dead) == states.get("dead", 0)
     assert not dead & done and not dead & stored
-    assert stored == done
+    assert stored == done and len(done) == states.get("done", 0)
 
 
 def test_every_prompt_ends_in_exactly_one_place_when_prompts_are_delivered_twice(fleet, tmp_path):

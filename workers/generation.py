@@ -137,7 +137,7 @@ def _store(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], tr
     except BadSample as exc:
         return bury(rt, _dead(rt, spec, prompt_id, prompt_ids, generation.sampling, tries,
                               Reason.BAD_OUTPUT, f"its sample cannot be stored: {exc}", generation))
-    found = Ledger(rt.redis, spec.name).mark_done(prompt_id, len(generation.output_ids))
+    found = Ledger(rt.redis, spec.name).mark_done(prompt_id, len(generation.output_ids), shard=path)
     if found not in (PromptState.QUEUED, PromptState.DEAD):
         log.warning("prompt %s stored again (it was %s); the ledger counts it once", prompt_id,
                     found or "not in the ledger")

@@ -33,8 +33,8 @@ def test_a_run_name_that_could_escape_or_collide_is_refused(name):
 
 def test_the_key_layout_is_pinned():
     keys = RunKeys("r")
-    assert (keys.spec, keys.state, keys.dead, keys.prompts) == (
-        "fleet:run:r", "fleet:run:r:state", "fleet:run:r:dead", "fleet:run:r:ids")
+    assert (keys.spec, keys.state_bucket(7), keys.legacy_state, keys.dead, keys.prompts) == (
+        "fleet:run:r", "fleet:run:r:s:7", "fleet:run:r:state", "fleet:run:r:dead", "fleet:run:r:ids")
     assert queue_for("fleet.generate", None) == "fleet.generate"
     assert queue_for("fleet.generate", "m") == "fleet.generate@m"
     assert task_id("r", "p-1") == "r:p-1"

@@ -18,7 +18,8 @@ import redis
 
 from contract.codec import pack_ids
 from contract.deadletters import DeadLetter, DeadLetters
-from contract.ledger import Ledger
+from contract.keys import RunKeys
+from contract.ledger import AGAIN, NEW, Entry, Ledger, shard_code
 from producer.local import start_redis
 
 
@@ -42,19 +43,19 @@ def letter(pid: str, reason: str = "missing_think_end") -> DeadLetter:
 
 
 def enqueue(ledger: Ledger, *pids: str) -> int:
-    return ledger.enqueue({pid: pack_ids([1, 2, 3]) for pid in pids})
+    """How many of `pids` were new to the run."""
+    return ledger.enqueue({pid: pack_ids([1, 2, 3]) for pid in pids}).count(NEW)
 
 
-def check_invariants(ledger: Ledger, store: DeadLetters) -> None:
+def check_invariants(ledger: Ledger, store: DeadLetters, pids: list[str]) -> None:
     tally, counted = ledger.tally(), ledger.counts()
     assert (tally.queued, tally.done, tally.dead) == tuple(counted.get(s, 0) for s in ("queued", "done", "dead"))
     assert tally.queued + tally.done + tally.dead == tally.enqueued
     assert tally.reasons == store.scan_stats() == store.stats()
+    states = dict(zip(pids, ledger.states(pids)))
     letters = {d.id for d in store}
-    dead = {pid for pid, s in ledger.client.hgetall(ledger.keys.state).items() if s == b"dead"}
-    assert letters <= {p.decode() for p in dead}
-    assert ledger.pending_ids() == {p.decode() for p, s in ledger.client.hgetall(ledger.keys.state).items()
-                                    if s == b"queued"}
+    assert letters <= {pid for pid, s in states.items() if s == "dead"}
+    assert ledger.pending_ids() == {pid for pid, s in states.items() if s == "queued"}
 
 
 def test_enqueue_counts_only_prompts_the_run_does_not_have(client):
@@ -68,13 +69,13 @@ def test_enqueue_counts_only_prompts_the_run_does_not_have(client):
 def test_a_done_prompt_is_never_dead_lettered_and_a_second_success_changes_nothing(client):
     ledger, store = Ledger(client, "r"), DeadLetters(client, "r")
     enqueue(ledger, "a")
-    assert ledger.mark_done("a", 10) == "queued"
+    assert ledger.mark_done("a", 10, "part-1.parquet") == "queued"
     assert store.put(letter("a")) == "done"
-    assert ledger.mark_done("a", 10) == "done"
+    assert ledger.mark_done("a", 10, "part-2.parquet") == "done"
     assert ledger.state("a") == "done" and store.get("a") is None and ledger.payload("a") is None
     tally = ledger.tally()
     assert (tally.done, tally.dead, tally.output_tokens, tally.reasons) == (1, 0, 10, {})
-    check_invariants(ledger, store)
+    check_invariants(ledger, store, ["a"])
 
 
 def test_a_dead_prompt_that_succeeds_on_a_redelivery_becomes_done_and_loses_its_letter(client):
@@ -82,9 +83,9 @@ def test_a_dead_prompt_that_succeeds_on_a_redelivery_becomes_done_and_loses_its_
     enqueue(ledger, "a")
     assert store.put(letter("a", "truncated")) == "queued"
     assert store.stats() == {"truncated": 1} and ledger.payload("a") is None
-    assert ledger.mark_done("a", 5) == "dead"
+    assert ledger.mark_done("a", 5, "part-1.parquet") == "dead"
     assert store.get("a") is None and store.stats() == {} and ledger.tally().done == 1
-    check_invariants(ledger, store)
+    check_invariants(ledger, store, ["a"])
 
 
 def test_a_redelivered_failure_replaces_the_letter_and_its_reason_count(client):
@@ -99,12 +100,14 @@ def test_requeue_moves_only_dead_prompts_back_to_queued(client):
     ledger, store = Ledger(client, "r"), DeadLetters(client, "r")
     enqueue(ledger, "dead", "done")
     store.put(letter("dead"))
-    ledger.mark_done("done", 1)
-    assert ledger.requeue({"dead": pack_ids([7]), "done": pack_ids([7])}) == 1
+    ledger.mark_done("done", 1, "part-1.parquet")
+    assert ledger.requeue({"dead": pack_ids([7]), "done": pack_ids([7])}) == ["dead"]
     assert ledger.states(["dead", "done"]) == ["queued", "done"]
     assert ledger.payload("dead") == pack_ids([7]) and ledger.payload("done") is None
     assert store.get("dead") is None and ledger.tally().enqueued == 2
-    check_invariants(ledger, store)
+    # a second requeue of the same letter (a scan that met it twice) moves nothing
+    assert ledger.requeue({"dead": pack_ids([7])}) == []
+    check_invariants(ledger, store, ["dead", "done"])
 
 
 def test_purged_letters_leave_their_prompts_dead(client):
@@ -114,21 +117,102 @@ def test_purged_letters_leave_their_prompts_dead(client):
     assert store.remove(["a", "zzz"]) == 1
     assert ledger.states(["a", "b"]) == ["dead", "dead"] and ledger.tally().dead == 2
     assert store.stats() == {"aborted": 1}
-    check_invariants(ledger, store)
+    check_invariants(ledger, store, ["a", "b"])
 
 
 def test_transitions_on_a_pipeline_are_the_same_scripts(client):
-    # enqueue and `dead requeue` record prompts on a pipeline, then publish
+    # the scale bench fills a ledger with pipelined transitions
     ledger, store = Ledger(client, "r"), DeadLetters(client, "r")
     with client.pipeline(transaction=False) as pipe:
-        ledger.mark_queued(pipe, {"a": pack_ids([1]), "b": pack_ids([1, 2])}, 0)
-        pipe.execute()
+        ledger.enqueue({"a": pack_ids([1]), "b": pack_ids([1, 2])}, 1, pipe)
+        ledger.mark_done("b", 4, "part-1.parquet", pipe)
+        (outcomes, found) = pipe.execute()
+    assert (Ledger.outcomes(outcomes), found) == ([NEW, NEW], b"queued")
     store.put(letter("a"))
     with client.pipeline(transaction=False) as pipe:
-        ledger.mark_queued(pipe, {"a": pack_ids([1]), "b": pack_ids([1])}, 0, count_as_new=False)
+        ledger.requeue({"a": pack_ids([1]), "b": pack_ids([1])}, pipe)
+        assert pipe.execute() == [[1, 0]]
+    assert ledger.states(["a", "b"]) == ["queued", "done"] and ledger.tally().prompt_tokens == 3
+    check_invariants(ledger, store, ["a", "b"])
+
+
+def test_enqueue_tells_new_prompts_from_repeats_of_this_call_and_from_prompts_the_run_had(client):
+    # Given a run that has a done, a dead and a queued prompt, enqueued by call 1
+    ledger, store = Ledger(client, "r"), DeadLetters(client, "r")
+    enqueue_call = lambda call, *pids: ledger.enqueue([(p, pack_ids([1, 2])) for p in pids], call)  # noqa: E731
+    assert enqueue_call(1, "done", "dead", "queued") == [NEW, NEW, NEW]
+    ledger.mark_done("done", 1, "part-1.parquet")
+    store.put(letter("dead"))
+
+    # When call 2 enqueues them with a new prompt repeated (a duplicate in its file), in
+    # one script call and across two
+    first = enqueue_call(2, "new", "done", "dead", "queued", "new")
+    second = enqueue_call(2, "new")
+
+    # Then the new prompt is queued once, its repeats are told apart from prompts the run
+    # already had (queued by call 1 counts as had), and nothing the run had changes
+    assert first == [NEW, "done", "dead", "queued", AGAIN] and second == [AGAIN]
+    assert enqueue_call(3, "new") == ["queued"]
+    tally = ledger.tally()
+    assert (tally.enqueued, tally.queued, tally.done, tally.dead, tally.prompt_tokens) == (4, 2, 1, 1, 8)
+    check_invariants(ledger, store, ["new", "done", "dead", "queued"])
+
+
+def test_the_first_durable_copy_of_a_prompt_is_its_canonical_one(client):
+    # Given a prompt stored in shard A, then stored again in shard B by a redelivery
+    ledger = Ledger(client, "r")
+    enqueue(ledger, "a")
+    assert ledger.mark_done("a", 3, "/out/r/part-A.parquet") == "queued"
+    assert ledger.mark_done("a", 3, "/out/r/part-B.parquet") == "done"
+
+    # Then the ledger names shard A (by its file name, wherever the folder is), counted once
+    assert ledger.entries(["a"]) == [Entry("done", shard=shard_code("part-A.parquet"))]
+    assert shard_code("part-A.parquet") != shard_code("part-B.parquet")
+    assert ledger.tally().done == 1 and ledger.tally().output_tokens == 3
+    # and counts shard A as holding one canonical row, shard B none
+    assert (ledger.canonical_rows("part-A.parquet"), ledger.canonical_rows("part-B.parquet")) == (1, 0)
+
+
+def test_finished_prompts_are_kept_in_compact_buckets(client):
+    # Given 5,000 finished prompts
+    ledger = Ledger(client, "r")
+    pids = [f"prompt-{i:06d}" for i in range(5000)]
+    with client.pipeline(transaction=False) as pipe:
+        ledger.enqueue({p: pack_ids([1]) for p in pids}, 1, pipe)
+        for pid in pids:
+            ledger.mark_done(pid, 1, f"part-{pid[-2:]}.parquet", pipe)
         pipe.execute()
-    assert ledger.states(["a", "b"]) == ["queued", "queued"] and ledger.tally().prompt_tokens == 3
-    check_invariants(ledger, store)
+
+    # Then no hash keyed by id is left, and every state bucket is a listpack
+    keys = RunKeys("r")
+    assert not client.exists(keys.legacy_state) and client.hlen(keys.prompts) == 0
+    buckets = list(client.scan_iter(match=keys.state_prefix + "*", count=1000))
+    assert 4000 < len(buckets) <= 5000
+    assert {client.object("encoding", b) for b in buckets[:500]} == {b"listpack"}
+    assert ledger.counts() == {"done": 5000} and ledger.tally().done == 5000
+
+
+def test_a_run_kept_by_an_older_version_is_read_and_moved_into_buckets(client):
+    # Given a run an older version kept in one state hash keyed by id
+    client.hset("fleet:run:old:counters", mapping={"enqueued": 3, "state:queued": 1, "state:done": 1,
+                                                   "state:dead": 1, "reason:aborted": 1, "tallied": 1})
+    client.hset("fleet:run:old:state", mapping={"q": "queued", "d": "dead", "f": "done"})
+    client.hset("fleet:run:old:ids", "q", pack_ids([1]))
+    client.hset("fleet:run:old:dead", "d", letter("d", "aborted").to_json())
+    ledger, store = Ledger(client, "old"), DeadLetters(client, "old")
+
+    # Then it reads as it was, a re-enqueue skips all three, and the transitions go on
+    assert ledger.states(["q", "d", "f", "x"]) == ["queued", "dead", "done", None]
+    assert ledger.counts() == {"queued": 1, "dead": 1, "done": 1}
+    assert ledger.enqueue({p: pack_ids([1]) for p in "qdf"}, 9) == ["queued", "dead", "done"]
+    assert ledger.mark_done("q", 2, "part-1.parquet") == "queued"
+    assert ledger.requeue({"d": pack_ids([1])}) == ["d"]
+    # and export names the canonical shard of the prompt stored without one
+    assert ledger.claim(["f", "q"], "part-2.parquet") == [
+        Entry("done", shard=shard_code("part-2.parquet")), Entry("done", shard=shard_code("part-1.parquet"))]
+    assert not client.exists("fleet:run:old:state")
+    assert ledger.counts() == {"queued": 1, "done": 2}
+    check_invariants(ledger, store, ["q", "d", "f"])
 
 
 def test_a_run_without_state_counts_is_counted_by_a_scan(client):
@@ -152,7 +236,7 @@ def test_any_order_of_transitions_keeps_the_counts_true(client):
             enqueue(ledger, pid)
         elif op == 1:
             before = ledger.state(pid)
-            ledger.mark_done(pid, 3)
+            ledger.mark_done(pid, 3, f"part-{rng.randrange(3)}.parquet")
             assert ledger.state(pid) == ("done" if before else None)
         elif op == 2:
             before = ledger.state(pid)
@@ -162,4 +246,4 @@ def test_any_order_of_transitions_keeps_the_counts_true(client):
             ledger.requeue({pid: pack_ids([1, 2, 3])})
         else:
             store.remove([pid])
-        check_invariants(ledger, store)
+        check_invariants(ledger, store, pids)

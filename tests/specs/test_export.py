@@ -1,0 +1,151 @@
+"""Export against a real redis-server (started once for this module) and shards written
+here in the shard schema: each done id once, from the shard the ledger names, whether
+the rows are copied (`export`) or read in place through the index (`--index-only`, here
+with DuckDB, as a distributed reader would).
+"""
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from pathlib import Path
+
+import pyarrow.dataset as pads
+import pyarrow.parquet as pq
+import pytest
+import redis
+
+from contract.codec import pack_ids
+from contract.deadletters import DeadLetter, DeadLetters
+from contract.ledger import Ledger
+from contract.schema import Sample, samples_to_table
+from contract.spec import RunSpec
+from producer.export import export_run
+from producer.local import start_redis
+
+RUN = "r"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    process, url = start_redis(tmp_path_factory.mktemp("redis"))
+    yield url
+    process.stop()
+
+
+@pytest.fixture
+def client(server):
+    client = redis.Redis.from_url(server)
+    client.flushdb()
+    return client
+
+
+def sample(prompt_id: str, copy: int = 0) -> Sample:
+    now = datetime.now(timezone.utc)
+    return Sample(id=prompt_id, input_ids=[1, 2, 3, copy], prompt_len=2, output_len=2, finish_reason="stop",
+                  stop_token=3, think_end_index=2, run=RUN, server="s", model="m", max_new_tokens=8,
+                  temperature=0.6, top_p=0.95, attempts=1, worker="w", tokenizer_fingerprint="t",
+                  template_fingerprint="t", e2e_latency=0.1, started_at=now, finished_at=now)
+
+
+def shard(folder: Path, name: str, rows: list[Sample]) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    pq.write_table(samples_to_table(rows), folder / name, compression="zstd")
+    return folder / name
+
+
+def spec() -> RunSpec:
+    return RunSpec(name=RUN, tokenizer="t", tokenizer_fingerprint="t", template_fingerprint="t",
+                   sampling={"max_new_tokens": 8}, thinking="prompt", think_start_id=1, think_end_id=2, stop_ids=[3])
+
+
+@pytest.fixture
+def run(client, tmp_path):
+    """Shards a, b, c of a run whose ledger says: p00-p09 done in a, p10-p19 done in b, p22 done
+    in c, p20 dead, p21 queued; b also holds a redelivered copy of p03, and the dead and
+    queued prompts' rows; c holds p22 twice."""
+    ledger = Ledger(client, RUN)
+    ledger.enqueue({f"p{i:02d}": pack_ids([1, 2]) for i in range(23)}, 1)
+    out = tmp_path / "shards"
+    a = shard(out / RUN, "part-a.parquet", [sample(f"p{i:02d}") for i in range(10)])
+    b = shard(out / RUN, "part-b.parquet", [sample(f"p{i:02d}") for i in (*range(10, 20), 3, 20, 21)])
+    c = shard(out / RUN, "part-c.parquet", [sample("p22"), sample("p22", copy=1)])
+    for i in range(10):
+        ledger.mark_done(f"p{i:02d}", 2, a)
+    for i in range(10, 20):
+        ledger.mark_done(f"p{i:02d}", 2, b)
+    ledger.mark_done("p03", 2, b)  # the redelivery: the first durable copy stays canonical
+    ledger.mark_done("p22", 2, c)
+    DeadLetters(client, RUN).put(DeadLetter(id="p20", run=RUN, reason="aborted", message="m", attempts=1,
+                                            servers=[], worker="w", prompt_b64="", prompt_tokens=2, sampling={}))
+    return out
+
+
+DONE = {f"p{i:02d}" for i in (*range(20), 22)}
+
+
+def read(dest: Path) -> list[dict]:
+    files = sorted(str(p) for p in dest.glob("part-*.parquet"))
+    return pads.dataset(files, format="parquet").to_table().to_pylist()
+
+
+@pytest.mark.parametrize("jobs", [1, 2])
+def test_export_keeps_each_done_id_once_from_the_shard_the_ledger_names(client, server, run, tmp_path, jobs):
+    # When the run is exported, by one process or two
+    manifest = export_run(spec(), client, str(run), tmp_path / "dest", rows_per_file=4, jobs=jobs,
+                          redis_url=server)
+
+    # Then each done id is there once, from its canonical shard's first row, and nothing else
+    rows = read(tmp_path / "dest")
+    assert sorted(r["id"] for r in rows) == sorted(DONE)
+    assert next(r for r in rows if r["id"] == "p22")["input_ids"] == [1, 2, 3, 0]
+    # and the manifest counts what was left out and why, and what each file holds
+    assert (manifest["rows"], manifest["source_rows"], manifest["duplicates_dropped"]) == (21, 25, 2)
+    assert manifest["left_out"] == {"dead": 1, "queued": 1} and manifest["done_not_exported"] == 0
+    assert all(f["rows"] <= 4 for f in manifest["files"]) and sum(f["rows"] for f in manifest["files"]) == 21
+    assert manifest["ledger"] == {"done": 21, "dead": 1, "queued": 1} and manifest["models"] == ["m"]
+
+
+def test_a_reader_of_the_shards_in_place_sees_the_export_through_the_index(client, run, tmp_path):
+    duckdb = pytest.importorskip("duckdb")
+    # Given the run exported, and indexed
+    export_run(spec(), client, str(run), tmp_path / "dest")
+    manifest = export_run(spec(), client, str(run), tmp_path / "index", index_only=True)
+    assert manifest["rows"] == 21 and [f["name"] for f in manifest["files"]] == ["keep-000.parquet"]
+
+    # When DuckDB reads the shards where they are, semi-joined with the index
+    in_place = duckdb.sql(f"""
+        SELECT s.id, s.input_ids
+        FROM read_parquet('{run / RUN}/part-*.parquet', filename = true, file_row_number = true) s
+        SEMI JOIN read_parquet('{tmp_path / "index"}/keep-*.parquet') k
+          ON k.shard = parse_filename(s.filename) AND k.row = s.file_row_number AND k.id = s.id
+        ORDER BY s.id""").fetchall()
+
+    # Then it sees exactly the rows of the export
+    exported = sorted((r["id"], r["input_ids"]) for r in read(tmp_path / "dest"))
+    assert [(i, list(ids)) for i, ids in in_place] == exported
+
+
+def test_a_shard_holding_only_canonical_rows_is_exported_without_a_byte_copied(client, run, tmp_path):
+    # When the run is exported onto the shards' file system
+    manifest = export_run(spec(), client, str(run), tmp_path / "dest")
+
+    # Then shard a (all its rows canonical) is a file of the export as it is, hard-linked
+    whole = [f for f in manifest["files"] if f["rows"] == 10 and
+             (tmp_path / "dest" / f["name"]).stat().st_ino == (run / RUN / "part-a.parquet").stat().st_ino]
+    assert len(whole) == 1 and Ledger(client, RUN).canonical_rows("part-a.parquet") == 10
+    # and the others, which hold rows to leave out, are read and rewritten
+    assert Ledger(client, RUN).canonical_rows("part-b.parquet") == 10 and manifest["rows"] == 21
+
+
+def test_a_prompt_stored_without_a_shard_code_is_exported_once(client, tmp_path):
+    # Given a prompt an older version marked done without naming its shard, stored twice
+    ledger = Ledger(client, RUN)
+    ledger.enqueue({"old": pack_ids([1])})
+    ledger.mark_done("old", 2)
+    shard(tmp_path / "shards" / RUN, "part-1.parquet", [sample("old")])
+    shard(tmp_path / "shards" / RUN, "part-2.parquet", [sample("old", copy=1)])
+
+    # When it is exported twice, then it is there once, both times from the first shard met
+    for dest in ("d1", "d2"):
+        manifest = export_run(spec(), client, str(tmp_path / "shards"), tmp_path / dest)
+        assert [(r["id"], r["input_ids"]) for r in read(tmp_path / dest)] == [("old", [1, 2, 3, 0])]
+        assert manifest["duplicates_dropped"] == 1

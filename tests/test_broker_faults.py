@@ -14,6 +14,7 @@ import redis
 
 from contract import kombu_redis
 from contract.keys import RunKeys
+from contract.ledger import Ledger, locate
 from producer.local import free_port, start_redis
 from sglang_standin.cli import parse_config
 from sglang_standin.outputs import fault_for
@@ -190,13 +191,15 @@ def test_a_prompt_redis_has_forgotten_becomes_a_dead_letter_that_says_so(fleet, 
     _, url = fleet.standin()
     fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(6))))
     client = redis.Redis.from_url(fleet.redis_url)
-    assert client.hdel(RUN.state, "p-0002") == 1 and client.hdel(RUN.prompts, "p-0002") == 1
+    bucket, field = locate("p-0002")
+    assert client.hdel(RUN.state_bucket(bucket), field) == 1 and client.hdel(RUN.prompts, "p-0002") == 1
 
     # When a worker takes the run's messages
     fleet.worker("w1", [url])
 
     # Then the forgotten prompt is a dead letter that says Redis forgot it, and the others are stored
-    _wait_until(lambda: client.hlen(RUN.state) == 6, 120, "the forgotten prompt back in the ledger", fleet)
+    _wait_until(lambda: Ledger(client, "default").state("p-0002") is not None, 120,
+                "the forgotten prompt back in the ledger", fleet)
     assert fleet.wait_finished() == {"done": 5, "dead": 1}
     (letter,) = fleet.dead_letters()
     assert letter["id"] == "p-0002" and letter["reason"] == "worker_error"

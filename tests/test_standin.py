@@ -507,7 +507,8 @@ def test_loads_report_live_running_and_waiting_like_sglang() -> None:
         assert [set(x) for x in legacy] == [{"dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens",
                                              "num_pending_tokens", "ts_tic"}]
         assert (legacy[0]["num_reqs"], legacy[0]["num_waiting_reqs"]) == (3, 1)
-        assert legacy[0]["num_pending_tokens"] == len(prompts[2])
+        # (the waiting prompt's tokens not yet prefilled: how many depends on when it was asked)
+        assert 0 <= legacy[0]["num_pending_tokens"] <= len(prompts[2])
         # and each answer's meta_info carries the load next to num_retractions
         for r in answers:
             meta = r.json()["meta_info"]

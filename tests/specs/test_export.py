@@ -11,7 +11,6 @@ from pathlib import Path
 import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
-import redis
 
 from contract.codec import pack_ids
 from contract.deadletters import DeadLetter, DeadLetters
@@ -19,23 +18,8 @@ from contract.ledger import Ledger
 from contract.schema import Sample, samples_to_table
 from contract.spec import RunSpec
 from producer.export import export_run
-from producer.local import start_redis
 
 RUN = "r"
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    process, url = start_redis(tmp_path_factory.mktemp("redis"))
-    yield url
-    process.stop()
-
-
-@pytest.fixture
-def client(server):
-    client = redis.Redis.from_url(server)
-    client.flushdb()
-    return client
 
 
 def sample(prompt_id: str, copy: int = 0) -> Sample:

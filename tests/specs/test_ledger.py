@@ -13,28 +13,11 @@ from __future__ import annotations
 import json
 import random
 
-import pytest
-import redis
 
 from contract.codec import pack_ids
 from contract.deadletters import DeadLetter, DeadLetters
 from contract.keys import RunKeys
 from contract.ledger import AGAIN, NEW, Entry, Ledger, shard_code
-from producer.local import start_redis
-
-
-@pytest.fixture(scope="module")
-def server(tmp_path_factory):
-    process, url = start_redis(tmp_path_factory.mktemp("redis"))
-    yield url
-    process.stop()
-
-
-@pytest.fixture
-def client(server):
-    client = redis.Redis.from_url(server)
-    client.flushdb()
-    return client
 
 
 def letter(pid: str, reason: str = "missing_think_end") -> DeadLetter:

@@ -316,7 +316,7 @@ def dead_requeue(run: Optional[str] = RunOpt, reason: list[str] = typer.Option([
     settings, client = _connect(redis_url)
     from contract.deadletters import DeadLetters
 
-    from .dead import requeue
+    from .dead import replayable, requeue
 
     spec = _spec(client, name)
     store = DeadLetters(client, spec.name)
@@ -327,13 +327,18 @@ def dead_requeue(run: Optional[str] = RunOpt, reason: list[str] = typer.Option([
         return
     if not yes:
         typer.confirm(f"requeue {total} dead letters of run {spec.name!r}?", abort=True)
-    count, publisher = 0, _publisher(settings)
+    count, seen, idless, publisher = 0, 0, 0, _publisher(settings)
     with Progress(TextColumn("requeue"), BarColumn(), MofNCompleteColumn(), console=err, transient=True) as bar:
         task = bar.add_task("requeue", total=total)
         for page in pages:
+            idless += sum(not replayable(d) for d in page)
             count += requeue(client, publisher, spec, page, settings.queue_prefix, max_new_tokens)
-            bar.update(task, completed=count)
+            seen += len(page)
+            bar.update(task, completed=seen)
     out.print(f"requeued {count} prompts" + (f" with max_new_tokens={max_new_tokens}" if max_new_tokens else ""))
+    if idless:
+        err.print(f"kept {idless} dead letters that hold no token ids (Redis had lost their prompts; "
+                  "see `dead list --reason worker_error`): enqueue their lines again under a new run")
 
 
 @dead_app.command("purge")

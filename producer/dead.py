@@ -13,11 +13,19 @@ from contract.publish import publish_prompts
 from contract.spec import RunSpec
 
 
+def replayable(letter: DeadLetter) -> bool:
+    """A letter written because Redis had forgotten its prompt holds no token ids: replaying
+    it would publish an empty prompt, so it stays a dead letter (its line must be enqueued again)."""
+    return letter.prompt_tokens > 0 and bool(letter.prompt_b64)
+
+
 def requeue(client: redis.Redis, app, spec: RunSpec, letters: list[DeadLetter], queue_prefix: str,
             max_new_tokens: int | None = None, on_progress: Callable[[int], None] | None = None) -> int:
     """Put the letters' prompts back in the ledger and on the queue; the letters go. Only the
     prompts the ledger moved from dead to queued are published, so a letter met twice (a
-    scan may return one twice) or replayed meanwhile by someone else is published once."""
+    scan may return one twice) or replayed meanwhile by someone else is published once.
+    Letters without token ids (`replayable`) are left where they are."""
+    letters = [d for d in letters if replayable(d)]
     if not letters:
         return 0
     queue = queue_for(queue_prefix, spec.served_model)

@@ -206,6 +206,11 @@ def test_a_prompt_redis_has_forgotten_becomes_a_dead_letter_that_says_so(fleet, 
     assert "forgotten" in letter["message"] and "noeviction" in letter["message"]
     _stored_once(fleet, {f"p-{i:04d}" for i in range(6)} - {"p-0002"})
 
+    # And replaying it publishes no empty prompt: the letter stays, and the producer says why
+    replay = fleet.producer("dead", "requeue", "--yes")
+    assert "requeued 0 prompts" in replay.stdout and "hold no token ids" in replay.stderr
+    assert [d["id"] for d in fleet.dead_letters()] == ["p-0002"] and fleet.states()["dead"] == 1
+
 
 def test_a_worker_warns_at_start_when_redis_may_forget_or_cannot_be_checked(fleet):
     # Given Redis without persistence that evicts keys under memory pressure, and a Redis user

@@ -8,7 +8,8 @@ runs a script alone) and conditional (each looks at the state it finds):
 
     (none) -> queued   enqueue    a prompt the run does not have yet
     dead   -> queued   requeue    a dead letter replayed; the letter goes
-    queued -> done     mark_done  its sample is durable in a shard
+    queued -> done     mark_done  its sample is durable in a shard (mark_stored: a
+                                  whole group's, in one call)
     dead   -> done     mark_done  a redelivery succeeded after all; the letter goes
     queued -> dead     bury       its dead letter is stored
     dead   -> dead     bury       a redelivered failure replaces its letter
@@ -23,6 +24,12 @@ log. The counts by state (`state:queued|done|dead`) and by dead-letter reason
 queued + done + dead == enqueued. A dead letter exists exactly while its
 prompt is dead (purging one keeps the prompt dead), so `dead list` never
 names a stored prompt.
+
+**Writing entries.** While a group's samples are being written, each of its
+prompts has an entry naming the shard file (`writing`, `unwritten`); the
+transitions to done or dead delete it, so the hash holds only groups in
+flight, and an entry a dead worker left tells the prompt's next delivery
+where its sample may already be (`intake`; workers/reconcile.py).
 
 **Compact states.** A run of 10^7 prompts keeps 10^7 states forever, so a
 state costs ~21 bytes of Redis at 10^6 prompts (`python -m bench --parts

@@ -9,26 +9,28 @@ the shard writer's one way to Redis, one call each):
 1. before the write, each row's prompt gets a writing entry naming the shard
    file's final name (`Ledger.writing`); a retry after a storage failure gets
    a new name and new entries, and a failed write drops the ones naming it
-   (`Ledger.unwritten`), so an entry never names a file that holds other rows;
+   (`Ledger.unwritten`), so a sample withdrawn meanwhile is left without one;
 2. after the link, the group is marked done in one script (`Ledger.mark_stored`),
    which deletes the entries; only then are the tasks released (and acknowledged).
 
 A delivery reads its prompt's ids and entry in one call (`Ledger.intake`). An
 entry whose file exists under that name and holds the prompt's id (its `id`
-column alone is read) means the sample is durable there: the prompt is marked
-done with that shard as its canonical copy, without generating (`reconciled`).
-An entry whose file is missing, or does not hold the id (the worker died
-before linking, or the file is on another node's disk), is dropped and the
-prompt generated as usual. A linked name is final and holds the rows it was
+and `output_len` columns are read, once per shard) means the sample is durable
+there: the prompt is marked done with that shard as its canonical copy,
+without generating (`reconciled`). An entry whose file is missing, or does
+not hold the id (the worker died before linking, or the file is on another
+node's disk), is dropped and the prompt generated as usual. A linked name is final and holds the rows it was
 written with (`shards.py`), so the check cannot be fooled by a later file.
 
-The hash holds only in-flight groups: `mark_stored` and `bury` delete entries,
-a dropped one goes at the prompt's next delivery, and every prompt with an
-entry is queued or dead, so it is delivered again or already buried.
+The hash holds only in-flight groups (not one field per prompt of the run):
+`mark_stored` and `bury` delete entries, and one a dead worker left goes at
+its prompt's next delivery (found, or dropped; `intake` drops the entry of a
+prompt that is done or dead by then).
 """
 from __future__ import annotations
 
 import logging
+from functools import lru_cache
 from pathlib import Path
 
 import pyarrow as pa
@@ -105,16 +107,20 @@ def reconciled(ledger: Ledger, output_dir: str, prompt_id: str, shard: str) -> s
 
 
 def _output_len(path: Path, prompt_id: str) -> int | None:
-    """The prompt's row's output length in the shard at `path`, reading only its `id` and
-    `output_len` columns; None when the file or the row is not there."""
+    """The prompt's row's output length in the shard at `path`; None when the file or the
+    row is not there."""
     try:
-        table = pq.read_table(path, columns=["id", "output_len"])
-    except FileNotFoundError:
+        return _rows_of(path).get(prompt_id)
+    except FileNotFoundError:  # not cached: a live worker may still link it
         return None
     except pa.ArrowInvalid as exc:  # never for a linked shard (written whole, then linked)
         log.warning("shard %s is unreadable (%s): not a place to find prompt %s in", path.name, exc, prompt_id)
         return None
-    ids = table.column("id").to_pylist()
-    if prompt_id not in ids:
-        return None
-    return int(table.column("output_len")[ids.index(prompt_id)].as_py())
+
+
+@lru_cache(maxsize=4)
+def _rows_of(path: Path) -> dict[str, int]:
+    """A shard's ids and output lengths (those two columns only). A final name never changes
+    its content, so the prompts of one dead worker's group read their shard once."""
+    table = pq.read_table(path, columns=["id", "output_len"])
+    return dict(zip(table.column("id").to_pylist(), table.column("output_len").to_pylist()))

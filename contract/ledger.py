@@ -440,6 +440,11 @@ class Ledger:
     def outcomes(raw: list[bytes]) -> list[str]:
         return [r.decode() for r in raw]
 
+    @staticmethod
+    def found(replies: list[list[bytes]]) -> list[str | None]:
+        """The states `mark_stored` found, from its calls' replies on a pipeline."""
+        return [r.decode() or None for reply in replies for r in reply]
+
     def requeue(self, payloads: dict[str, bytes], pipe: redis.client.Pipeline | None = None):
         """Dead prompts become queued again with their packed ids, and lose their letters;
         returns the ids that moved (a prompt that is not dead is left as it is)."""
@@ -472,7 +477,7 @@ class Ledger:
             args = [minute, code] + [x for (pid, tokens), f in zip(chunk, fields) for x in (f, pid, tokens)]
             result = self._script(_DONE, buckets, args, pipe)
             if pipe is None:
-                found += [r.decode() or None for r in result]
+                found += self.found([result])
         return found
 
     def bury(self, prompt_id: str, reason: str, letter: str, forgotten: bool = False) -> str | None:

@@ -41,7 +41,7 @@ from contract.ledger import Ledger
 from contract.names import PromptState
 from contract.schema import Sample
 
-from . import metrics
+from . import deliveries, metrics
 
 log = logging.getLogger(__name__)
 
@@ -69,9 +69,12 @@ class ShardBook:
             log.warning("could not drop the writing entries of %d samples of run %s (%r)", len(rows), run, exc)
 
     def stored(self, run: str, rows: list[Sample], shard: Path) -> None:
-        """The group is durable in `shard`: mark it done in one call (raises if Redis fails:
-        its tasks then fail, and their prompts' redeliveries find the entries)."""
-        found = Ledger(self.client, run).mark_stored([(row.id, row.output_len) for row in rows], shard)
+        """The group is durable in `shard`: mark it done and forget its deliveries, one round
+        trip (raises if Redis fails: its tasks then fail, and their redeliveries find the entries)."""
+        with self.client.pipeline(transaction=False) as pipe:
+            Ledger(self.client, run).mark_stored([(row.id, row.output_len) for row in rows], shard, pipe)
+            deliveries.clear(pipe, run, *(row.id for row in rows))
+            found = Ledger.found(pipe.execute()[:-1])
         again = [row.id for row, state in zip(rows, found) if state not in (PromptState.QUEUED, PromptState.DEAD)]
         if again:
             log.warning("%d prompts stored again (already done or not in the ledger), counted once: %s",

@@ -84,7 +84,7 @@ def _generate(self, run: str, prompt_id: str, max_new_tokens: int | None) -> str
             spec = cached_spec(rt.settings.redis_url, run)
             with _COMMITTING.counted(rt) as task_rt:
                 outcome = process_prompt(task_rt, spec, prompt_id, unpack_ids(raw), max_new_tokens)
-        STARTED.finish(rt.redis, run, prompt_id)
+        STARTED.finish(rt.redis, run, prompt_id, cleared=task_rt.shards.stored())
         return outcome
     except GiveBack as exc:
         STARTED.take_back(rt.redis, run, prompt_id, rt.worker)
@@ -209,6 +209,7 @@ class _Counted:
 
     def __init__(self, owner: _Committing, rt: Runtime):
         self.owner, self.rt, self.submitted = owner, rt, 0
+        self._futures: list = []
 
     def __enter__(self) -> Runtime:
         return dataclasses.replace(self.rt, shards=self)
@@ -220,7 +221,13 @@ class _Counted:
         future = self.rt.shards.submit(run, row)
         self.submitted += 1
         self.owner._add(1)
+        self._futures.append(future)
         return future
+
+    def stored(self) -> bool:
+        """Whether a sample of this task is in a shard (its group commit, which marked it done,
+        also forgot its deliveries)."""
+        return any(f.done() and not f.cancelled() and f.exception() is None for f in self._futures)
 
     def __getattr__(self, name: str):
         """Everything else (storage health, withdrawing a sample) is the writer's own."""

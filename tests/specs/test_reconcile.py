@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 from contract.codec import pack_ids
 from contract.keys import RunKeys
 from contract.ledger import Entry, Ledger, shard_code
+from workers import deliveries
 from workers.reconcile import ShardBook, reconciled
 from workers.shards import ShardWriter
 
@@ -29,14 +30,17 @@ def queued(client, n: int) -> Ledger:
 
 
 def test_a_group_is_marked_done_by_the_writer_before_its_tasks_are_released(client, tmp_path):
-    # Given five queued prompts and a writer with the ledger's book
+    # Given five queued prompts, delivered to a worker, and a writer with the ledger's book
     ledger = queued(client, 5)
+    for i in range(5):
+        deliveries.note(client, "r", f"p-{i}", "w")
     writer = ShardWriter(str(tmp_path), "w", max_rows=5, max_wait=30, book=ShardBook(client))
     # When their samples are committed as one group
     paths = {f.result(timeout=10) for f in [writer.submit("r", sample(i)) for i in range(5)]}
     writer.close()
-    # Then every task learns one shard, by which time each prompt is done there, entries gone
-    assert len(paths) == 1
+    # Then every task learns one shard, by which time each prompt is done there, its writing
+    # entry and its deliveries gone
+    assert len(paths) == 1 and not client.exists(RunKeys("r").deliveries)
     code = shard_code(paths.pop())
     assert ledger.entries([f"p-{i}" for i in range(5)]) == [Entry("done", shard=code)] * 5
     assert ledger.tally().output_tokens == 10 and not client.exists(RunKeys("r").writing)

@@ -368,9 +368,6 @@ class Ledger:
         rows are those prompts, once each (barring a 2^-32 collision of shard codes)."""
         return int(self.client.hget(self.keys.shards, shard_code(shard)) or 0)
 
-    def payload(self, prompt_id: str) -> bytes | None:
-        return self.client.hget(self.keys.prompts, prompt_id)
-
     def pending_ids(self) -> set[str]:
         """Prompts whose ids are still held: queued, in flight, or lost in transit."""
         return {k.decode() for k in self.client.hkeys(self.keys.prompts)}

@@ -141,9 +141,9 @@ def _store(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], tr
 
 def _commit(rt: Runtime, run: str, prompt_id: str, row: Sample) -> str:
     """Wait for the shard that holds `row` (durable, and done in the ledger), at most
-    FLEET_SHARD_COMMIT_TIMEOUT at a time; past
-    that the sample is withdrawn and the prompt goes back to the queue, never to the dead
-    letters. A sample whose write has begun gets one more deadline before the prompt goes back."""
+    FLEET_SHARD_COMMIT_TIMEOUT at a time; past that the sample is withdrawn and the prompt
+    goes back to the queue, never to the dead letters. A sample whose write has begun gets
+    one more deadline before the prompt goes back."""
     try:
         future = rt.shards.submit(run, row)
     except StorageUnavailable as exc:  # the worker is shutting down

@@ -23,7 +23,8 @@ Faults stay where they belong:
   when it fails; the health gate stops taking prompts meanwhile, and the
   change is logged once each way.
   A failed write drops the writing entries that name its file, and the
-  retry names a new file, so an entry never names a file without its row.
+  retry names a new file, so an entry names the file being written or one
+  that holds its row.
 - A task that stops waiting (its deadline) `withdraw`s its sample, so a
   prompt given back is never written afterwards (nor left with an entry:
   entries are made only for the group being written).
@@ -44,7 +45,6 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-
 from typing import Protocol
 
 import pyarrow.parquet as pq

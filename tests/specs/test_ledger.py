@@ -55,7 +55,7 @@ def test_a_done_prompt_is_never_dead_lettered_and_a_second_success_changes_nothi
     assert ledger.mark_done("a", 10, "part-1.parquet") == "queued"
     assert store.put(letter("a")) == "done"
     assert ledger.mark_done("a", 10, "part-2.parquet") == "done"
-    assert ledger.state("a") == "done" and store.get("a") is None and ledger.payload("a") is None
+    assert ledger.state("a") == "done" and store.get("a") is None and ledger.intake("a")[0] is None
     tally = ledger.tally()
     assert (tally.done, tally.dead, tally.output_tokens, tally.reasons) == (1, 0, 10, {})
     check_invariants(ledger, store, ["a"])
@@ -65,7 +65,7 @@ def test_a_dead_prompt_that_succeeds_on_a_redelivery_becomes_done_and_loses_its_
     ledger, store = Ledger(client, "r"), DeadLetters(client, "r")
     enqueue(ledger, "a")
     assert store.put(letter("a", "truncated")) == "queued"
-    assert store.stats() == {"truncated": 1} and ledger.payload("a") is None
+    assert store.stats() == {"truncated": 1} and ledger.intake("a")[0] is None
     assert ledger.mark_done("a", 5, "part-1.parquet") == "dead"
     assert store.get("a") is None and store.stats() == {} and ledger.tally().done == 1
     check_invariants(ledger, store, ["a"])
@@ -86,7 +86,7 @@ def test_requeue_moves_only_dead_prompts_back_to_queued(client):
     ledger.mark_done("done", 1, "part-1.parquet")
     assert ledger.requeue({"dead": pack_ids([7]), "done": pack_ids([7])}) == ["dead"]
     assert ledger.states(["dead", "done"]) == ["queued", "done"]
-    assert ledger.payload("dead") == pack_ids([7]) and ledger.payload("done") is None
+    assert ledger.intake("dead")[0] == pack_ids([7]) and ledger.intake("done")[0] is None
     assert store.get("dead") is None and ledger.tally().enqueued == 2
     # a second requeue of the same letter (a scan that met it twice) moves nothing
     assert ledger.requeue({"dead": pack_ids([7])}) == []

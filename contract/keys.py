@@ -29,7 +29,7 @@ class RunKeys:
     def __init__(self, run: str):
         base = f"fleet:run:{run}"
         self.spec = base                    # string: the run's spec (JSON)
-        # The ledger (ledger.py) owns the state buckets, dead, counters, minutes, shards and prompts:
+        # The ledger (ledger.py) owns the state buckets, dead, counters, minutes, shards, writing and prompts:
         # only its scripts change them, each a prompt's whole transition in one atomic step.
         # Each prompt's state lives in one of STATE_BUCKETS small hashes, `<base>:s:<n>`,
         # under 8 bytes of a hash of its id (`ledger.py` says how, and why it is compact).
@@ -47,6 +47,9 @@ class RunKeys:
         self.deliveries = f"{base}:deliveries"
         self.minutes = f"{base}:minutes"    # hash: "<minute>:samples|tokens" -> count, for rates
         self.shards = f"{base}:shards"      # hash: shard code -> prompts whose canonical copy it holds
+        # hash: prompt id -> the file name of the shard its sample is being written to, from
+        # just before its group's write until it is done or dead (ledger.py: writing entries)
+        self.writing = f"{base}:writing"
         # hash: prompt id -> packed token ids (codec.py), while not done or dead. Named
         # `ids`, not `prompts` as when it held int32: no version reads the other's bytes.
         self.prompts = f"{base}:ids"

@@ -8,7 +8,8 @@ runs a script alone) and conditional (each looks at the state it finds):
 
     (none) -> queued   enqueue    a prompt the run does not have yet
     dead   -> queued   requeue    a dead letter replayed; the letter goes
-    queued -> done     mark_done  its sample is durable in a shard
+    queued -> done     mark_done  its sample is durable in a shard (mark_stored: a
+                                  whole group's, in one call)
     dead   -> done     mark_done  a redelivery succeeded after all; the letter goes
     queued -> dead     bury       its dead letter is stored
     dead   -> dead     bury       a redelivered failure replaces its letter
@@ -23,6 +24,12 @@ log. The counts by state (`state:queued|done|dead`) and by dead-letter reason
 queued + done + dead == enqueued. A dead letter exists exactly while its
 prompt is dead (purging one keeps the prompt dead), so `dead list` never
 names a stored prompt.
+
+**Writing entries.** While a group's samples are being written, each of its
+prompts has an entry naming the shard file (`writing`, `unwritten`); the
+transitions to done or dead delete it, so the hash holds only groups in
+flight, and an entry a dead worker left tells the prompt's next delivery
+where its sample may already be (`intake`; workers/reconcile.py).
 
 **Compact states.** A run of 10^7 prompts keeps 10^7 states forever, so a
 state costs ~21 bytes of Redis at 10^6 prompts (`python -m bench --parts
@@ -74,10 +81,11 @@ NEW, AGAIN = "new", "again"  # enqueue outcomes besides the state found
 UNKNOWN_SHARD = 0
 READ_CHUNK = 1000  # prompts per read script call
 
-# Shared by every script. KEYS: legacy state, ids, dead, counters, minutes, shards, then one
-# state bucket per prompt (KEYS[6 + i] for the i-th prompt of ARGV).
+# Shared by every script. KEYS: legacy state, ids, dead, counters, minutes, shards, writing, then
+# one state bucket per prompt (KEYS[B + i] for the i-th prompt of ARGV).
 _READ_PRELUDE = """
 local legacy, ids, dead, counters, minutes, shards = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local writing, B = KEYS[7], 7
 local has_legacy = redis.call('EXISTS', legacy) == 1
 local OLD = {queued = 'q', dead = 'd', done = '0'}
 local function kind(v)
@@ -124,9 +132,9 @@ end
 # ARGV: the prompts' fields, then (for a run an older version kept) their ids. Returns each
 # prompt's raw state (nil: not in the run).
 _READ = _READ_PRELUDE + """
-local n, out = #KEYS - 6, {}
+local n, out = #KEYS - B, {}
 if #ARGV < 2 * n then has_legacy = false end
-for i = 1, n do out[i] = peek(KEYS[6 + i], ARGV[i], ARGV[n + i]) end
+for i = 1, n do out[i] = peek(KEYS[B + i], ARGV[i], ARGV[n + i]) end
 return out
 """
 
@@ -138,7 +146,7 @@ if redis.call('HEXISTS', counters, 'enqueued') == 0 then redis.call('HSET', coun
 local mine = 'q' .. ARGV[1]
 local out, fresh, tokens = {}, 0, 0
 for i = 1, (#ARGV - 1) / 4 do
-  local a, bucket = 4 * i - 2, KEYS[6 + i]
+  local a, bucket = 4 * i - 2, KEYS[B + i]
   local found = get(bucket, ARGV[a], ARGV[a + 1])
   if not found then
     redis.call('HSET', bucket, ARGV[a], mine)
@@ -163,7 +171,7 @@ return out
 _REQUEUE = _PRELUDE + """
 local out = {}
 for i = 1, #ARGV / 3 do
-  local a, bucket = 3 * i - 2, KEYS[6 + i]
+  local a, bucket = 3 * i - 2, KEYS[B + i]
   out[i] = 0
   if kind(get(bucket, ARGV[a], ARGV[a + 1])) == 'dead' then
     forget_letter(ARGV[a + 1])
@@ -175,24 +183,40 @@ end
 return out
 """
 
-# KEYS[7]: the bucket. ARGV: field, id, output tokens, minute, shard code
+# ARGV: minute, shard code, then field, id, output tokens per prompt. Returns per prompt the
+# state found ('' if none). Every prompt's writing entry goes: a done prompt needs none.
 _DONE = _PRELUDE + """
-local bucket, field, id, tokens = KEYS[7], ARGV[1], ARGV[2], tonumber(ARGV[3])
-local found = kind(get(bucket, field, id))
-if found ~= 'queued' and found ~= 'dead' then return found or '' end
-forget_letter(id)
-move(bucket, field, found, 'done', ARGV[5])
-if ARGV[5] ~= '0' then redis.call('HINCRBY', shards, ARGV[5], 1) end
-redis.call('HDEL', ids, id)
-count('output_tokens', tokens)
-redis.call('HINCRBY', minutes, ARGV[4] .. ':samples', 1)
-redis.call('HINCRBY', minutes, ARGV[4] .. ':tokens', tokens)
-return found
+local minute, code, out = ARGV[1], ARGV[2], {}
+local moved, tokens = {queued = 0, dead = 0}, 0
+for i = 1, (#ARGV - 2) / 3 do
+  local a, bucket = 3 * i, KEYS[B + i]
+  local field, id = ARGV[a], ARGV[a + 1]
+  local found = kind(get(bucket, field, id))
+  redis.call('HDEL', writing, id)
+  if found == 'queued' or found == 'dead' then
+    forget_letter(id)
+    redis.call('HSET', bucket, field, code)
+    redis.call('HDEL', ids, id)
+    moved[found] = moved[found] + 1
+    tokens = tokens + tonumber(ARGV[a + 2])
+  end
+  out[i] = found or ''
+end
+local stored = moved.queued + moved.dead
+if stored > 0 then
+  for from, n in pairs(moved) do if n > 0 then count('state:' .. from, -n) end end
+  count('state:done', stored)
+  if code ~= '0' then redis.call('HINCRBY', shards, code, stored) end
+  count('output_tokens', tokens)
+  redis.call('HINCRBY', minutes, minute .. ':samples', stored)
+  redis.call('HINCRBY', minutes, minute .. ':tokens', tokens)
+end
+return out
 """
 
-# KEYS[7]: the bucket. ARGV: field, id, reason, letter (JSON with a `reason`), 'forgotten' or ''
+# KEYS[B + 1]: the bucket. ARGV: field, id, reason, letter (JSON with a `reason`), 'forgotten' or ''
 _BURY = _PRELUDE + """
-local bucket, field, id = KEYS[7], ARGV[1], ARGV[2]
+local bucket, field, id = KEYS[B + 1], ARGV[1], ARGV[2]
 local found = kind(get(bucket, field, id))
 if not found and ARGV[5] == 'forgotten' then found = 'queued' end  -- counted queued when enqueued
 if found == 'queued' then
@@ -204,8 +228,26 @@ else
   return found or ''
 end
 redis.call('HSET', dead, id, ARGV[4])
+redis.call('HDEL', writing, id)
 count('reason:' .. ARGV[3], 1)
 return found
+"""
+
+# ARGV: id. Its packed ids (nil once done or dead) and its writing entry, which goes if the
+# prompt has no ids (a done prompt's duplicate, whose worker died before the write).
+_INTAKE = _READ_PRELUDE + """
+local raw, shard = redis.call('HGET', ids, ARGV[1]), redis.call('HGET', writing, ARGV[1])
+if shard and not raw then redis.call('HDEL', writing, ARGV[1]) shard = false end
+return {raw, shard}
+"""
+
+# ARGV: shard file name, then ids. Each writing entry that still names that shard goes.
+_UNWRITTEN = _READ_PRELUDE + """
+local removed = 0
+for i = 2, #ARGV do
+  if redis.call('HGET', writing, ARGV[i]) == ARGV[1] then removed = removed + redis.call('HDEL', writing, ARGV[i]) end
+end
+return removed
 """
 
 # ARGV: ids. The prompts stay dead.
@@ -220,7 +262,7 @@ return removed
 _CLAIM = _PRELUDE + """
 local out = {}
 for i = 1, (#ARGV - 1) / 2 do
-  local bucket, field = KEYS[6 + i], ARGV[2 * i]
+  local bucket, field = KEYS[B + i], ARGV[2 * i]
   local v = get(bucket, field, ARGV[2 * i + 1])
   if v == '0' then
     redis.call('HSET', bucket, field, ARGV[1])
@@ -326,9 +368,6 @@ class Ledger:
         rows are those prompts, once each (barring a 2^-32 collision of shard codes)."""
         return int(self.client.hget(self.keys.shards, shard_code(shard)) or 0)
 
-    def payload(self, prompt_id: str) -> bytes | None:
-        return self.client.hget(self.keys.prompts, prompt_id)
-
     def pending_ids(self) -> set[str]:
         """Prompts whose ids are still held: queued, in flight, or lost in transit."""
         return {k.decode() for k in self.client.hkeys(self.keys.prompts)}
@@ -398,6 +437,11 @@ class Ledger:
     def outcomes(raw: list[bytes]) -> list[str]:
         return [r.decode() for r in raw]
 
+    @staticmethod
+    def found(replies: list[list[bytes]]) -> list[str | None]:
+        """The states `mark_stored` found, from its calls' replies on a pipeline."""
+        return [r.decode() or None for reply in replies for r in reply]
+
     def requeue(self, payloads: dict[str, bytes], pipe: redis.client.Pipeline | None = None):
         """Dead prompts become queued again with their packed ids, and lose their letters;
         returns the ids that moved (a prompt that is not dead is left as it is)."""
@@ -412,11 +456,26 @@ class Ledger:
                   pipe: redis.client.Pipeline | None = None):
         """The prompt's sample is durable in `shard` (its canonical copy, unless the prompt
         was done already); returns the state it was in (done: nothing changed)."""
+        found = self.mark_stored([(prompt_id, output_tokens)], shard, pipe)
+        return found[0] if found else None
+
+    def mark_stored(self, samples: list[tuple[str, int]], shard: str | Path | None = None,
+                    pipe: redis.client.Pipeline | None = None):
+        """A group's samples, (prompt id, output tokens) each, are durable in `shard`: one
+        script call per `READ_CHUNK` of them (a group commit's whole ledger step). Returns
+        the state each prompt was in, as `mark_done` does; on `pipe`, nothing (the pipeline
+        returns each call's list of raw states)."""
         code = shard_code(shard) if shard is not None else UNKNOWN_SHARD
-        buckets, fields = self._locate([prompt_id])
-        result = self._script(_DONE, buckets, [fields[0], prompt_id, output_tokens,
-                                               int(time.time() // 60), code], pipe)
-        return result if pipe is not None else (result.decode() or None)
+        minute = int(time.time() // 60)
+        found: list = []
+        for start in range(0, len(samples), READ_CHUNK):
+            chunk = samples[start:start + READ_CHUNK]
+            buckets, fields = self._locate([pid for pid, _ in chunk])
+            args = [minute, code] + [x for (pid, tokens), f in zip(chunk, fields) for x in (f, pid, tokens)]
+            result = self._script(_DONE, buckets, args, pipe)
+            if pipe is None:
+                found += self.found([result])
+        return found
 
     def bury(self, prompt_id: str, reason: str, letter: str, forgotten: bool = False) -> str | None:
         """Store the prompt's dead letter; returns the state it was in. Only a queued or dead
@@ -442,6 +501,25 @@ class Ledger:
             found += [Entry.decode(r) for r in self._script(_CLAIM, buckets, args)]
         return found
 
+    # -- writing entries: a group commit's samples, from just before the write until done --
+
+    def writing(self, prompt_ids: list[str], shard: str) -> None:
+        """These prompts' samples are about to be written to the shard file named `shard`
+        (its final name): one call. `mark_stored` and `bury` delete the entries."""
+        if prompt_ids:
+            self.client.hset(self.keys.writing, mapping=dict.fromkeys(prompt_ids, shard))
+
+    def unwritten(self, prompt_ids: list[str], shard: str) -> int:
+        """The write to `shard` did not happen (or the shard does not hold them): drop each
+        entry that still names it (another write may have named another since)."""
+        return int(self._script(_UNWRITTEN, [], [shard, *prompt_ids])) if prompt_ids else 0
+
+    def intake(self, prompt_id: str) -> tuple[bytes | None, str | None]:
+        """What a delivery needs, in one call: the prompt's packed ids (None once done or
+        dead, or forgotten) and, while it has ids, the shard its sample was being written to."""
+        raw, shard = self._script(_INTAKE, [], [prompt_id])
+        return raw, shard.decode() if shard is not None else None
+
     # -- plumbing ---------------------------------------------------------------------------
 
     def _locate(self, prompt_ids: list[str]) -> tuple[list[str], list[bytes]]:
@@ -462,7 +540,7 @@ class Ledger:
     def _script(self, source: str, buckets: list[str], args: list,
                 pipe: redis.client.Pipeline | None = None):
         keys = [self.keys.legacy_state, self.keys.prompts, self.keys.dead, self.keys.counters,
-                self.keys.minutes, self.keys.shards, *buckets]
+                self.keys.minutes, self.keys.shards, self.keys.writing, *buckets]
         script = _SCRIPTS.get(source) or _SCRIPTS.setdefault(source, self.client.register_script(source))
         return script(keys=keys, args=args, client=self.client if pipe is None else pipe)
 

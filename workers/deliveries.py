@@ -22,8 +22,8 @@ healthy server (the task gives the prompt back), a SIGTERM hand-back, and an
 unexpected error, which `FLEET_MAX_CRASHES` counts instead. So a server outage
 or a rolling restart never poisons a good prompt, and what is left counted is
 deliveries whose worker died holding them. A finished prompt's record is
-dropped (`clear`), so Redis keeps one only for prompts in flight, and a
-requeued dead letter starts afresh.
+dropped (`clear`; a stored one's by its group commit), so Redis keeps one
+only for prompts in flight, and a requeued dead letter starts afresh.
 
 A delivery is taken back only by the process that counted it, and at most once
 (`Started`): a worker restarted under the same name must not erase the record
@@ -68,7 +68,7 @@ return #names
 def note(client: redis.Redis, run: str, prompt_id: str, worker: str) -> list[str]:
     """Record a delivery of the prompt to `worker`; returns every worker it was delivered to,
     oldest first, this one last."""
-    held = client.eval(_NOTE, 1, RunKeys(run).deliveries, prompt_id, worker)
+    held = _script(client, _NOTE)(keys=[RunKeys(run).deliveries], args=[prompt_id, worker], client=client)
     return _names(held)
 
 
@@ -76,14 +76,25 @@ def undo(client: redis.Redis, run: str, prompt_id: str, worker: str) -> None:
     """Take back `worker`'s latest delivery: it ended without its worker dying. Best effort: it is
     called on the way out of a failure, and a delivery left counted only errs towards caution."""
     try:
-        client.eval(_UNDO, 1, RunKeys(run).deliveries, prompt_id, worker)
+        _script(client, _UNDO)(keys=[RunKeys(run).deliveries], args=[prompt_id, worker], client=client)
     except redis.RedisError as exc:
         log.warning("could not take back a delivery of prompt %s of run %s: %r", prompt_id, run, exc)
 
 
-def clear(client: redis.Redis, run: str, prompt_id: str) -> None:
-    """The prompt finished (stored or dead-lettered): forget its deliveries."""
-    client.hdel(RunKeys(run).deliveries, prompt_id)
+def _script(client: redis.Redis, source: str):
+    """The script, sent by its SHA (EVALSHA) rather than its text at each delivery; call it
+    with `client=`, as one Script object serves every client."""
+    return _SCRIPTS.get(source) or _SCRIPTS.setdefault(source, client.register_script(source))
+
+
+_SCRIPTS: dict[str, "redis.commands.core.Script"] = {}
+
+
+def clear(client: redis.Redis, run: str, *prompt_ids: str) -> None:
+    """The prompts finished (stored or dead-lettered): forget their deliveries (one call;
+    `client` may be a pipeline, as a group commit's is)."""
+    if prompt_ids:
+        client.hdel(RunKeys(run).deliveries, *prompt_ids)
 
 
 def holders(client: redis.Redis, run: str, prompt_id: str) -> list[str]:
@@ -114,9 +125,11 @@ class Started:
         if self._settle(run, prompt_id):
             undo(client, run, prompt_id, worker)
 
-    def finish(self, client: redis.Redis, run: str, prompt_id: str) -> None:
+    def finish(self, client: redis.Redis, run: str, prompt_id: str, cleared: bool = False) -> None:
+        """`cleared`: its record went already (a group commit clears its prompts')."""
         self._settle(run, prompt_id)
-        clear(client, run, prompt_id)
+        if not cleared:
+            clear(client, run, prompt_id)
 
     def _settle(self, run: str, prompt_id: str) -> bool:
         with self._lock:

@@ -24,7 +24,6 @@ from datetime import datetime, timezone
 from . import metrics
 from contract.codec import ids_to_b64
 from contract.deadletters import DeadLetter, DeadLetters
-from contract.ledger import Ledger
 from contract.names import PromptState, Reason
 from contract.schema import Sample
 from contract.spec import RunSpec
@@ -130,28 +129,21 @@ def _check_storage(rt: Runtime, prompt_id: str) -> None:
 
 def _store(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], tries: Attempts,
            generation: Generation, verdict: Verdict) -> str:
-    """Into a shard, then done in the ledger; a sample no shard can hold is the prompt's bad_output."""
+    """Into a shard, which the writer marks done in the ledger with the rest of its group
+    (`reconcile.ShardBook`); a sample no shard can hold is the prompt's bad_output."""
     row = _row(rt, spec, prompt_id, prompt_ids, tries, generation, verdict)
     try:
-        path = _commit(rt, spec.name, prompt_id, row)
+        return _commit(rt, spec.name, prompt_id, row)
     except BadSample as exc:
         return bury(rt, _dead(rt, spec, prompt_id, prompt_ids, generation.sampling, tries,
                               Reason.BAD_OUTPUT, f"its sample cannot be stored: {exc}", generation))
-    found = Ledger(rt.redis, spec.name).mark_done(prompt_id, len(generation.output_ids), shard=path)
-    if found not in (PromptState.QUEUED, PromptState.DEAD):
-        log.warning("prompt %s stored again (it was %s); the ledger counts it once", prompt_id,
-                    found or "not in the ledger")
-        return path
-    metrics.PROMPTS.labels(spec.name, "stored").inc()
-    metrics.TOKENS.labels("prompt").inc(len(prompt_ids))
-    metrics.TOKENS.labels("output").inc(len(generation.output_ids))
-    return path
 
 
 def _commit(rt: Runtime, run: str, prompt_id: str, row: Sample) -> str:
-    """Wait for the shard that holds `row`, at most FLEET_SHARD_COMMIT_TIMEOUT at a time; past
-    that the sample is withdrawn and the prompt goes back to the queue, never to the dead
-    letters. A sample whose write has begun gets one more deadline before the prompt goes back."""
+    """Wait for the shard that holds `row` (durable, and done in the ledger), at most
+    FLEET_SHARD_COMMIT_TIMEOUT at a time; past that the sample is withdrawn and the prompt
+    goes back to the queue, never to the dead letters. A sample whose write has begun gets
+    one more deadline before the prompt goes back."""
     try:
         future = rt.shards.submit(run, row)
     except StorageUnavailable as exc:  # the worker is shutting down
@@ -168,7 +160,7 @@ def _commit(rt: Runtime, run: str, prompt_id: str, row: Sample) -> str:
                             "up" if storage.up else "failing", storage.last_error or "none")
                 raise GiveBack(f"shard commit not done within {timeout:.0f}s") from None
     log.warning("prompt %s: its shard write has not finished after %.0fs; prompt given back (its "
-                "sample may yet be stored: the ledger counts it once)", prompt_id, 2 * timeout)
+                "sample may yet be stored and marked done: the ledger counts it once)", prompt_id, 2 * timeout)
     raise GiveBack(f"shard commit not done within {2 * timeout:.0f}s")
 
 

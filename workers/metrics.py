@@ -24,6 +24,8 @@ DEAD_LETTERS = Counter("fleet_dead_letters_total", "Prompts dead-lettered, by re
 RETRIES = Counter("fleet_retries_total", "Requests tried again, by kind (transient or unavailable).", ["kind"])
 SHARD_COMMITS = Counter("fleet_shard_commits_total", "Shard files made durable.")
 SHARD_ROWS = Counter("fleet_shard_rows_total", "Samples written into shards.")
+RECONCILED = Counter("fleet_reconciled_total", "Prompts found stored in a shard when delivered again (their "
+                     "worker died before marking them done): marked done, not generated again.")
 STORAGE_FAILURES = Counter("fleet_storage_failures_total", "Shard writes the output storage refused (retried).")
 
 

@@ -19,6 +19,7 @@ from contract.connections import redact_url, redis_for
 from . import metrics
 from .health import HealthMonitor
 from .server_auth import ServerCredentials
+from .reconcile import ShardBook
 from .servers import ServerPool
 from .settings import Settings
 from .sglang_client import make_client
@@ -70,7 +71,7 @@ def _build(s: Settings, worker: str) -> Runtime:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     pool = ServerPool(s.server_urls, s.max_inflight_per_server)
     client = redis_for(s.redis_url)
-    shards = ShardWriter(s.output_dir, worker, s.shard_max_rows, s.shard_max_wait)
+    shards = ShardWriter(s.output_dir, worker, s.shard_max_rows, s.shard_max_wait, book=ShardBook(client))
     monitor = HealthMonitor(pool, s, headers, after_round=lambda: heartbeats.publish(
         client, worker, pool.snapshot(), ttl=3 * s.health_interval + s.health_timeout,
         storage=shards.storage.snapshot()))

@@ -3,8 +3,12 @@
 A task hands its sample to the writer and waits; the writer gathers samples
 until a shard is full or its oldest sample has waited `max_wait` seconds,
 writes one Parquet file under a temporary name, fsyncs it, links it into
-place and only then releases the waiting tasks, which are then acknowledged.
-So an acknowledged prompt is always in a shard, and shards stay large.
+place, marks the whole group done in the ledger in one call, and only then
+releases the waiting tasks, which are then acknowledged. So an acknowledged
+prompt is always in a shard and done, and shards stay large. Just before the
+write, the group's prompts get writing entries naming the shard, so a worker
+that dies between the link and the ledger's `done` leaves samples that their
+redeliveries find rather than generate again (`reconcile.py`, the `book`).
 
 Faults stay where they belong:
 - A sample is checked when it is handed over (`check_sample`: ids are ints in
@@ -18,8 +22,12 @@ Faults stay where they belong:
   storage takes it. `storage` says whether the last write worked and since
   when it fails; the health gate stops taking prompts meanwhile, and the
   change is logged once each way.
+  A failed write drops the writing entries that name its file, and the
+  retry names a new file, so an entry names the file being written or one
+  that holds its row.
 - A task that stops waiting (its deadline) `withdraw`s its sample, so a
-  prompt given back is never written afterwards.
+  prompt given back is never written afterwards (nor left with an entry:
+  entries are made only for the group being written).
 
 Two workers never write the same file, even when their node names and pids
 coincide (containers where every worker is pid 1): each name carries a random
@@ -37,6 +45,7 @@ import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import pyarrow.parquet as pq
 
@@ -46,6 +55,18 @@ from contract.schema import INT32_MAX, Sample, samples_to_table
 from . import metrics
 
 log = logging.getLogger(__name__)
+# Test hook, an honest fault injection: "1" makes the worker die (os._exit) right after a
+# shard is linked into place, before its samples are marked done (tests/test_reconcile.py).
+FAULT_AFTER_LINK = "FLEET_FAULT_AFTER_LINK"
+FAULT_EXIT = 137  # what a SIGKILLed process reports
+
+
+class Book(Protocol):
+    """The ledger's side of a group commit (`reconcile.ShardBook`)."""
+
+    def writing(self, run: str, rows: list[Sample], shard: str) -> None: ...
+    def unwritten(self, run: str, rows: list[Sample], shard: str) -> None: ...
+    def stored(self, run: str, rows: list[Sample], shard: Path) -> None: ...
 
 
 class BadSample(ValueError):
@@ -113,8 +134,10 @@ class ShardWriter:
     """One per worker process; thread-safe."""
 
     def __init__(self, output_dir: str, worker: str, max_rows: int, max_wait: float,
-                 retry_base: float = 0.5, retry_max: float = 5.0):
+                 retry_base: float = 0.5, retry_max: float = 5.0, book: Book | None = None):
         self.root = Path(output_dir)
+        self.book = book  # None: files only (the ledger is the caller's)
+        self._die_after_link = os.environ.get(FAULT_AFTER_LINK) == "1"
         self.worker = re.sub(r"[^A-Za-z0-9_.-]+", "-", worker).strip("-.") or "worker"
         self.max_rows, self.max_wait = max_rows, max_wait
         self.retry_base, self.retry_max = retry_base, retry_max
@@ -240,11 +263,16 @@ class ShardWriter:
         return kept
 
     def _write_group(self, run: str, pending: _Pending, table) -> None:
+        name = self._name()
+        if self.book:
+            self.book.writing(run, pending.rows, name)
         try:
-            path = self._write(run, table)
+            path = self._write(run, table, name)
         except OSError as exc:  # storage, not the rows
+            self._unwritten(run, pending, name)
             self._hold(run, pending, exc)
         except Exception as exc:  # not storage: one of the rows, which writing them alone finds
+            self._unwritten(run, pending, name)
             if len(pending.rows) == 1:
                 _refuse(pending.rows[0], pending.futures[0], repr(exc))
                 return
@@ -253,13 +281,31 @@ class ShardWriter:
             for row, future in zip(pending.rows, pending.futures):
                 self._commit_one(run, row, future)
         else:
+            if self._die_after_link:
+                log.error("%s=1: dying right after linking %s, before marking its samples done",
+                          FAULT_AFTER_LINK, path.name)
+                os._exit(FAULT_EXIT)
             self._release(run, pending, path)
 
+    def _unwritten(self, run: str, pending: _Pending, name: str) -> None:
+        if self.book:
+            self.book.unwritten(run, pending.rows, name)
+
     def _release(self, run: str, pending: _Pending, path: Path) -> None:
+        """The shard is durable: mark its samples done (one ledger call), then release their tasks."""
         self.storage.recovered()
         self._failed_runs.discard(run)
         metrics.SHARD_COMMITS.inc()
         metrics.SHARD_ROWS.inc(len(pending.rows))
+        try:
+            if self.book:
+                self.book.stored(run, pending.rows, path)
+        except Exception as exc:  # Redis gave up: the tasks fail, their redeliveries find the entries
+            log.error("shard %s is durable but marking its %d samples done failed: %r",
+                      path.name, len(pending.rows), exc)
+            for future in pending.futures:
+                future.set_exception(exc)
+            return
         for future in pending.futures:
             future.set_result(str(path))
 
@@ -298,12 +344,15 @@ class ShardWriter:
         self._failed_runs.clear()
         self.storage.recovered()
 
-    def _write(self, run: str, table) -> Path:
-        folder = self.root / run
-        folder.mkdir(parents=True, exist_ok=True)
+    def _name(self) -> str:
+        """A final shard name no other writer can make (the random part) and that says whose it is."""
         self._seq += 1
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
-        name = f"part-{self.worker}-{os.getpid()}-{stamp}-{self._seq:06d}-{secrets.token_hex(6)}.parquet"
+        return f"part-{self.worker}-{os.getpid()}-{stamp}-{self._seq:06d}-{secrets.token_hex(6)}.parquet"
+
+    def _write(self, run: str, table, name: str) -> Path:
+        folder = self.root / run
+        folder.mkdir(parents=True, exist_ok=True)
         final, temporary = folder / name, folder / f".tmp-{name}"
         try:
             with open(temporary, "xb") as sink:  # exclusive: never another writer's file

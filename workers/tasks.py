@@ -14,9 +14,15 @@ such prompts in its worker, so bystanders of its deaths are not blamed). A messa
 heard of (neither ids nor state: Redis evicted or lost them) is never
 acknowledged silently: it becomes a `worker_error` dead letter that says so.
 
+A prompt whose sample an earlier delivery was writing to a shard (its worker
+died between the link and the ledger's `done`) is found there and marked done
+instead of generated again (`reconcile.py`); this comes before the poison
+count, since that delivery's death is counted against it.
+
 A SIGTERM hand-back (`shutdown`) must not hand back a sample that is already
 being committed, so the task counts the samples it gave the shard writer until
-it returns (`committing()`): the hand-back waits for them to be marked done.
+it returns (`committing()`): the hand-back waits for them to be marked done
+(the shard writer marks a group done before it releases the group's tasks).
 """
 from __future__ import annotations
 
@@ -40,6 +46,7 @@ from . import deliveries
 from .deliveries import STARTED
 from .generation import Buried, DeadLettered, GiveBack, bury, process_prompt
 from .lease import hold_limit
+from .reconcile import reconciled
 from .runtime import Runtime, get_runtime
 from .specs import cached_spec
 
@@ -64,9 +71,11 @@ def _generate(self, run: str, prompt_id: str, max_new_tokens: int | None) -> str
     ledger = Ledger(rt.redis, run)
     raw = None
     try:
-        raw = ledger.payload(prompt_id)
+        raw, writing = ledger.intake(prompt_id)
         if raw is None:
             return _without_ids(rt, ledger, run, prompt_id, max_new_tokens)
+        if writing is not None and (found := _reconciled(rt, ledger, prompt_id, writing)):
+            return found
         before = deliveries.holders(rt.redis, run, prompt_id)
         if len(before) > rt.settings.max_deliveries:
             return _bury_poison(rt, run, prompt_id, raw, max_new_tokens, before)
@@ -75,7 +84,7 @@ def _generate(self, run: str, prompt_id: str, max_new_tokens: int | None) -> str
             spec = cached_spec(rt.settings.redis_url, run)
             with _COMMITTING.counted(rt) as task_rt:
                 outcome = process_prompt(task_rt, spec, prompt_id, unpack_ids(raw), max_new_tokens)
-        STARTED.finish(rt.redis, run, prompt_id)
+        STARTED.finish(rt.redis, run, prompt_id, cleared=task_rt.shards.stored())
         return outcome
     except GiveBack as exc:
         STARTED.take_back(rt.redis, run, prompt_id, rt.worker)
@@ -108,6 +117,18 @@ def _alone_if(last_chance: bool, rt: Runtime) -> Iterator[None]:
         yield
     finally:
         _LAST_CHANCE.release()
+
+
+def _reconciled(rt: Runtime, ledger: Ledger, prompt_id: str, shard: str) -> str | None:
+    """The prompt's sample was being written to `shard` when an earlier delivery ended: if it
+    is there, the prompt is done without generating (`reconcile.py`), its deliveries forgotten."""
+    try:
+        found = reconciled(ledger, rt.settings.output_dir, prompt_id, shard)
+    except OSError as exc:  # storage cannot tell yet: keep the entry, try again later
+        raise GiveBack(f"cannot read shard {shard} to see whether it holds prompt {prompt_id}: {exc}") from exc
+    if found:
+        deliveries.clear(rt.redis, ledger.run, prompt_id)
+    return found
 
 
 def _without_ids(rt: Runtime, ledger: Ledger, run: str, prompt_id: str, max_new_tokens: int | None) -> str:
@@ -188,6 +209,7 @@ class _Counted:
 
     def __init__(self, owner: _Committing, rt: Runtime):
         self.owner, self.rt, self.submitted = owner, rt, 0
+        self._futures: list = []
 
     def __enter__(self) -> Runtime:
         return dataclasses.replace(self.rt, shards=self)
@@ -199,7 +221,13 @@ class _Counted:
         future = self.rt.shards.submit(run, row)
         self.submitted += 1
         self.owner._add(1)
+        self._futures.append(future)
         return future
+
+    def stored(self) -> bool:
+        """Whether a sample of this task is in a shard (its group commit, which marked it done,
+        also forgot its deliveries)."""
+        return any(f.done() and not f.cancelled() and f.exception() is None for f in self._futures)
 
     def __getattr__(self, name: str):
         """Everything else (storage health, withdrawing a sample) is the writer's own."""

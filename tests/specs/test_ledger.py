@@ -55,7 +55,7 @@ def test_a_done_prompt_is_never_dead_lettered_and_a_second_success_changes_nothi
     assert ledger.mark_done("a", 10, "part-1.parquet") == "queued"
     assert store.put(letter("a")) == "done"
     assert ledger.mark_done("a", 10, "part-2.parquet") == "done"
-    assert ledger.state("a") == "done" and store.get("a") is None and ledger.payload("a") is None
+    assert ledger.state("a") == "done" and store.get("a") is None and ledger.intake("a")[0] is None
     tally = ledger.tally()
     assert (tally.done, tally.dead, tally.output_tokens, tally.reasons) == (1, 0, 10, {})
     check_invariants(ledger, store, ["a"])
@@ -65,7 +65,7 @@ def test_a_dead_prompt_that_succeeds_on_a_redelivery_becomes_done_and_loses_its_
     ledger, store = Ledger(client, "r"), DeadLetters(client, "r")
     enqueue(ledger, "a")
     assert store.put(letter("a", "truncated")) == "queued"
-    assert store.stats() == {"truncated": 1} and ledger.payload("a") is None
+    assert store.stats() == {"truncated": 1} and ledger.intake("a")[0] is None
     assert ledger.mark_done("a", 5, "part-1.parquet") == "dead"
     assert store.get("a") is None and store.stats() == {} and ledger.tally().done == 1
     check_invariants(ledger, store, ["a"])
@@ -86,7 +86,7 @@ def test_requeue_moves_only_dead_prompts_back_to_queued(client):
     ledger.mark_done("done", 1, "part-1.parquet")
     assert ledger.requeue({"dead": pack_ids([7]), "done": pack_ids([7])}) == ["dead"]
     assert ledger.states(["dead", "done"]) == ["queued", "done"]
-    assert ledger.payload("dead") == pack_ids([7]) and ledger.payload("done") is None
+    assert ledger.intake("dead")[0] == pack_ids([7]) and ledger.intake("done")[0] is None
     assert store.get("dead") is None and ledger.tally().enqueued == 2
     # a second requeue of the same letter (a scan that met it twice) moves nothing
     assert ledger.requeue({"dead": pack_ids([7])}) == []
@@ -110,7 +110,7 @@ def test_transitions_on_a_pipeline_are_the_same_scripts(client):
         ledger.enqueue({"a": pack_ids([1]), "b": pack_ids([1, 2])}, 1, pipe)
         ledger.mark_done("b", 4, "part-1.parquet", pipe)
         (outcomes, found) = pipe.execute()
-    assert (Ledger.outcomes(outcomes), found) == ([NEW, NEW], b"queued")
+    assert (Ledger.outcomes(outcomes), found) == ([NEW, NEW], [b"queued"])
     store.put(letter("a"))
     with client.pipeline(transaction=False) as pipe:
         ledger.requeue({"a": pack_ids([1]), "b": pack_ids([1])}, pipe)
@@ -214,7 +214,7 @@ def test_any_order_of_transitions_keeps_the_counts_true(client):
     rng = random.Random(7)
     pids = [f"p{i}" for i in range(10)]
     for _ in range(300):
-        pid, op = rng.choice(pids), rng.randrange(5)
+        pid, op = rng.choice(pids), rng.randrange(7)
         if op == 0:
             enqueue(ledger, pid)
         elif op == 1:
@@ -227,6 +227,60 @@ def test_any_order_of_transitions_keeps_the_counts_true(client):
             assert ledger.state(pid) == {"queued": "dead"}.get(before, before)
         elif op == 3:
             ledger.requeue({pid: pack_ids([1, 2, 3])})
-        else:
+        elif op == 4:
             store.remove([pid])
+        elif op == 5:  # a group is about to be written; a delivery finds an entry only while pending
+            ledger.writing(rng.sample(pids, 3), f"part-{rng.randrange(3)}.parquet")
+            assert ledger.intake(pid)[1] is None or ledger.state(pid) in ("queued", "dead")
+        else:  # a group is stored, and its entries go
+            group = rng.sample(pids, 3)
+            before = ledger.states(group)
+            ledger.mark_stored([(p, 3) for p in group], f"part-{rng.randrange(3)}.parquet")
+            assert ledger.states(group) == [("done" if s else None) for s in before]
+            assert client.hmget(RunKeys("r").writing, group) == [None] * 3
         check_invariants(ledger, store, pids)
+
+
+def test_a_group_is_marked_done_in_one_call_each_prompt_along_the_table(client):
+    # Given a queued, a dead, a done prompt and one the run does not have
+    ledger, store = Ledger(client, "r"), DeadLetters(client, "r")
+    enqueue(ledger, "q", "d", "f")
+    store.put(letter("d"))
+    ledger.mark_done("f", 1, "part-0.parquet")
+
+    # When one group holding all four is marked stored in shard 1
+    found = ledger.mark_stored([("q", 5), ("d", 7), ("f", 9), ("x", 11)], "/out/r/part-1.parquet")
+
+    # Then each moved as mark_done would move it, alone, and is counted once
+    assert found == ["queued", "dead", "done", None]
+    assert ledger.entries(["q", "d", "f", "x"]) == [
+        Entry("done", shard=shard_code("part-1.parquet")), Entry("done", shard=shard_code("part-1.parquet")),
+        Entry("done", shard=shard_code("part-0.parquet")), Entry()]
+    tally = ledger.tally()
+    assert (tally.done, tally.dead, tally.output_tokens, tally.reasons) == (3, 0, 1 + 5 + 7, {})
+    assert ledger.canonical_rows("part-1.parquet") == 2 and store.get("d") is None
+    assert ledger.recent()[0] == 3
+    check_invariants(ledger, store, ["q", "d", "f"])
+
+
+def test_a_writing_entry_lasts_from_before_the_write_until_its_prompt_is_done_or_dead(client):
+    # Given three queued prompts whose samples are about to be written to shard A
+    ledger, store = Ledger(client, "r"), DeadLetters(client, "r")
+    enqueue(ledger, "a", "b", "c")
+    ledger.writing(["a", "b", "c"], "part-A.parquet")
+    assert ledger.intake("a") == (pack_ids([1, 2, 3]), "part-A.parquet")
+
+    # When the write fails and its retry names shard B for "b" only, a drop naming A spares it
+    ledger.writing(["b"], "part-B.parquet")
+    assert ledger.unwritten(["a", "b"], "part-A.parquet") == 1
+    assert ledger.intake("a") == (pack_ids([1, 2, 3]), None) and ledger.intake("b")[1] == "part-B.parquet"
+
+    # When "b" is stored and "c" dead-lettered, their entries go with their pending state
+    ledger.mark_stored([("b", 2)], "part-B.parquet")
+    store.put(letter("c"))
+    assert ledger.intake("b") == (None, None) and ledger.intake("c") == (None, None)
+    assert not client.exists(RunKeys("r").writing)
+    # and a delivery of a prompt that is done drops an entry its group left (its worker died)
+    ledger.writing(["b"], "part-C.parquet")
+    assert ledger.intake("b") == (None, None) and not client.exists(RunKeys("r").writing)
+    check_invariants(ledger, store, ["a", "b", "c"])

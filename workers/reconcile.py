@@ -1,0 +1,129 @@
+"""A sample stored just before its worker died is found, not generated again.
+
+A group commit is two effects in two systems: the shard file (linked into
+place once durable) and the ledger's `done`. A worker that dies between them
+leaves a durable sample whose prompt is still queued, and the redelivery would
+generate it again. So the group's ledger work brackets the write (`ShardBook`,
+the shard writer's one way to Redis, one call each):
+
+1. before the write, each row's prompt gets a writing entry naming the shard
+   file's final name (`Ledger.writing`); a retry after a storage failure gets
+   a new name and new entries, and a failed write drops the ones naming it
+   (`Ledger.unwritten`), so a sample withdrawn meanwhile is left without one;
+2. after the link, the group is marked done in one script (`Ledger.mark_stored`),
+   which deletes the entries; only then are the tasks released (and acknowledged).
+
+A delivery reads its prompt's ids and entry in one call (`Ledger.intake`). An
+entry whose file exists under that name and holds the prompt's id (its `id`
+and `output_len` columns are read, once per shard) means the sample is durable
+there: the prompt is marked done with that shard as its canonical copy,
+without generating (`reconciled`). An entry whose file is missing, or does
+not hold the id (the worker died before linking, or the file is on another
+node's disk), is dropped and the prompt generated as usual. A linked name is final and holds the rows it was
+written with (`shards.py`), so the check cannot be fooled by a later file.
+
+The hash holds only in-flight groups (not one field per prompt of the run):
+`mark_stored` and `bury` delete entries, and one a dead worker left goes at
+its prompt's next delivery (found, or dropped; `intake` drops the entry of a
+prompt that is done or dead by then).
+"""
+from __future__ import annotations
+
+import logging
+from functools import lru_cache
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import redis
+
+from contract.ledger import Ledger
+from contract.names import PromptState
+from contract.schema import Sample
+
+from . import deliveries, metrics
+
+log = logging.getLogger(__name__)
+
+
+class ShardBook:
+    """The ledger's side of a group commit, for the shard writer's thread."""
+
+    def __init__(self, client: redis.Redis):
+        self.client = client
+
+    def writing(self, run: str, rows: list[Sample], shard: str) -> None:
+        """Best effort: without entries a crash after the link costs a generation, no more."""
+        try:
+            Ledger(self.client, run).writing([row.id for row in rows], shard)
+        except redis.RedisError as exc:
+            log.warning("could not note %d samples of run %s as being written to %s (%r); a crash "
+                        "before they are marked done would generate them again", len(rows), run, shard, exc)
+
+    def unwritten(self, run: str, rows: list[Sample], shard: str) -> None:
+        """Best effort: an entry left naming a file that was never linked is dropped at the
+        prompt's next delivery."""
+        try:
+            Ledger(self.client, run).unwritten([row.id for row in rows], shard)
+        except redis.RedisError as exc:
+            log.warning("could not drop the writing entries of %d samples of run %s (%r)", len(rows), run, exc)
+
+    def stored(self, run: str, rows: list[Sample], shard: Path) -> None:
+        """The group is durable in `shard`: mark it done and forget its deliveries, one round
+        trip (raises if Redis fails: its tasks then fail, and their redeliveries find the entries)."""
+        with self.client.pipeline(transaction=False) as pipe:
+            Ledger(self.client, run).mark_stored([(row.id, row.output_len) for row in rows], shard, pipe)
+            deliveries.clear(pipe, run, *(row.id for row in rows))
+            found = Ledger.found(pipe.execute()[:-1])
+        again = [row.id for row, state in zip(rows, found) if state not in (PromptState.QUEUED, PromptState.DEAD)]
+        if again:
+            log.warning("%d prompts stored again (already done or not in the ledger), counted once: %s",
+                        len(again), ", ".join(again[:10]))
+        fresh = [row for row, state in zip(rows, found) if state in (PromptState.QUEUED, PromptState.DEAD)]
+        if fresh:
+            metrics.PROMPTS.labels(run, "stored").inc(len(fresh))
+            metrics.TOKENS.labels("prompt").inc(sum(row.prompt_len for row in fresh))
+            metrics.TOKENS.labels("output").inc(sum(row.output_len for row in fresh))
+
+
+def reconciled(ledger: Ledger, output_dir: str, prompt_id: str, shard: str) -> str | None:
+    """The prompt's sample is in `shard` (its writing entry's file): mark it done there and say
+    so; None when it is not (the entry is dropped and the prompt is to be generated). Raises
+    `OSError` when storage cannot tell (the caller gives the prompt back, entry kept)."""
+    path = Path(output_dir) / ledger.run / shard
+    if Path(shard).name != shard or shard.startswith("."):
+        output_len = None  # not a final shard name: nothing to look for
+    else:
+        output_len = _output_len(path, prompt_id)
+    if output_len is None:
+        ledger.unwritten([prompt_id], shard)
+        log.info("prompt %s: its sample was being written to %s, which does not hold it; generating it",
+                 prompt_id, shard)
+        return None
+    found = ledger.mark_done(prompt_id, output_len, shard=path)
+    if found in (PromptState.QUEUED, PromptState.DEAD):
+        metrics.PROMPTS.labels(ledger.run, "stored").inc()
+        metrics.RECONCILED.inc()
+    log.warning("prompt %s: its sample was stored in %s just before its worker died; marked done there, "
+                "not generated again", prompt_id, path.name)
+    return f"reconciled: {path}"
+
+
+def _output_len(path: Path, prompt_id: str) -> int | None:
+    """The prompt's row's output length in the shard at `path`; None when the file or the
+    row is not there."""
+    try:
+        return _rows_of(path).get(prompt_id)
+    except FileNotFoundError:  # not cached: a live worker may still link it
+        return None
+    except pa.ArrowInvalid as exc:  # never for a linked shard (written whole, then linked)
+        log.warning("shard %s is unreadable (%s): not a place to find prompt %s in", path.name, exc, prompt_id)
+        return None
+
+
+@lru_cache(maxsize=4)
+def _rows_of(path: Path) -> dict[str, int]:
+    """A shard's ids and output lengths (those two columns only). A final name never changes
+    its content, so the prompts of one dead worker's group read their shard once."""
+    table = pq.read_table(path, columns=["id", "output_len"])
+    return dict(zip(table.column("id").to_pylist(), table.column("output_len").to_pylist()))

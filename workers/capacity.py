@@ -25,7 +25,8 @@ that one answer's momentary gap moves nothing:
   window): shrink by half the excess over the headroom (several workers that
   share the server each give back part, so they converge without undershoot);
 - the server never queued anything and never ran a full batch while this
-  binding held its whole target: grow by the free slots.
+  binding held its whole target: grow by the free slots (by an eighth where
+  the capacity is unknown).
 The target never leaves [1, bound] (`FLEET_MAX_INFLIGHT_PER_SERVER`), and a
 server that restarts is re-read and starts again from capacity + headroom.
 Pure: no HTTP, no clock of its own.
@@ -124,7 +125,7 @@ def retarget(target: int, capacity: int | None, lowest_waiting: int, highest_wai
     room = headroom(cap)
     if lowest_waiting > 2 * room:
         return clamp(target - math.ceil((lowest_waiting - room) / 2), bound)
-    if held_full and highest_waiting == 0 and highest_running < cap:
+    if held_full and highest_waiting == 0 and (capacity is None or highest_running < cap):
         grow = cap - highest_running if capacity else headroom(target)
         return clamp(target + grow, bound)
     return clamp(target, bound)

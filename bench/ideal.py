@@ -1,6 +1,7 @@
-"""The ideal direct client: exactly B requests in flight per server, always.
+"""The ideal direct client: exactly B requests in flight on a server of batch B, always.
 
-B lanes per server, each an asyncio task that posts `/generate` and, the
+B lanes per server (its own batch size, so servers of different sizes each
+get their fill), each an asyncio task that posts `/generate` and, the
 moment its answer arrives, posts the next prompt from a shared list. Nothing
 else runs in this loop (no broker, no verification, no storage), so this is
 the throughput a server can reach with these prompts at this batch size:
@@ -31,7 +32,7 @@ class IdealResult:
     errors: int
 
 
-async def _drive(urls: list[str], prompts: list[tuple[str, list[int]]], per_server: int,
+async def _drive(servers: list[tuple[str, int]], prompts: list[tuple[str, list[int]]],
                  sampling: dict) -> tuple[int, int, int]:
     todo = deque(prompts)
     done = tokens = errors = 0
@@ -39,7 +40,7 @@ async def _drive(urls: list[str], prompts: list[tuple[str, list[int]]], per_serv
     timeout = httpx.Timeout(3600.0, connect=10.0)
     # Plain HTTP to local servers: verify=False spares loading the CA bundle per client.
     lanes = [(url, httpx.AsyncClient(limits=limits, timeout=timeout, verify=False))
-             for url in urls for _ in range(per_server)]
+             for url, lanes in servers for _ in range(lanes)]
 
     async def lane(url: str, client: httpx.AsyncClient) -> None:
         nonlocal done, tokens, errors
@@ -60,9 +61,9 @@ async def _drive(urls: list[str], prompts: list[tuple[str, list[int]]], per_serv
     return done, tokens, errors
 
 
-def run_ideal(urls: list[str], prompts: list[tuple[str, list[int]]], per_server: int,
+def run_ideal(servers: list[tuple[str, int]], prompts: list[tuple[str, list[int]]],
               sampling: dict) -> IdealResult:
-    """Send every prompt with `per_server` requests in flight on each server."""
+    """Send every prompt with (url, B): B requests in flight on each server."""
     cpu0, wall0 = time.process_time(), time.monotonic()
-    done, tokens, errors = asyncio.run(_drive(urls, prompts, per_server, sampling))
+    done, tokens, errors = asyncio.run(_drive(servers, prompts, sampling))
     return IdealResult(done, tokens, time.monotonic() - wall0, time.process_time() - cpu0, errors)

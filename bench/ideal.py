@@ -30,12 +30,14 @@ class IdealResult:
     wall_seconds: float
     client_cpu_seconds: float
     errors: int
+    dropped_connections: int = 0  # sent again on a new connection
 
 
 async def _drive(servers: list[tuple[str, int]], prompts: list[tuple[str, list[int]]],
-                 sampling: dict) -> tuple[int, int, int]:
+                 sampling: dict) -> tuple[int, int, int, int]:
     todo = deque(prompts)
     done = tokens = errors = 0
+    dropped = [0]
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
     timeout = httpx.Timeout(3600.0, connect=10.0)
     # Plain HTTP to local servers: verify=False spares loading the CA bundle per client.
@@ -47,7 +49,14 @@ async def _drive(servers: list[tuple[str, int]], prompts: list[tuple[str, list[i
         while todo:
             rid, ids = todo.popleft()
             body = {"input_ids": ids, "sampling_params": sampling, "rid": rid, "stream": False}
-            response = await client.post(f"{url}/generate", json=body)
+            try:
+                response = await client.post(f"{url}/generate", json=body)
+            except (httpx.ReadError, httpx.RemoteProtocolError, httpx.ConnectError):
+                # A connection the server (or an overloaded machine) dropped: the client opens
+                # another and sends the prompt again, as any real client would; counted, not fatal.
+                todo.appendleft((rid, ids))
+                dropped[0] += 1
+                continue
             if response.status_code != 200:
                 errors += 1
                 continue
@@ -58,12 +67,12 @@ async def _drive(servers: list[tuple[str, int]], prompts: list[tuple[str, list[i
         await asyncio.gather(*(lane(url, client) for url, client in lanes))
     finally:
         await asyncio.gather(*(client.aclose() for _, client in lanes))
-    return done, tokens, errors
+    return done, tokens, errors, dropped[0]
 
 
 def run_ideal(servers: list[tuple[str, int]], prompts: list[tuple[str, list[int]]],
               sampling: dict) -> IdealResult:
     """Send every prompt with (url, B): B requests in flight on each server."""
     cpu0, wall0 = time.process_time(), time.monotonic()
-    done, tokens, errors = asyncio.run(_drive(servers, prompts, sampling))
-    return IdealResult(done, tokens, time.monotonic() - wall0, time.process_time() - cpu0, errors)
+    done, tokens, errors, dropped = asyncio.run(_drive(servers, prompts, sampling))
+    return IdealResult(done, tokens, time.monotonic() - wall0, time.process_time() - cpu0, errors, dropped)

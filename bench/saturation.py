@@ -187,6 +187,7 @@ def measure_ideal(lab: Lab, topo: Topology, prompt_ids: list[tuple[str, list[int
     if result.errors:
         raise RuntimeError(f"ideal client: {result.errors} requests failed")
     return {"throughput": server_throughput(stats), "requests": result.requests,
+            "dropped_connections": result.dropped_connections,
             "client_tokens": result.output_tokens, "client_cpu_s": result.client_cpu_seconds,
             "standin_cpu_s": standin_cpu, "wall_s": result.wall_seconds,
             "mean_running_sampled": running.mean(), "running_samples": running.samples}

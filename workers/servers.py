@@ -98,7 +98,6 @@ class ServerPool:
         # Recorded redacted: credentials in a URL travel only in workers/server_auth.py.
         # `max_inflight` (FLEET_MAX_INFLIGHT_PER_SERVER) bounds every binding's tuned target.
         self.bindings = [ServerBinding(redact_url(u), tuner=Tuner(bound=max_inflight)) for u in urls]
-        self.max_inflight = max_inflight
         self._cond = threading.Condition()
 
     def usable(self, model: str | None = None) -> list[ServerBinding]:

@@ -103,6 +103,13 @@ def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.0f}"
 
 
+def _per_server(r: dict) -> str:
+    """Each server's own fleet / ideal tokens/s, by batch: whether one of them was starved."""
+    pairs = zip(r["topology"]["batches"], r["fleet"]["throughput"]["servers"], r["ideal"]["throughput"]["servers"])
+    parts = [f"batch {b}: {f['tokens_per_s'] / i['tokens_per_s']:.2f}" for b, f, i in pairs if i["tokens_per_s"]]
+    return "per server " + ", ".join(parts) if len(parts) > 1 else ""
+
+
 def saturation_figures(results: list[dict], goal: float) -> list[Figure]:
     figures = []
     for r in results:
@@ -114,7 +121,7 @@ def saturation_figures(results: list[dict], goal: float) -> list[Figure]:
             Figure(part, "fleet, server tokens/s", f["throughput"]["tokens_per_s"], "{:,.0f}",
                    note="sum over servers of tokens / (last_end - first_start)"),
             Figure(part, "ratio fleet / ideal", r["ratio"], "{:.3f}", goal=f">= {goal}",
-                   met=at_least(r["ratio"], goal)),
+                   met=at_least(r["ratio"], goal), note=_per_server(r)),
             Figure(part, "tail: last token -> last shard durable", f["tail_s"], "{:.2f}", "s",
                    note="includes up to FLEET_SHARD_MAX_WAIT of group commit"),
             Figure(part, "worker CPU in window", f["worker_cpu_s_window"], "{:.1f}", "s",

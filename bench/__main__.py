@@ -42,13 +42,16 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--keep", action="store_true", help="keep the work folder (always kept after a failure)")
     s = p.add_argument_group("saturation")
     s.add_argument("--prompts", type=int, help="N prompts per side (default: --prompts-per-slot x servers x batch)")
-    s.add_argument("--prompts-per-slot", type=float, default=5.0,
-                   help="prompts per batch slot, so every topology runs the same number of batches")
-    s.add_argument("--topologies", default="2x64,1x256", help="SERVERSxBATCH, comma-separated")
+    s.add_argument("--prompts-per-slot", type=float, default=None,
+                   help="prompts per batch slot, so every topology runs the same number of batches "
+                        "(default: 5 for long answers, 30 for short ones)")
+    s.add_argument("--topologies", default=None,
+                   help="comma-separated; SERVERSxBATCH or BATCH+BATCH+..., then :short for ~100-token answers "
+                        "(default: 2x64,1x256,1x64:short,1x256:short,64+256:short)")
     s.add_argument("--max-new-tokens", type=int, default=8192)
-    s.add_argument("--output-len-median", type=float, default=600)
-    s.add_argument("--output-len-sigma", type=float, default=0.7)
-    s.add_argument("--output-len-max", type=int, default=4000)
+    s.add_argument("--output-len-median", type=float, default=600, help="long answers (short: 100)")
+    s.add_argument("--output-len-sigma", type=float, default=0.7, help="long answers (short: 0.3)")
+    s.add_argument("--output-len-max", type=int, default=4000, help="long answers (short: 300)")
     s.add_argument("--step-base", type=float, default=0.004)
     s.add_argument("--step-per-request", type=float, default=0.00002)
     s.add_argument("--fleet-env", action="append", default=[], metavar="KEY=VALUE",
@@ -100,6 +103,13 @@ def _num(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.0f}"
 
 
+def _per_server(r: dict) -> str:
+    """Each server's own fleet / ideal tokens/s, by batch: whether one of them was starved."""
+    pairs = zip(r["topology"]["batches"], r["fleet"]["throughput"]["servers"], r["ideal"]["throughput"]["servers"])
+    parts = [f"batch {b}: {f['tokens_per_s'] / i['tokens_per_s']:.2f}" for b, f, i in pairs if i["tokens_per_s"]]
+    return "per server " + ", ".join(parts) if len(parts) > 1 else ""
+
+
 def saturation_figures(results: list[dict], goal: float) -> list[Figure]:
     figures = []
     for r in results:
@@ -111,7 +121,7 @@ def saturation_figures(results: list[dict], goal: float) -> list[Figure]:
             Figure(part, "fleet, server tokens/s", f["throughput"]["tokens_per_s"], "{:,.0f}",
                    note="sum over servers of tokens / (last_end - first_start)"),
             Figure(part, "ratio fleet / ideal", r["ratio"], "{:.3f}", goal=f">= {goal}",
-                   met=at_least(r["ratio"], goal)),
+                   met=at_least(r["ratio"], goal), note=_per_server(r)),
             Figure(part, "tail: last token -> last shard durable", f["tail_s"], "{:.2f}", "s",
                    note="includes up to FLEET_SHARD_MAX_WAIT of group commit"),
             Figure(part, "worker CPU in window", f["worker_cpu_s_window"], "{:.1f}", "s",
@@ -119,8 +129,8 @@ def saturation_figures(results: list[dict], goal: float) -> list[Figure]:
                          f"redis {f['redis_cpu_s_window']:.1f} s, ideal client {i['client_cpu_s']:.1f} s; "
                          f"2 cores shared")),
             Figure(part, "requests running, fleet (sampled mean)", f["mean_running_sampled"], "{:.0f}",
-                   note=f"ideal client {_num(i['mean_running_sampled'])}; cap "
-                        f"{r['topology']['servers'] * r['topology']['batch']}; 4/s, drain included"),
+                   note=f"ideal client {_num(i['mean_running_sampled'])}; batch slots "
+                        f"{r['topology']['slots']}; 4/s, drain included"),
         ]
     return figures
 
@@ -185,16 +195,16 @@ def main(argv: list[str] | None = None) -> int:
         with Lab(root) as lab:
             log(f"work folder {root}; redis {lab.redis_url}")
             if "saturation" in args.parts:
-                from .saturation import SatOptions, Topology, run_saturation
+                from .saturation import (DEFAULT_TOPOLOGIES, PROFILES, Profile, SatOptions, Topology,
+                                         run_saturation)
 
-                topologies = [Topology(*map(int, t.lower().split("x"))) for t in args.topologies.split(",")]
+                topologies = [Topology.parse(t) for t in (args.topologies or DEFAULT_TOPOLOGIES).split(",")]
+                long = Profile(args.output_len_median, args.output_len_sigma, args.output_len_max,
+                               PROFILES["long"].prompts_per_slot)
                 opts = SatOptions(prompts=args.prompts, prompts_per_slot=args.prompts_per_slot,
-                                  max_new_tokens=args.max_new_tokens,
-                                  output_len_median=args.output_len_median,
-                                  output_len_sigma=args.output_len_sigma,
-                                  output_len_max=args.output_len_max, step_base=args.step_base,
+                                  max_new_tokens=args.max_new_tokens, step_base=args.step_base,
                                   step_per_request=args.step_per_request, topologies=topologies,
-                                  fleet_env=_env_pairs(args.fleet_env))
+                                  profiles={**PROFILES, "long": long}, fleet_env=_env_pairs(args.fleet_env))
                 details["saturation"] = run_saturation(lab, opts, log)
                 figures += saturation_figures(details["saturation"], args.ratio_goal)
             if "producer" in args.parts:

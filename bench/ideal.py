@@ -1,6 +1,7 @@
-"""The ideal direct client: exactly B requests in flight per server, always.
+"""The ideal direct client: exactly B requests in flight on a server of batch B, always.
 
-B lanes per server, each an asyncio task that posts `/generate` and, the
+B lanes per server (its own batch size, so servers of different sizes each
+get their fill), each an asyncio task that posts `/generate` and, the
 moment its answer arrives, posts the next prompt from a shared list. Nothing
 else runs in this loop (no broker, no verification, no storage), so this is
 the throughput a server can reach with these prompts at this batch size:
@@ -29,24 +30,33 @@ class IdealResult:
     wall_seconds: float
     client_cpu_seconds: float
     errors: int
+    dropped_connections: int = 0  # sent again on a new connection
 
 
-async def _drive(urls: list[str], prompts: list[tuple[str, list[int]]], per_server: int,
-                 sampling: dict) -> tuple[int, int, int]:
+async def _drive(servers: list[tuple[str, int]], prompts: list[tuple[str, list[int]]],
+                 sampling: dict) -> tuple[int, int, int, int]:
     todo = deque(prompts)
     done = tokens = errors = 0
+    dropped = [0]
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
     timeout = httpx.Timeout(3600.0, connect=10.0)
     # Plain HTTP to local servers: verify=False spares loading the CA bundle per client.
     lanes = [(url, httpx.AsyncClient(limits=limits, timeout=timeout, verify=False))
-             for url in urls for _ in range(per_server)]
+             for url, lanes in servers for _ in range(lanes)]
 
     async def lane(url: str, client: httpx.AsyncClient) -> None:
         nonlocal done, tokens, errors
         while todo:
             rid, ids = todo.popleft()
             body = {"input_ids": ids, "sampling_params": sampling, "rid": rid, "stream": False}
-            response = await client.post(f"{url}/generate", json=body)
+            try:
+                response = await client.post(f"{url}/generate", json=body)
+            except (httpx.ReadError, httpx.RemoteProtocolError, httpx.ConnectError):
+                # A connection the server (or an overloaded machine) dropped: the client opens
+                # another and sends the prompt again, as any real client would; counted, not fatal.
+                todo.appendleft((rid, ids))
+                dropped[0] += 1
+                continue
             if response.status_code != 200:
                 errors += 1
                 continue
@@ -57,12 +67,12 @@ async def _drive(urls: list[str], prompts: list[tuple[str, list[int]]], per_serv
         await asyncio.gather(*(lane(url, client) for url, client in lanes))
     finally:
         await asyncio.gather(*(client.aclose() for _, client in lanes))
-    return done, tokens, errors
+    return done, tokens, errors, dropped[0]
 
 
-def run_ideal(urls: list[str], prompts: list[tuple[str, list[int]]], per_server: int,
+def run_ideal(servers: list[tuple[str, int]], prompts: list[tuple[str, list[int]]],
               sampling: dict) -> IdealResult:
-    """Send every prompt with `per_server` requests in flight on each server."""
+    """Send every prompt with (url, B): B requests in flight on each server."""
     cpu0, wall0 = time.process_time(), time.monotonic()
-    done, tokens, errors = asyncio.run(_drive(urls, prompts, per_server, sampling))
-    return IdealResult(done, tokens, time.monotonic() - wall0, time.process_time() - cpu0, errors)
+    done, tokens, errors, dropped = asyncio.run(_drive(servers, prompts, sampling))
+    return IdealResult(done, tokens, time.monotonic() - wall0, time.process_time() - cpu0, errors, dropped)

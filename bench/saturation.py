@@ -1,10 +1,14 @@
 """Saturation: does the fleet keep an SGLang server as busy as an ideal client?
 
 Same prompts, same stand-in configuration, fresh stand-ins for each side:
-(a) the ideal client (`bench.ideal`) with exactly B requests in flight per
-server; (b) the fleet: the real producer publishes every prompt to a real
-Redis first, then one real `celery -A workers worker` with
-FLEET_MAX_INFLIGHT_PER_SERVER=B drains it. Throughput is measured on the
+(a) the ideal client (`bench.ideal`) with exactly B requests in flight on
+each server of batch B; (b) the fleet: the real producer publishes every
+prompt to a real Redis first, then one real `celery -A workers worker` with
+every fleet setting at its default (it finds each server's batch itself)
+drains it. A topology names its servers' batches and an output profile:
+`2x64` (two batch-64 servers), `64+256:short` (a batch-64 and a batch-256
+server behind one worker), `long` answers a lognormal around 600 tokens,
+`short` about 100. Throughput is measured on the
 server side, from `/standin/stats`: for each server, tokens_generated over its
 own window first_start..last_end, summed over servers. So start-up of either
 side is not counted, and both sides are charged their own drain at the end.
@@ -29,35 +33,81 @@ from .publish import chat_tokenizer, enqueue, sampling_params
 
 @dataclass(frozen=True)
 class Topology:
-    servers: int
-    batch: int
+    """Servers by their batch sizes, and the output profile (long or short answers)."""
+    batches: tuple[int, ...]
+    profile: str = "long"
+    label: str = ""
+
+    @classmethod
+    def parse(cls, text: str) -> "Topology":
+        """`2x64`, `1x256:short`, `64+256:short`."""
+        shape, _, profile = text.strip().partition(":")
+        if "x" in shape:
+            count, batch = shape.lower().split("x")
+            batches = (int(batch),) * int(count)
+        else:
+            batches = tuple(int(b) for b in shape.split("+"))
+        if (profile or "long") not in PROFILES:
+            raise ValueError(f"unknown output profile {profile!r} in {text!r} (one of {', '.join(PROFILES)})")
+        return cls(batches, profile or "long", text.strip())
 
     @property
     def name(self) -> str:
-        return f"{self.servers}x{self.batch}"
+        return self.label or "+".join(map(str, self.batches)) + ("" if self.profile == "long" else f":{self.profile}")
+
+    @property
+    def slots(self) -> int:
+        return sum(self.batches)
+
+
+@dataclass(frozen=True)
+class Profile:
+    """Output lengths (the stand-in's lognormal) and how many prompts per batch slot make a run."""
+    median: float
+    sigma: float
+    maximum: int
+    prompts_per_slot: float
+
+
+PROFILES = {
+    "long": Profile(600, 0.7, 4000, 5.0),    # reasoning traces: a few dozen requests a second
+    "short": Profile(100, 0.3, 300, 30.0),   # short answers: hundreds a second; more batches for a steady state
+}
+DEFAULT_TOPOLOGIES = "2x64,1x256,1x64:short,1x256:short,64+256:short"
 
 
 @dataclass
 class SatOptions:
-    prompts: int | None = None   # fixed N per topology; by default prompts_per_slot x slots
-    prompts_per_slot: float = 5.0
+    prompts: int | None = None   # fixed N per topology; by default the profile's prompts per slot x slots
+    prompts_per_slot: float | None = None  # overrides every profile's
     max_new_tokens: int = 8192
-    output_len_median: float = 600
-    output_len_sigma: float = 0.7
-    output_len_max: int = 4000
     step_base: float = 0.004
     step_per_request: float = 0.00002
-    topologies: list[Topology] = field(default_factory=lambda: [Topology(2, 64), Topology(1, 256)])
+    topologies: list[Topology] = field(default_factory=lambda: [Topology.parse(t) for t in
+                                                                DEFAULT_TOPOLOGIES.split(",")])
+    profiles: dict[str, Profile] = field(default_factory=lambda: dict(PROFILES))
     fleet_env: dict[str, str] = field(default_factory=dict)
     timeout: float = 900.0
 
-    def standin_options(self, batch: int) -> list[str]:
+    def standin_options(self, batch: int, profile: str) -> list[str]:
+        p = self.profiles[profile]
         return ["--max-running-requests", str(batch),
-                "--output-len-median", str(self.output_len_median),
-                "--output-len-sigma", str(self.output_len_sigma),
-                "--output-len-max", str(self.output_len_max),
+                "--output-len-median", str(p.median),
+                "--output-len-sigma", str(p.sigma),
+                "--output-len-max", str(p.maximum),
                 "--step-base", str(self.step_base),
                 "--step-per-request", str(self.step_per_request)]
+
+
+def start_standins(lab: Lab, topo: Topology, opts: SatOptions) -> list[Standin]:
+    started: list[Standin] = []
+    try:
+        for batch in topo.batches:
+            started += lab.standins(1, opts.standin_options(batch, topo.profile))
+    except BaseException:
+        lab.stop([s.process for s in started])
+        raise
+    return started
 
 
 def server_throughput(stats: list[dict]) -> dict:
@@ -123,12 +173,12 @@ class RunningSampler:
 
 def measure_ideal(lab: Lab, topo: Topology, prompt_ids: list[tuple[str, list[int]]],
                   opts: SatOptions) -> dict:
-    standins = lab.standins(topo.servers, opts.standin_options(topo.batch))
+    standins = start_standins(lab, topo, opts)
     try:
         pids = [s.process.popen.pid for s in standins]
         cpu0 = sum(cpu_seconds(p) for p in pids)
         with RunningSampler(standins) as running:
-            result = run_ideal([s.url for s in standins], prompt_ids, topo.batch,
+            result = run_ideal([(s.url, batch) for s, batch in zip(standins, topo.batches)], prompt_ids,
                                sampling_params(opts.max_new_tokens))
         standin_cpu = sum(cpu_seconds(p) for p in pids) - cpu0
         stats = [s.stats() for s in standins]
@@ -137,6 +187,7 @@ def measure_ideal(lab: Lab, topo: Topology, prompt_ids: list[tuple[str, list[int
     if result.errors:
         raise RuntimeError(f"ideal client: {result.errors} requests failed")
     return {"throughput": server_throughput(stats), "requests": result.requests,
+            "dropped_connections": result.dropped_connections,
             "client_tokens": result.output_tokens, "client_cpu_s": result.client_cpu_seconds,
             "standin_cpu_s": standin_cpu, "wall_s": result.wall_seconds,
             "mean_running_sampled": running.mean(), "running_samples": running.samples}
@@ -144,17 +195,17 @@ def measure_ideal(lab: Lab, topo: Topology, prompt_ids: list[tuple[str, list[int
 
 def measure_fleet(lab: Lab, topo: Topology, prompt_file: Path, total: int, opts: SatOptions) -> dict:
     lab.flush()
-    run = f"sat-{topo.name}"
+    run = "sat-" + "".join(c if c.isalnum() or c in "._-" else "-" for c in topo.name)
     output_dir = lab.output_dir("saturation")
-    standins = lab.standins(topo.servers, opts.standin_options(topo.batch))
+    standins = start_standins(lab, topo, opts)
     worker = None
     try:
         t0 = time.monotonic()
         summary = enqueue(prompt_file, run, opts.max_new_tokens)
         enqueue_s = time.monotonic() - t0
         env = {"SGLANG_URLS": ",".join(s.url for s in standins), "OUTPUT_DIR": str(output_dir),
-               "FLEET_MAX_INFLIGHT_PER_SERVER": str(topo.batch), **opts.fleet_env}
-        worker = lab.worker(f"sat-{topo.name}", env)
+               **opts.fleet_env}
+        worker = lab.worker(run, env)
         trace = CpuTrace({"worker": worker.popen.pid, "redis": lab.redis_pid,
                           **{f"standin{i}": s.process.popen.pid for i, s in enumerate(standins)}})
         with RunningSampler(standins) as running:
@@ -185,8 +236,9 @@ def measure_fleet(lab: Lab, topo: Topology, prompt_file: Path, total: int, opts:
 
 
 def prompt_count(opts: SatOptions, topo: Topology) -> int:
-    """The same work per batch slot for every topology: ramp-up and drain weigh alike."""
-    return opts.prompts or round(opts.prompts_per_slot * topo.servers * topo.batch)
+    """The same work per batch slot for every topology of a profile: ramp-up and drain weigh alike."""
+    per_slot = opts.prompts_per_slot or opts.profiles[topo.profile].prompts_per_slot
+    return opts.prompts or round(per_slot * topo.slots)
 
 
 def run_saturation(lab: Lab, opts: SatOptions, log) -> list[dict]:
@@ -201,7 +253,8 @@ def run_saturation(lab: Lab, opts: SatOptions, log) -> list[dict]:
         log(f"saturation {topo.name}: fleet")
         fleet = measure_fleet(lab, topo, prompt_file, len(prompts), opts)
         ratio = fleet["throughput"]["tokens_per_s"] / ideal["throughput"]["tokens_per_s"]
-        results.append({"topology": asdict(topo) | {"name": topo.name}, "prompts": len(prompts),
+        results.append({"topology": asdict(topo) | {"name": topo.name, "slots": topo.slots},
+                        "prompts": len(prompts),
                         "ideal": ideal, "fleet": fleet, "ratio": ratio,
                         "same_tokens": ideal["throughput"]["tokens"] == fleet["throughput"]["tokens"]})
         log(f"  ideal {ideal['throughput']['tokens_per_s']:,.0f} tok/s, fleet "

@@ -31,13 +31,14 @@ def render_status(report: dict) -> Group:
             dead.add_row(reason, str(count))
         parts.append(dead)
     servers = Table(title="servers, as each worker sees them")
-    for column in ("worker", "seen", "server", "state", "in flight", "model", "note"):
+    for column in ("worker", "seen", "server", "state", "in flight / target", "model", "note"):
         servers.add_column(column, overflow="fold")
     for worker in report["workers"]:
         for server in worker["servers"]:
             note = server.get("refusal") or server.get("last_error") or ""
+            target = f" / {server['target']}" if server.get("target") else ""  # older workers: no target
             servers.add_row(worker["worker"], f"{worker['seen_s_ago']:.0f}s ago", server["url"],
-                            server["state"], str(server["in_flight"]), server.get("model_path") or "", note)
+                            server["state"], f"{server['in_flight']}{target}", server.get("model_path") or "", note)
     if not report["workers"]:
         servers.add_row("no live worker", "", "", "", "", "", "")
     parts.append(servers)

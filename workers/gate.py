@@ -8,6 +8,14 @@ wait in the writer), the general queue plus one queue per model its healthy
 servers serve otherwise.
 Reconciling on a timer, rather than reacting to one event, also repairs the
 consumer Celery re-creates after a broker reconnect.
+
+The same timer sets how many prompts the worker holds (its prefetch count),
+following the servers' tuned capacity (`workers/capacity.py`): the requests it
+means to keep in flight, a quarter more waiting for a slot, plus the samples
+waiting for their shard's group commit (they hold a prompt but no server
+slot), never more than the worker's threads. So a worker takes from the
+queue what its servers can run, not a fixed guess, and leaves the rest to
+other workers.
 """
 from __future__ import annotations
 
@@ -18,6 +26,7 @@ from celery import bootsteps
 from contract.keys import queue_for
 
 from .runtime import get_runtime
+from .tasks import committing
 
 log = logging.getLogger(__name__)
 
@@ -55,9 +64,20 @@ class HealthGate(bootsteps.StartStopStep):
             return set()
         return {prefix} | {queue_for(prefix, model) for model in pool.healthy_models()}
 
+    def prefetch(self) -> int:
+        """Prompts to hold: tuned in-flight targets, a quarter more, and those waiting for a shard."""
+        targets = self.runtime.pool.targets()
+        return max(1, min(targets + max(targets // 4, 4) + committing(), self.runtime.settings.pool_size))
+
     def reconcile(self, c) -> None:
         if c.task_consumer is None:
             return
+        qos = getattr(c, "qos", None)
+        if qos is not None:
+            wanted = self.prefetch()
+            if qos.value != wanted:
+                qos.value = wanted
+                qos.update()
         why = self.closed_because()
         desired = self.desired_queues(why)
         current = {q.name for q in c.task_consumer.queues}

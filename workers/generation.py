@@ -195,6 +195,7 @@ def _attempt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], 
                                       timeout=s.request_timeout,
                                       max_bytes=answer_cap(sent.get("max_new_tokens"), s.max_answer_bytes),
                                       id_bound=id_bound(spec.vocab_size, binding.vocab_size))
+            rt.pool.observe_answer(binding, generation.meta_info)  # the server's load, for its tuner
     except NoServer as exc:
         raise GiveBack(str(exc)) from exc
     except ServerRejected as exc:

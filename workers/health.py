@@ -8,6 +8,13 @@ answer neither drops a busy server nor readmits a flapping one; `observe` is
 that state machine, apart from the HTTP that feeds it. A refused server (by
 the preflight, or by `refuse` when `/generate` rejects the worker's
 credentials) stays refused until it goes down and comes back.
+
+Each preflight (a new server, or one back from a restart) sets the binding's
+capacity afresh, and every round reads each usable server's live load
+(`workers/server_load.py`) for its in-flight tuner. A binding that is SGLang's
+model gateway is probed with `GET /readiness` (its `/health` answers 200 with
+no worker behind it), and its worker list is read again each round: when the
+healthy workers change, so does its capacity.
 """
 from __future__ import annotations
 
@@ -19,10 +26,11 @@ from typing import Callable
 import httpx
 
 from .preflight import preflight as preflight_server
+from .server_load import gateway_capacity, gateway_load, gateway_workers, server_load
 from .servers import DOWN, HEALTHY, LOADING, REFUSED, WARMING, ServerBinding, ServerPool
 from .settings import Settings
 
-Preflight = Callable[[httpx.Client, ServerBinding], None]
+Preflight = Callable[[httpx.Client, ServerBinding], "int | None"]  # returns the server's capacity
 
 log = logging.getLogger(__name__)
 
@@ -80,9 +88,27 @@ class HealthMonitor:
             self._wake.clear()
 
     def check(self, binding: ServerBinding) -> None:
-        observed, detail = self._probe(binding.url)
+        observed, detail = self._probe(binding)
         binding.checked_at = time.time()
         self.observe(binding, observed, detail)
+        if binding.usable:
+            self._read_load(binding)
+
+    def _read_load(self, binding: ServerBinding) -> None:
+        """The server's running and waiting requests, for its tuner; a gateway's worker list first."""
+        try:
+            if binding.gateway_workers is None:
+                load = server_load(self.client, binding.url)
+            else:
+                workers = gateway_workers(self.client, binding.url)
+                if workers is not None and sorted(workers) != sorted(binding.gateway_workers):
+                    self._workers_changed(binding, workers)
+                load = gateway_load(self.client, binding.gateway_workers)
+        except Exception as exc:  # never let a load read stop the health thread
+            log.debug("server %s: load not read (%r)", binding.url, exc)
+            return
+        if load is not None:
+            self.pool.observe_load(binding, load)
 
     def observe(self, binding: ServerBinding, observed: str, detail: str) -> None:
         """Apply one probe's outcome to the binding's state."""
@@ -100,13 +126,22 @@ class HealthMonitor:
         if first_look or binding.failures >= self.settings.health_failures:
             self._transition(binding, observed, detail)
 
+    def _workers_changed(self, binding: ServerBinding, workers: list[str]) -> None:
+        """A gateway gained or lost healthy workers: its capacity is summed again."""
+        before = binding.gateway_workers or []
+        log.warning("gateway %s: %d healthy workers (was %d)", binding.url, len(workers), len(before))
+        each = binding.capacity // len(before) if binding.capacity and before else None
+        binding.gateway_workers = workers
+        self.pool.reset_capacity(binding, gateway_capacity(self.client, workers, each))
+
     def _preflight(self, binding: ServerBinding) -> None:
         try:
-            self.preflight(self.client, binding)
+            capacity = self.preflight(self.client, binding)
         except httpx.HTTPError as exc:
             binding.last_error = f"preflight failed: {exc!r}"
             log.warning("server %s: preflight failed (%r); will retry", binding.url, exc)
             return
+        self.pool.reset_capacity(binding, capacity)
         binding.preflighted = True
         if binding.refusal:
             if binding.state != REFUSED:
@@ -115,14 +150,21 @@ class HealthMonitor:
         else:
             note = f", reasoning_parser={binding.reasoning_parser} (noted: /generate output_ids stay raw)" \
                 if binding.reasoning_parser else ""
-            log.warning("server %s ready: model=%s max_model_len=%s%s; it takes runs enqueued without "
-                        "--served-model or with --served-model %s", binding.url, binding.model_path,
-                        binding.max_model_len, note, " or ".join(sorted(binding.models())) or "?")
+            gateway = f", a gateway to {len(binding.gateway_workers)} healthy workers" \
+                if binding.gateway_workers is not None else ""
+            log.warning("server %s ready: model=%s max_model_len=%s%s; capacity %s%s, so %d requests in "
+                        "flight; it takes runs enqueued without --served-model or with --served-model %s",
+                        binding.url, binding.model_path, binding.max_model_len, note,
+                        binding.capacity or "not reported", gateway, binding.target,
+                        " or ".join(sorted(binding.models())) or "?")
         self.pool.changed()
 
-    def _probe(self, url: str) -> tuple[str, str]:
+    def _probe(self, binding: ServerBinding) -> tuple[str, str]:
+        url = binding.url
         try:
-            response = self.client.get(f"{url}/health")
+            response = self.client.get(f"{url}/readiness") if binding.gateway_workers is not None else None
+            if response is None or response.status_code == 404:  # not a gateway, or a router without it
+                response = self.client.get(f"{url}/health")
         except httpx.ConnectError as exc:
             return LOADING, f"connection refused ({exc.__class__.__name__}): loading or dead"
         except httpx.TimeoutException:

@@ -38,11 +38,19 @@ class FleetCollector:
     def collect(self):
         up = GaugeMetricFamily("fleet_server_up", "1 when the server is healthy and accepted.", labels=["server"])
         in_flight = GaugeMetricFamily("fleet_server_in_flight", "Requests in flight.", labels=["server"])
+        target = GaugeMetricFamily("fleet_server_target", "Requests the worker keeps in flight there, tuned "
+                                   "from its capacity and load (workers/capacity.py).", labels=["server"])
+        capacity = GaugeMetricFamily("fleet_server_capacity", "Requests the server runs at once, as it "
+                                     "reports (0: not reported).", labels=["server"])
         for b in self.runtime.pool.bindings:
             up.add_metric([b.url], 1.0 if b.usable else 0.0)
             in_flight.add_metric([b.url], b.in_flight)
+            target.add_metric([b.url], b.target)
+            capacity.add_metric([b.url], b.capacity or 0)
         yield up
         yield in_flight
+        yield target
+        yield capacity
         yield self._storage()
         yield from self._depths()
 

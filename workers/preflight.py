@@ -12,6 +12,11 @@ only with the key: a 401/403 on any of them refuses the server with a reason
 that names `SGLANG_API_KEY` (never its value), so the gate consumes nothing
 for it instead of sending prompts that would loop through retries. The HTTP
 (`fetch_info`) is apart from the judgement (`apply_info`), which is pure.
+
+The preflight also reads the server's capacity (`workers/capacity.py`), which
+the health monitor turns into the binding's fresh in-flight target, and
+whether the URL is SGLang's model gateway (`workers/server_load.py`): then
+the capacity is the sum over the gateway's healthy workers.
 """
 from __future__ import annotations
 
@@ -19,6 +24,8 @@ from dataclasses import dataclass
 
 import httpx
 
+from .capacity import capacity_from_server_info
+from .server_load import gateway_capacity, gateway_workers, loads_capacity
 from .servers import ServerBinding
 
 # Each info document, by the routes that serve it (newer name first, then the deprecated alias).
@@ -37,9 +44,16 @@ class Info:
     body: dict | None  # the JSON object of a 200, else None
 
 
-def preflight(client: httpx.Client, binding: ServerBinding) -> None:
+def preflight(client: httpx.Client, binding: ServerBinding) -> int | None:
+    """Judge the server from its info routes; returns its capacity (None: it does not say)."""
     key_sent = "authorization" in client.headers
-    apply_info(binding, fetch_info(client, binding.url), key_sent)
+    info = fetch_info(client, binding.url)
+    apply_info(binding, info, key_sent)
+    binding.gateway_workers = gateway_workers(client, binding.url)
+    server_info = _body(info, "server_info")
+    if binding.gateway_workers is not None:
+        return gateway_capacity(client, binding.gateway_workers, capacity_from_server_info(server_info))
+    return capacity_from_server_info(server_info) or loads_capacity(client, binding.url)
 
 
 def fetch_info(client: httpx.Client, url: str) -> dict[str, Info]:
@@ -77,6 +91,7 @@ def apply_info(binding: ServerBinding, info: dict[str, Info], key_sent: bool) ->
     cards = models.get("data") or []
     binding.max_model_len = cards[0].get("max_model_len") if cards else server_info.get("context_length")
     binding.vocab_size = _vocab_size(model_info, server_info)
+    binding.dp_size = server_info.get("dp_size") if isinstance(server_info.get("dp_size"), int) else 1
     binding.refusal = None
     if server_info.get("allow_auto_truncate"):
         binding.refusal = ("allow_auto_truncate is on, so it would cut long prompts without saying so; "

@@ -5,9 +5,14 @@ body, 503 while warming up, and refuses connections while loading), never its
 body. A server that answers is then checked once before its first prompt
 (preflight): the model it serves, whether it truncates prompts on its own, its
 context length. A server that refuses the worker's credentials, at preflight or
-on `/generate`, is refused until it goes down and comes back. Routing picks
-the healthy server with the fewest requests in flight, below a per-server cap
-sized for continuous batching.
+on `/generate`, is refused until it goes down and comes back.
+
+Routing picks, among the usable servers below their own in-flight target
+(`workers/capacity.py`: the server's running batch plus a short queue), the
+one with the largest share of its target free, so a batch-64 and a batch-256
+server behind one worker each get their fill. A binding may be SGLang's model
+gateway (`gateway_workers` set by the preflight): one server to the fleet,
+whose capacity is the sum of its workers'.
 """
 from __future__ import annotations
 
@@ -20,6 +25,8 @@ from typing import Iterator
 
 from contract.connections import redact_url
 from contract.names import ServerState
+
+from .capacity import Load, Tuner, load_from_meta
 
 log = logging.getLogger(__name__)
 
@@ -44,6 +51,22 @@ class ServerBinding:
     checked_at: float = 0.0
     preflighted: bool = False
     sent: int = field(default=0)
+    tuner: Tuner = field(default_factory=lambda: Tuner(bound=1024))
+    gateway_workers: list[str] | None = None  # a model gateway: the workers it routes to
+    dp_size: int = 1
+
+    @property
+    def capacity(self) -> int | None:
+        return self.tuner.capacity
+
+    @property
+    def target(self) -> int:
+        return self.tuner.target
+
+    @property
+    def answers_carry_load(self) -> bool:
+        """An answer's meta_info counts are its own rank's: the whole server's only when it has one."""
+        return self.gateway_workers is None and self.dp_size == 1
 
     @property
     def usable(self) -> bool:
@@ -56,9 +79,12 @@ class ServerBinding:
         return {m for m in (self.model_path, self.served_model_name) if m}
 
     def snapshot(self) -> dict:
-        keep = ("url", "state", "in_flight", "model_path", "served_model_name", "max_model_len",
-                "reasoning_parser", "refusal", "last_error", "checked_at", "sent")
-        return {k: getattr(self, k) for k in keep}
+        keep = ("url", "state", "in_flight", "capacity", "target", "model_path", "served_model_name",
+                "max_model_len", "reasoning_parser", "refusal", "last_error", "checked_at", "sent")
+        found = {k: getattr(self, k) for k in keep}
+        if self.gateway_workers is not None:
+            found["gateway_workers"] = len(self.gateway_workers)
+        return found
 
 
 class NoServer(Exception):
@@ -70,8 +96,8 @@ class ServerPool:
 
     def __init__(self, urls: list[str], max_inflight: int):
         # Recorded redacted: credentials in a URL travel only in workers/server_auth.py.
-        self.bindings = [ServerBinding(redact_url(u)) for u in urls]
-        self.max_inflight = max_inflight
+        # `max_inflight` (FLEET_MAX_INFLIGHT_PER_SERVER) bounds every binding's tuned target.
+        self.bindings = [ServerBinding(redact_url(u), tuner=Tuner(bound=max_inflight)) for u in urls]
         self._cond = threading.Condition()
 
     def usable(self, model: str | None = None) -> list[ServerBinding]:
@@ -106,11 +132,35 @@ class ServerPool:
                 self._cond.notify()
 
     def _pick(self, model: str | None, avoid: str | None) -> ServerBinding | None:
-        free = [b for b in self.usable(model) if b.in_flight < self.max_inflight]
+        free = [b for b in self.usable(model) if b.in_flight < b.target]
         if not free:
             return None
         others = [b for b in free if b.url != avoid]
-        return min(others or free, key=lambda b: b.in_flight)
+        return min(others or free, key=lambda b: (b.in_flight / b.target, -b.target))
+
+    def targets(self) -> int:
+        """Requests this worker means to keep in flight now, over its usable servers."""
+        return sum(b.target for b in self.bindings if b.usable)
+
+    def reset_capacity(self, binding: ServerBinding, capacity: int | None) -> None:
+        """A (re)started server: its capacity as just read, its target from scratch."""
+        with self._cond:
+            binding.tuner.reset(capacity)
+            self._cond.notify_all()
+
+    def observe_load(self, binding: ServerBinding, load: Load, now: float | None = None) -> None:
+        """A load report for the whole server: may move its target (and wake threads waiting for room)."""
+        with self._cond:
+            if binding.tuner.observe(load, binding.in_flight, time.monotonic() if now is None else now):
+                log.info("server %s: %d in flight now (capacity %s, load %d running / %d waiting)",
+                         binding.url, binding.target, binding.capacity, load.running, load.waiting)
+                self._cond.notify_all()
+
+    def observe_answer(self, binding: ServerBinding, meta: dict) -> None:
+        """The load a 2026 SGLang copies into each answer's meta_info, where it is the whole server's."""
+        load = load_from_meta(meta) if binding.answers_carry_load else None
+        if load is not None:
+            self.observe_load(binding, load)
 
     def changed(self) -> None:
         with self._cond:

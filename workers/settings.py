@@ -11,17 +11,22 @@ from pydantic import AliasChoices, Field, SecretStr, field_validator
 from contract.settings import SharedSettings
 
 
+MAX_THREADS = 8192  # the default thread pool's ceiling (FLEET_CONCURRENCY=0)
+
+
 class Settings(SharedSettings):
     """`REDIS_URL`, `OUTPUT_DIR` and the queue prefix come from `SharedSettings`."""
 
     sglang_urls: str = Field("http://localhost:30000", validation_alias=AliasChoices("SGLANG_URLS", "sglang_urls"))
     sglang_api_key: SecretStr | None = Field(None, validation_alias=AliasChoices("SGLANG_API_KEY", "sglang_api_key"))
 
-    # Routing: requests in flight per server. SGLang batches continuously and
-    # needs tens to hundreds of requests in flight to keep a GPU busy.
-    max_inflight_per_server: int = 128
-    # Threads in the worker pool; 0 means twice max_inflight_per_server x servers,
-    # so that samples waiting for their shard's group commit leave no server slot idle.
+    # Routing: the most requests in flight on one server (a gateway counts as one). The
+    # worker tunes each server's own number below this bound from what the server reports
+    # (workers/capacity.py: its running batch, plus a short queue).
+    max_inflight_per_server: int = 1024
+    # Threads in the worker pool; 0 means twice the bound x servers, at most 8192. Threads
+    # start only when a prompt needs one, and the prompts held follow the tuned capacity
+    # (workers/gate.py), so the default costs nothing on small servers.
     concurrency: int = 0
 
     # Health checks: SGLang answers /health in about a second, so never time
@@ -89,4 +94,4 @@ class Settings(SharedSettings):
 
     @property
     def pool_size(self) -> int:
-        return self.concurrency or min(2 * self.max_inflight_per_server * len(self.server_urls), 1024)
+        return self.concurrency or min(2 * self.max_inflight_per_server * len(self.server_urls), MAX_THREADS)

@@ -73,3 +73,19 @@ def test_a_server_the_preflight_refuses_is_refused_and_never_usable():
     m, b, _ = monitor(refusal="allow_auto_truncate is on")
     assert feed(m, b, H, H, H) == [ServerState.UNKNOWN, ServerState.REFUSED, ServerState.REFUSED]
     assert not b.usable and b.refusal
+
+
+def test_a_server_that_restarts_with_another_batch_gets_a_target_from_its_new_capacity():
+    # Given a server whose preflight reads a batch of 64, then (after a restart) of 256
+    capacities = iter([64, 256])
+    settings = Settings(sglang_urls="http://a", health_failures=3, health_successes=2)
+    pool = ServerPool(["http://a"], 1024)
+    m = HealthMonitor(pool, settings, {}, preflight=lambda _client, _binding: next(capacities))
+    b = pool.bindings[0]
+    feed(m, b, H, H)
+    assert (b.capacity, b.target) == (64, 72)
+    b.tuner.target = 30  # tuned down meanwhile (another worker shared it)
+    # When it goes down and comes back
+    feed(m, b, D, D, D, H, H)
+    # Then its target starts again from the capacity read afresh
+    assert (b.capacity, b.target) == (256, 288)

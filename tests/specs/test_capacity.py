@@ -1,0 +1,155 @@
+"""Concurrency that tunes itself: capacity read from what SGLang reports, and the rule that moves a target.
+
+Given the bodies SGLang's routes answer (and the gateway's), when the worker
+reads them, then it finds the server's capacity and load; given a window of
+load reports, when the tuner adjusts, then the running batch stays full with a
+short queue, inside [1, FLEET_MAX_INFLIGHT_PER_SERVER]. Routing gives servers
+of different sizes each their fill.
+"""
+from __future__ import annotations
+
+from contextlib import ExitStack
+
+import pytest
+
+from contract.names import ServerState
+from workers.capacity import (UNKNOWN_CAPACITY, Load, Tuner, capacity_from_loads, capacity_from_server_info,
+                              headroom, initial_target, load_from_loads, load_from_meta, retarget)
+from workers.server_load import listed_workers
+from workers.servers import ServerPool
+
+
+@pytest.mark.parametrize("info, expected", [
+    ({"max_running_requests": None, "dp_size": 1,
+      "internal_states": [{"effective_max_running_requests_per_dp": 128}]}, 128),   # 2025-26: derived from memory
+    ({"max_running_requests": 64, "dp_size": 1, "internal_states": [{}]}, 64),      # the launch argument
+    ({"max_running_requests": None, "dp_size": 4,
+      "internal_states": [{"effective_max_running_requests_per_dp": 256}] * 4}, 1024),  # one entry per DP rank
+    ({"max_running_requests": None, "dp_size": 8,
+      "internal_states": [{"effective_max_running_requests_per_dp": 256}]}, 2048),  # one entry for all ranks
+    ({"max_running_requests": 32, "dp_size": 2}, 64),
+    ({"max_running_requests": None}, None),                                         # an old build: not said
+    ({"internal_states": [{"effective_max_running_requests_per_dp": "lots"}]}, None),
+    ({}, None),
+])
+def test_capacity_is_read_from_server_info(info, expected):
+    assert capacity_from_server_info(info) == expected
+
+
+def test_capacity_and_load_are_read_from_v1_loads_and_get_load():
+    v1 = {"loads": [{"dp_rank": 0, "num_running_reqs": 60, "num_waiting_reqs": 5, "max_running_requests": 64},
+                    {"dp_rank": 1, "num_running_reqs": 64, "num_waiting_reqs": 0, "max_running_requests": 64}]}
+    assert capacity_from_loads(v1) == 128
+    assert load_from_loads(v1) == Load(124, 5)
+    legacy = [{"dp_rank": 0, "num_reqs": 70, "num_waiting_reqs": 6, "num_tokens": 9000}]
+    assert load_from_loads(legacy) == Load(64, 6)      # num_reqs counts running and waiting
+    gateway = {"loads": [{"worker": "http://a", "load": 9000}], "total_workers": 1}
+    assert load_from_loads(gateway) is None            # the gateway reports tokens, not requests
+    assert capacity_from_loads(gateway) is None
+
+
+def test_load_is_read_from_meta_info_where_sglang_puts_it():
+    assert load_from_meta({"num_running_reqs": 63, "num_waiting_reqs": 2}) == Load(63, 2)
+    assert load_from_meta({"completion_tokens": 5}) is None  # builds before 2026
+
+
+def test_a_gateway_is_recognised_by_its_worker_listing():
+    new = {"workers": [{"url": "http://a:1/", "is_healthy": True}, {"url": "http://b:2", "is_healthy": False}],
+           "total": 2}
+    assert listed_workers(new) == ["http://a:1"]
+    assert listed_workers({"urls": ["http://a:1", "http://b:2"]}) == ["http://a:1", "http://b:2"]
+    assert listed_workers({"detail": "Not Found"}) is None
+    assert listed_workers(None) is None
+
+
+@pytest.mark.parametrize("capacity, bound, expected", [
+    (64, 1024, 64 + 8), (256, 1024, 256 + 32), (8, 1024, 8 + 2), (1, 1024, 1 + 2),
+    (256, 100, 100),                          # FLEET_MAX_INFLIGHT_PER_SERVER bounds it
+    (None, 1024, UNKNOWN_CAPACITY),           # a server that does not say
+    (None, 16, 16),
+])
+def test_a_fresh_target_is_the_batch_plus_a_short_queue(capacity, bound, expected):
+    assert initial_target(capacity, bound) == expected
+
+
+# (situation, target, capacity, lowest waiting, highest waiting, highest running, held full, expected)
+SITUATIONS = [
+    ("batch full, short queue: keep", 72, 64, 3, 8, 64, True, 72),
+    ("a queue as long as the batch (another worker shares it): shrink by half the excess", 72, 64, 64, 70, 64, True,
+     72 - (64 - 8 + 1) // 2),
+    ("queue just over twice the headroom: shrink a little", 72, 64, 17, 20, 64, True, 72 - 5),
+    ("a momentary queue (its low point is short): keep", 72, 64, 0, 40, 64, True, 72),
+    ("slots free, nothing waiting, target held: grow by the free slots", 72, 64, 0, 0, 50, True, 86),
+    ("slots free but the worker did not hold its target (no work): keep", 72, 64, 0, 0, 10, False, 72),
+    ("slots free but something waited: keep", 72, 64, 0, 1, 60, True, 72),
+    ("unknown capacity, nothing waiting, held: grow by an eighth", 128, None, 0, 0, 128, True, 144),
+    ("never above the bound", 1000, 1024, 0, 0, 900, True, 1024),
+    ("never below one", 3, 8, 500, 500, 8, True, 1),
+]
+
+
+@pytest.mark.parametrize("situation, target, capacity, low, high, running, held, expected", SITUATIONS,
+                         ids=[s[0] for s in SITUATIONS])
+def test_the_rule_keeps_the_batch_full_with_a_short_queue(situation, target, capacity, low, high, running, held,
+                                                          expected):
+    assert retarget(target, capacity, low, high, running, held, bound=1024) == expected
+
+
+def test_the_tuner_moves_at_most_once_a_window_on_its_extremes():
+    tuner = Tuner(bound=1024, capacity=64)
+    assert tuner.target == 72
+    # Every answer of a saturated server shows one slot just freed: alone, that must not grow the target.
+    assert not tuner.observe(Load(63, 4), in_flight=72, now=0.0)
+    assert not tuner.observe(Load(63, 0), in_flight=72, now=0.5)
+    assert not tuner.observe(Load(64, 3), in_flight=72, now=1.0)  # something waited in the window: keep
+    assert tuner.target == 72
+    # A second worker arrives: the queue stays long for a whole window.
+    tuner.observe(Load(64, 70), in_flight=72, now=1.5)
+    assert tuner.observe(Load(64, 66), in_flight=72, now=2.1)
+    assert tuner.target == 72 - (66 - 8 + 1) // 2
+
+
+def test_a_restarted_server_starts_again_from_its_capacity():
+    tuner = Tuner(bound=1024, capacity=64)
+    tuner.observe(Load(64, 200), in_flight=72, now=0.0)
+    tuner.observe(Load(64, 200), in_flight=72, now=1.0)
+    assert tuner.target < 72
+    tuner.reset(256)
+    assert (tuner.capacity, tuner.target) == (256, 256 + headroom(256))
+
+
+def test_servers_of_different_sizes_behind_one_worker_each_get_their_fill():
+    pool = ServerPool(["small", "large"], max_inflight=1024)
+    for binding in pool.bindings:
+        binding.state, binding.preflighted = ServerState.HEALTHY, True
+    pool.reset_capacity(pool.bindings[0], 64)
+    pool.reset_capacity(pool.bindings[1], 256)
+    with ExitStack() as held:
+        for _ in range(72 + 288):
+            held.enter_context(pool.acquire(None, 0.1))
+        assert [b.in_flight for b in pool.bindings] == [72, 288]
+        assert pool.targets() == 360
+    assert [b.in_flight for b in pool.bindings] == [0, 0]
+
+
+def test_routing_fills_servers_in_proportion_to_their_targets():
+    pool = ServerPool(["small", "large"], max_inflight=1024)
+    for binding in pool.bindings:
+        binding.state, binding.preflighted = ServerState.HEALTHY, True
+    pool.reset_capacity(pool.bindings[0], 64)
+    pool.reset_capacity(pool.bindings[1], 256)
+    with ExitStack() as held:
+        for _ in range(90):
+            held.enter_context(pool.acquire(None, 0.1))
+        small, large = (b.in_flight for b in pool.bindings)
+        assert abs(small / 72 - large / 288) < 0.05
+
+
+def test_a_load_report_on_a_data_parallel_server_comes_only_from_its_own_route():
+    pool = ServerPool(["dp"], max_inflight=1024)
+    binding = pool.bindings[0]
+    binding.dp_size = 4
+    pool.reset_capacity(binding, 1024)
+    for now in (0.0, 1.0, 2.0):  # one rank's counts in an answer look like a quarter-empty server
+        pool.observe_answer(binding, {"num_running_reqs": 256, "num_waiting_reqs": 0})
+    assert binding.target == initial_target(1024, 1024)

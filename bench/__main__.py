@@ -76,7 +76,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     m.add_argument("--producer-lines", type=int, default=2000, help="n: peak RSS for n and 4n lines")
     f = p.add_argument_group("requests in flight")
     f.add_argument("--inflight-levels", default="16,256,2048", help="requests in flight, comma-separated")
-    f.add_argument("--inflight-samples", type=int, default=3000, help="samples per level, after a warm-up")
+    f.add_argument("--inflight-samples", type=int, default=1000, help="samples per level at least (4N at N in flight), after a warm-up")
     f.add_argument("--inflight-repeat", type=int, default=1, help="runs per level; the median is shown")
     f.add_argument("--inflight-output-len", type=float, default=100, help="output tokens per answer")
     c = p.add_argument_group("scale")

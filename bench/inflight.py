@@ -9,9 +9,15 @@ real `celery -A workers worker` with `FLEET_MAX_INFLIGHT_PER_SERVER=N` and
 `FLEET_CONCURRENCY=2N` (the default's ratio: threads waiting for their shard's
 group commit hold no server slot). After a warm-up run of 2N prompts (imports,
 threads, connections), the worker's CPU (user+sys of its process tree, from
-/proc) over `samples` more prompts, from the first message published to the
-last sample durable (done in the ledger, so its shard is renamed into place
-and its task acknowledged), divided by the samples.
+/proc) over k = max(`samples`, 4N) more prompts (so that at every level the
+queue holds more than the worker's 2N prefetched messages for most of the
+run), from the first message published to the last sample durable (done in
+the ledger, so its shard is renamed into place and its task acknowledged),
+divided by k. The ideal client sends the same k prompts.
+
+Group commit is part of the cost: a shard holds at most the samples waiting
+for it, so at 16 in flight (32 threads) shards are small and their fixed cost
+weighs more per sample; the figures' notes give the rows per shard.
 
 Ratios printed (same run): worker CPU@max / CPU@min (goal <= 1.2) and, per
 level, worker / ideal (goal <= 3). A 2-core machine shared with others is
@@ -35,7 +41,7 @@ INSTANT = ["--step-base", "0", "--step-per-request", "0", "--prefill-per-token",
 @dataclass
 class InflightOptions:
     levels: tuple[int, ...] = (16, 256, 2048)
-    samples: int = 3000          # per level, after the warm-up
+    samples: int = 1000          # at least, per level, after the warm-up (4N at N in flight)
     repeat: int = 1
     output_len_median: float = 100
     output_len_max: int = 110
@@ -50,20 +56,22 @@ class InflightOptions:
 
 def run_inflight(lab: Lab, opts: InflightOptions, log) -> dict:
     chat = chat_tokenizer()
-    cost = repeated(opts.samples)
-    cost_file = write_jsonl(lab.root / "prompts" / f"inflight-{opts.samples}.jsonl", cost)
+    most = max(opts.samples, 4 * max(opts.levels))
+    cost = repeated(most)
     cost_ids = list(zip([i for i, _ in cost], chat.render([m for _, m in cost])))
     runs: dict[int, list[dict]] = {n: [] for n in opts.levels}
     for rep in range(opts.repeat):
         for n in opts.levels:
-            log(f"in flight {n}: ideal client, then a worker ({opts.samples} samples, run {rep + 1}/{opts.repeat})")
-            runs[n].append(_level(lab, n, cost_file, cost_ids, opts))
+            k = max(opts.samples, 4 * n)
+            cost_file = write_jsonl(lab.root / "prompts" / f"inflight-{k}.jsonl", cost[:k])
+            log(f"in flight {n}: ideal client, then a worker ({k} samples, run {rep + 1}/{opts.repeat})")
+            runs[n].append(_level(lab, n, cost_file, cost_ids[:k], opts))
             r = runs[n][-1]
             log(f"  worker {r['worker_cpu_us_per_sample']:.0f} us/sample ({r['samples_per_s']:.0f}/s, "
                 f"{r['worker_threads']} threads), ideal {r['ideal_cpu_us_per_request']:.0f} us/request")
     levels = {n: _median(found) for n, found in runs.items()}
     lo, hi = min(opts.levels), max(opts.levels)
-    return {"levels": levels, "runs": runs, "samples": opts.samples, "low": lo, "high": hi,
+    return {"levels": levels, "runs": runs, "low": lo, "high": hi,
             "output_len_median": opts.output_len_median,
             "growth": levels[hi]["worker_cpu_us_per_sample"] / levels[lo]["worker_cpu_us_per_sample"]}
 
@@ -88,7 +96,8 @@ def _level(lab: Lab, n: int, cost_file, cost_ids, opts: InflightOptions) -> dict
         if ideal.errors:
             raise RuntimeError(f"ideal client: {ideal.errors} requests failed")
         threads = opts.threads_per_slot * n
-        warm = repeated(threads + opts.samples)[opts.samples:]  # ids unlike the cost run's
+        k = len(cost_ids)
+        warm = repeated(threads + k)[k:]  # ids unlike the cost run's
         warm_file = write_jsonl(lab.root / "prompts" / f"inflight-warm-{threads}.jsonl", warm)
         worker = lab.worker(f"inflight-{n}", {
             "SGLANG_URLS": standin.url, "OUTPUT_DIR": str(lab.output_dir(f"inflight-{n}")),
@@ -99,13 +108,14 @@ def _level(lab: Lab, n: int, cost_file, cost_ids, opts: InflightOptions) -> dict
         pid = worker.popen.pid
         cpu0, scpu0, t0 = tree_cpu_seconds(pid), cpu_seconds(standin.process.popen.pid), time.monotonic()
         enqueue(cost_file, f"if{n}", opts.max_new_tokens)
-        states = lab.wait_finished(f"if{n}", opts.samples, opts.timeout, watch, interval=0.05)
+        states = lab.wait_finished(f"if{n}", k, opts.timeout, watch, interval=0.05)
         cpu1, scpu1, t1 = tree_cpu_seconds(pid), cpu_seconds(standin.process.popen.pid), time.monotonic()
         workers_threads = thread_count(pid)
     finally:
         lab.stop(([worker] if worker else []) + [standin.process])
-    k = opts.samples
+    shards = [f for f in (lab.output_dir(f"inflight-{n}") / f"if{n}").glob("*.parquet") if not f.name.startswith(".")]
     return {
+        "samples": k, "shards": len(shards), "rows_per_shard": k / len(shards) if shards else None,
         "n": n, "threads_setting": threads, "worker_threads": workers_threads, "states": states,
         "worker_cpu_us_per_sample": (cpu1 - cpu0) / k * 1e6, "worker_cpu_s": cpu1 - cpu0,
         "standin_cpu_us_per_sample": (scpu1 - scpu0) / k * 1e6, "wall_s": t1 - t0,
@@ -124,8 +134,9 @@ def inflight_figures(d: dict) -> list:
         ratio = r["worker_cpu_us_per_sample"] / r["ideal_cpu_us_per_request"]
         figures += [
             Figure(part, f"worker CPU per sample, {n} in flight", r["worker_cpu_us_per_sample"], "{:,.0f}", "us",
-                   note=f"{d['samples']} samples of ~{d['output_len_median']:.0f} tokens, {r['samples_per_s']:.0f}/s, "
-                        f"{r['worker_threads']} threads; runs {_list(r['worker_cpu_us_all'])}"),
+                   note=f"{r['samples']} samples of ~{d['output_len_median']:.0f} tokens, {r['samples_per_s']:.0f}/s, "
+                        f"{r['worker_threads']} threads, {_num(r['rows_per_shard'])} rows a shard; "
+                        f"runs {_list(r['worker_cpu_us_all'])}"),
             Figure(part, f"ideal client CPU per request, {n} in flight", r["ideal_cpu_us_per_request"], "{:,.0f}",
                    "us", note=f"same stand-in, {r['ideal_requests']} requests; runs {_list(r['ideal_cpu_us_all'])}"),
             Figure(part, f"worker / ideal, {n} in flight", ratio, "{:.2f}", goal="<= 3", met=at_most(ratio, 3.0)),
@@ -134,6 +145,10 @@ def inflight_figures(d: dict) -> list:
                           goal="<= 1.2", met=at_most(d["growth"], 1.2),
                           note="per sample, message to durable acknowledged sample"))
     return figures
+
+
+def _num(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:,.0f}"
 
 
 def _list(values: list[float]) -> str:

@@ -79,6 +79,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     f.add_argument("--inflight-samples", type=int, default=1000, help="samples per level at least (4N at N in flight), after a warm-up")
     f.add_argument("--inflight-repeat", type=int, default=1, help="runs per level; the median is shown")
     f.add_argument("--inflight-output-len", type=float, default=100, help="output tokens per answer")
+    f.add_argument("--inflight-request-seconds", type=float, default=0.0,
+                   help="0: an instant stand-in; else each request lasts about this long (more really in flight)")
     c = p.add_argument_group("scale")
     c.add_argument("--scale-sizes", default="10000,100000,1000000", help="run sizes, comma-separated")
     c.add_argument("--scale-real-prompts", type=int, default=10_000,
@@ -248,7 +250,8 @@ def main(argv: list[str] | None = None) -> int:
                     levels=tuple(int(x) for x in args.inflight_levels.split(",")),
                     samples=args.inflight_samples, repeat=args.inflight_repeat,
                     output_len_median=args.inflight_output_len,
-                    output_len_max=int(args.inflight_output_len * 1.1)), log)
+                    output_len_max=int(args.inflight_output_len * 1.1),
+                    request_seconds=args.inflight_request_seconds), log)
                 figures += inflight_figures(d)
             if "scale" in args.parts:
                 from .scale import ScaleOptions, run_scale

@@ -29,12 +29,14 @@ class IdealResult:
     wall_seconds: float
     client_cpu_seconds: float
     errors: int
+    retried: int = 0  # requests whose connection failed (a burst of 2,048 connects can overflow
+                      # the server's accept backlog): sent again, as any client would
 
 
 async def _drive(urls: list[str], prompts: list[tuple[str, list[int]]], per_server: int,
-                 sampling: dict) -> tuple[int, int, int]:
+                 sampling: dict) -> tuple[int, int, int, int]:
     todo = deque(prompts)
-    done = tokens = errors = 0
+    done = tokens = errors = retried = 0
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
     timeout = httpx.Timeout(3600.0, connect=10.0)
     # Plain HTTP to local servers: verify=False spares loading the CA bundle per client.
@@ -42,11 +44,18 @@ async def _drive(urls: list[str], prompts: list[tuple[str, list[int]]], per_serv
              for url in urls for _ in range(per_server)]
 
     async def lane(url: str, client: httpx.AsyncClient) -> None:
-        nonlocal done, tokens, errors
+        nonlocal done, tokens, errors, retried
         while todo:
             rid, ids = todo.popleft()
             body = {"input_ids": ids, "sampling_params": sampling, "rid": rid, "stream": False}
-            response = await client.post(f"{url}/generate", json=body)
+            try:
+                response = await client.post(f"{url}/generate", json=body)
+            except httpx.TransportError:
+                retried += 1
+                if retried > len(prompts):
+                    raise
+                todo.appendleft((f"{rid}-again{retried}", ids))
+                continue
             if response.status_code != 200:
                 errors += 1
                 continue
@@ -57,12 +66,12 @@ async def _drive(urls: list[str], prompts: list[tuple[str, list[int]]], per_serv
         await asyncio.gather(*(lane(url, client) for url, client in lanes))
     finally:
         await asyncio.gather(*(client.aclose() for _, client in lanes))
-    return done, tokens, errors
+    return done, tokens, errors, retried
 
 
 def run_ideal(urls: list[str], prompts: list[tuple[str, list[int]]], per_server: int,
               sampling: dict) -> IdealResult:
     """Send every prompt with `per_server` requests in flight on each server."""
     cpu0, wall0 = time.process_time(), time.monotonic()
-    done, tokens, errors = asyncio.run(_drive(urls, prompts, per_server, sampling))
-    return IdealResult(done, tokens, time.monotonic() - wall0, time.process_time() - cpu0, errors)
+    done, tokens, errors, retried = asyncio.run(_drive(urls, prompts, per_server, sampling))
+    return IdealResult(done, tokens, time.monotonic() - wall0, time.process_time() - cpu0, errors, retried)

@@ -34,6 +34,7 @@ from .lab import Lab
 from .procs import cpu_seconds, thread_count, tree_cpu_seconds
 from .prompts import repeated, write_jsonl
 from .publish import chat_tokenizer, enqueue, sampling_params
+from .saturation import RunningSampler
 
 INSTANT = ["--step-base", "0", "--step-per-request", "0", "--prefill-per-token", "0"]
 
@@ -47,10 +48,14 @@ class InflightOptions:
     output_len_max: int = 110
     max_new_tokens: int = 256
     threads_per_slot: int = 2    # FLEET_CONCURRENCY = this x N
+    request_seconds: float = 0.0  # 0: instant; else each request lasts about this long on the stand-in
     timeout: float = 900.0
 
     def standin_options(self, n: int) -> list[str]:
-        return [*INSTANT, "--max-running-requests", str(n), "--output-len-median", str(self.output_len_median),
+        timing = INSTANT if not self.request_seconds else [
+            "--step-base", str(self.request_seconds / self.output_len_median), "--step-per-request", "0",
+            "--prefill-per-token", "0"]
+        return [*timing, "--max-running-requests", str(n), "--output-len-median", str(self.output_len_median),
                 "--output-len-sigma", "0.01", "--output-len-max", str(self.output_len_max)]
 
 
@@ -107,21 +112,22 @@ def _level(lab: Lab, n: int, cost_file, cost_ids, opts: InflightOptions) -> dict
         lab.wait_finished(f"if{n}-warm", len(warm), opts.timeout, watch)
         pid = worker.popen.pid
         cpu0, scpu0, t0 = tree_cpu_seconds(pid), cpu_seconds(standin.process.popen.pid), time.monotonic()
-        enqueue(cost_file, f"if{n}", opts.max_new_tokens)
-        states = lab.wait_finished(f"if{n}", k, opts.timeout, watch, interval=0.05)
+        with RunningSampler([standin]) as running:
+            enqueue(cost_file, f"if{n}", opts.max_new_tokens)
+            states = lab.wait_finished(f"if{n}", k, opts.timeout, watch, interval=0.05)
         cpu1, scpu1, t1 = tree_cpu_seconds(pid), cpu_seconds(standin.process.popen.pid), time.monotonic()
         workers_threads = thread_count(pid)
     finally:
         lab.stop(([worker] if worker else []) + [standin.process])
     shards = [f for f in (lab.output_dir(f"inflight-{n}") / f"if{n}").glob("*.parquet") if not f.name.startswith(".")]
     return {
-        "samples": k, "shards": len(shards), "rows_per_shard": k / len(shards) if shards else None,
+        "samples": k, "mean_running": running.mean(), "shards": len(shards), "rows_per_shard": k / len(shards) if shards else None,
         "n": n, "threads_setting": threads, "worker_threads": workers_threads, "states": states,
         "worker_cpu_us_per_sample": (cpu1 - cpu0) / k * 1e6, "worker_cpu_s": cpu1 - cpu0,
         "standin_cpu_us_per_sample": (scpu1 - scpu0) / k * 1e6, "wall_s": t1 - t0,
         "samples_per_s": k / (t1 - t0),
         "ideal_cpu_us_per_request": ideal.client_cpu_seconds / ideal.requests * 1e6,
-        "ideal_requests": ideal.requests, "ideal_wall_s": ideal.wall_seconds,
+        "ideal_requests": ideal.requests, "ideal_retried": ideal.retried, "ideal_wall_s": ideal.wall_seconds,
     }
 
 
@@ -135,10 +141,12 @@ def inflight_figures(d: dict) -> list:
         figures += [
             Figure(part, f"worker CPU per sample, {n} in flight", r["worker_cpu_us_per_sample"], "{:,.0f}", "us",
                    note=f"{r['samples']} samples of ~{d['output_len_median']:.0f} tokens, {r['samples_per_s']:.0f}/s, "
-                        f"{r['worker_threads']} threads, {_num(r['rows_per_shard'])} rows a shard; "
+                        f"{r['worker_threads']} threads, {_num(r['mean_running'])} running on the server "
+                        f"(sampled mean), {_num(r['rows_per_shard'])} rows a shard; "
                         f"runs {_list(r['worker_cpu_us_all'])}"),
             Figure(part, f"ideal client CPU per request, {n} in flight", r["ideal_cpu_us_per_request"], "{:,.0f}",
-                   "us", note=f"same stand-in, {r['ideal_requests']} requests; runs {_list(r['ideal_cpu_us_all'])}"),
+                   "us", note=f"same stand-in, {r['ideal_requests']} requests ({r['ideal_retried']} resent after a "
+                        f"refused connection); runs {_list(r['ideal_cpu_us_all'])}"),
             Figure(part, f"worker / ideal, {n} in flight", ratio, "{:.2f}", goal="<= 3", met=at_most(ratio, 3.0)),
         ]
     figures.append(Figure(part, f"worker CPU@{d['high']} / CPU@{d['low']}", d["growth"], "{:.2f}",

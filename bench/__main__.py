@@ -8,6 +8,8 @@ Parts (each can be chosen with --parts, each sized by its flags):
   producer-memory  producer peak RSS for n and 4n input lines
   scale            per-run costs at 10^4..10^6 prompts, and a real run's first vs last tenth
                    (not in the default set: about 15 minutes here; --parts scale)
+  inflight         worker CPU per sample at 16, 256 and 2,048 requests in flight, beside the
+                   ideal client's CPU per request (not in the default set: --parts inflight)
 
 Defaults are sized to finish in about ten minutes on a 2-core machine; every
 goal is a ratio or a size measured within the same run.
@@ -27,8 +29,8 @@ from rich.console import Console
 
 from .report import Figure, at_least, at_most, print_table, write_json
 
-PARTS = ("saturation", "producer", "worker", "redis", "producer-memory", "scale")
-DEFAULT_PARTS = PARTS[:-1]
+PARTS = ("saturation", "producer", "worker", "redis", "producer-memory", "scale", "inflight")
+DEFAULT_PARTS = tuple(p for p in PARTS if p not in ("scale", "inflight"))
 MiB = 1024 * 1024
 MEMORY_SCALE = 10_000  # worker RSS: after 10,000 and after 100,000 samples, as the issue sets it
 
@@ -75,6 +77,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     r.add_argument("--redis-prompt-tokens", type=int, default=300)
     m = p.add_argument_group("producer memory")
     m.add_argument("--producer-lines", type=int, default=2000, help="n: peak RSS for n and 4n lines")
+    f = p.add_argument_group("requests in flight")
+    f.add_argument("--inflight-levels", default="16,256,2048", help="requests in flight, comma-separated")
+    f.add_argument("--inflight-samples", type=int, default=1000, help="samples per level at least (4N at N in flight), after a warm-up")
+    f.add_argument("--inflight-repeat", type=int, default=1, help="runs per level; the median is shown")
+    f.add_argument("--inflight-output-len", type=float, default=100, help="output tokens per answer")
+    f.add_argument("--inflight-request-seconds", type=float, default=0.0,
+                   help="0: an instant stand-in; else each request lasts about this long (more really in flight)")
     c = p.add_argument_group("scale")
     c.add_argument("--scale-sizes", default="10000,100000,1000000", help="run sizes, comma-separated")
     c.add_argument("--scale-real-prompts", type=int, default=10_000,
@@ -244,6 +253,16 @@ def main(argv: list[str] | None = None) -> int:
                     goal="<= 1.10 (flat)", met=at_most(d["ratio"], 1.10),
                     note=f"{d['runs']['n']['peak_rss_bytes'] / MiB:.0f} MiB -> "
                          f"{d['runs']['4n']['peak_rss_bytes'] / MiB:.0f} MiB (python -m producer enqueue)"))
+            if "inflight" in args.parts:
+                from .inflight import InflightOptions, inflight_figures, run_inflight
+
+                d = details["inflight"] = run_inflight(lab, InflightOptions(
+                    levels=tuple(int(x) for x in args.inflight_levels.split(",")),
+                    samples=args.inflight_samples, repeat=args.inflight_repeat,
+                    output_len_median=args.inflight_output_len,
+                    output_len_max=int(args.inflight_output_len * 1.1),
+                    request_seconds=args.inflight_request_seconds), log)
+                figures += inflight_figures(d)
             if "scale" in args.parts:
                 from .scale import ScaleOptions, run_scale
                 from .scale_figures import real_run_figures, scale_figures

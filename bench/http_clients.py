@@ -22,9 +22,10 @@ importable is reported as skipped):
   httpx-per-thread     one `httpx.Client` per thread (thread-local, 1 connection)
   requests-per-thread  one `requests.Session` per thread (needs `requests`)
   urllib3-shared       one `urllib3.PoolManager` (its pool is a LIFO queue)
-  urllib3-deadline     the same, plus a total deadline per request (a watchdog
-                       thread shuts the socket of a request past it), the
-                       recommended request path's exact cost
+  urllib3-deadline     the worker's own call (`workers.sglang_client.send`): one
+                       urllib3 pool per server, a total deadline per request (a
+                       watchdog thread shuts the socket of a request past it),
+                       the body read in chunks under a size cap
   asyncio-httpx        one event-loop thread with one `httpx.AsyncClient`,
                        bridged with `asyncio.run_coroutine_threadsafe`
   asyncio-httpx-lanes  the same loop, but a LIFO stack of one-connection
@@ -87,96 +88,6 @@ def sampling(output_len_max: int) -> dict:
 
 
 # --------------------------------------------------------------------------------------------
-# The total-deadline guard used by `urllib3-deadline` (and the recommended request path).
-
-class DeadlineWatchdog:
-    """One daemon thread that shuts down the socket of any request past its deadline.
-
-    A per-read timeout does not bound a request whose server trickles bytes; this does.
-    `watch` and `unwatch` are O(1) (a dict under an uncontended lock); the thread scans
-    the in-flight requests once per `tick`, so a request ends at most `tick` past its
-    deadline. Shutting the socket wakes the blocked recv at once; `unwatch` then tells
-    the caller the deadline fired, so the connection is never returned to the pool.
-    """
-
-    def __init__(self, tick: float = 0.5) -> None:
-        self._tick = tick
-        self._lock = threading.Lock()
-        self._watched: dict[int, tuple[float, object]] = {}
-        self._next = 0
-        self._thread: threading.Thread | None = None
-
-    def watch(self, sock, deadline: float) -> int:
-        with self._lock:
-            if self._thread is None:
-                self._thread = threading.Thread(target=self._run, name="http-deadlines", daemon=True)
-                self._thread.start()
-            self._next += 1
-            self._watched[self._next] = (deadline, sock)
-            return self._next
-
-    def unwatch(self, key: int) -> bool:
-        """False if the deadline fired (the socket was shut down)."""
-        with self._lock:
-            return self._watched.pop(key, None) is not None
-
-    def _run(self) -> None:
-        import socket
-        while True:
-            time.sleep(self._tick)
-            now = time.monotonic()
-            with self._lock:
-                late = [key for key, (deadline, _) in self._watched.items() if deadline <= now]
-                for key in late:
-                    _, sock = self._watched.pop(key)
-                    try:
-                        sock.shutdown(socket.SHUT_RDWR)
-                    except OSError:
-                        pass
-
-
-_WATCHDOG = DeadlineWatchdog()
-_REQUEST = threading.local()  # .deadline: monotonic seconds, set around each request
-
-
-def _deadline_pool_manager(maxsize: int):
-    """A urllib3.PoolManager whose connections honour `_REQUEST.deadline` (headers and body)."""
-    import urllib3
-    from urllib3.connection import HTTPConnection, HTTPSConnection
-    from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
-
-    class Deadline:
-        def getresponse(self):  # urllib3 reads the whole body in here (preload_content=True)
-            deadline = getattr(_REQUEST, "deadline", None)
-            if deadline is None or self.sock is None:
-                return super().getresponse()
-            key = _WATCHDOG.watch(self.sock, deadline)
-            try:
-                return super().getresponse()
-            finally:
-                if not _WATCHDOG.unwatch(key):
-                    self.close()
-                    raise TimeoutError("no complete answer within the request deadline")
-
-    class Conn(Deadline, HTTPConnection):
-        pass
-
-    class SConn(Deadline, HTTPSConnection):
-        pass
-
-    class Pool(HTTPConnectionPool):
-        ConnectionCls = Conn
-
-    class SPool(HTTPSConnectionPool):
-        ConnectionCls = SConn
-
-    manager = urllib3.PoolManager(num_pools=16, maxsize=maxsize, block=False, retries=False,
-                                  timeout=urllib3.Timeout(connect=CONNECT_TIMEOUT, read=READ_TIMEOUT))
-    manager.pool_classes_by_scheme = {"http": Pool, "https": SPool}
-    return manager
-
-
-# --------------------------------------------------------------------------------------------
 # Candidates: each returns post(url, body_bytes) -> (status, raw_bytes), safe to call from any thread.
 
 def make_candidate(name: str, n: int):
@@ -234,16 +145,13 @@ def make_candidate(name: str, n: int):
             return r.status, r.data
         return post
 
-    if name == "urllib3-deadline":
-        manager = _deadline_pool_manager(n + 8)
+    if name == "urllib3-deadline":  # the worker's own call: workers/sglang_client.send
+        from workers.sglang_client import make_client, send
+        client = make_client(n, CONNECT_TIMEOUT, READ_TIMEOUT, None)
 
         def post(url, body):
-            _REQUEST.deadline = time.monotonic() + TOTAL_DEADLINE
-            try:
-                r = manager.request("POST", url, body=body, headers=HEADERS)
-            finally:
-                _REQUEST.deadline = None
-            return r.status, r.data
+            r = send(client, url, body, timeout=TOTAL_DEADLINE, max_bytes=1 << 24)
+            return r.status, r.body
         return post
 
     if name in ("asyncio-httpx", "asyncio-httpx-lanes"):
@@ -325,6 +233,8 @@ def _open_tcp() -> int:
 
 def child(args: argparse.Namespace) -> dict:
     n = args.n
+    if args.switch_interval:
+        sys.setswitchinterval(args.switch_interval)
     post = make_candidate(args.child, n)
     url = f"{args.url}/generate"
     params = sampling(args.output_len_max)
@@ -453,7 +363,7 @@ def run_child(client: str, n: int, url: str, server_pid: int, args: argparse.Nam
             "--url", url, "--server-pid", str(server_pid),
             "--requests", str(args.requests), "--seconds", str(args.seconds),
             "--warmup-seconds", str(args.warmup_seconds), "--prompt-len", str(args.prompt_len),
-            "--output-len-max", str(args.output_len_max)]
+            "--output-len-max", str(args.output_len_max), "--switch-interval", str(args.switch_interval)]
     for site in args.extra_site:
         argv += ["--extra-site", site]
     root = Path(__file__).resolve().parents[1]
@@ -535,6 +445,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="append this site-packages folder to sys.path (e.g. for requests, orjson)")
     p.add_argument("--repeat", type=int, default=1,
                    help="runs per configuration; the lower median is shown, with the spread")
+    p.add_argument("--switch-interval", type=float, default=0.0,
+                   help="sys.setswitchinterval in each child (0: Python's default, 0.005 s)")
     p.add_argument("--json", type=Path, help="also write the results here")
     p.add_argument("--keep", action="store_true", help="keep the stand-in's log folder")
     p.add_argument("--child", help=argparse.SUPPRESS)

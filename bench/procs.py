@@ -90,3 +90,22 @@ def run_measured(argv: list[str], env: dict[str, str], cwd: str | None = None,
         output = log.read().decode(errors="replace")
     return ChildRun(popen.returncode, wall, usage.ru_utime + usage.ru_stime,
                     usage.ru_maxrss * 1024, output, hwm)
+
+
+def tree_cpu_seconds(pid: int) -> float:
+    """user + sys CPU seconds of a process and every live descendant (children via /proc)."""
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            total += cpu_seconds(current)
+            for task in os.listdir(f"/proc/{current}/task"):
+                with open(f"/proc/{current}/task/{task}/children") as handle:
+                    todo += [int(child) for child in handle.read().split()]
+        except OSError:  # exited meanwhile
+            continue
+    return total
+
+
+def thread_count(pid: int) -> int:
+    return _status_kib(pid, "Threads")

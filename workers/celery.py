@@ -46,7 +46,7 @@ app = celery_app(
     # Tasks keep running across a lost broker connection; their deliveries stay leased to this
     # worker (workers/consumer.py). Celery 6 means to cancel them by default: never here.
     worker_cancel_long_running_tasks_on_connection_loss=False,
-    worker_send_task_events=True,
+    worker_send_task_events=settings.task_events,  # FLEET_TASK_EVENTS: Flower's task pages need them
     worker_hijack_root_logger=False,
     worker_consumer="workers.consumer:FleetConsumer",
 )

@@ -10,7 +10,6 @@ import socket
 import threading
 from dataclasses import dataclass
 
-import httpx
 import redis
 
 from contract import heartbeats
@@ -22,7 +21,7 @@ from .server_auth import ServerCredentials
 from .reconcile import ShardBook
 from .servers import ServerPool
 from .settings import Settings
-from .sglang_client import make_client
+from .sglang_client import Client, make_client
 from .shards import ShardWriter
 
 log = logging.getLogger(__name__)
@@ -34,7 +33,7 @@ class Runtime:
     worker: str
     pool: ServerPool
     monitor: HealthMonitor
-    http: httpx.Client
+    http: Client
     redis: redis.Redis
     shards: ShardWriter
 
@@ -77,10 +76,10 @@ def _build(s: Settings, worker: str) -> Runtime:
         storage=shards.storage.snapshot()))
     runtime = Runtime(
         settings=s, worker=worker, pool=pool, monitor=monitor,
-        http=make_client(s.pool_size, s.connect_timeout, s.request_timeout, key),
+        http=make_client(s.pool_size, s.connect_timeout, s.request_timeout, key, s.server_urls),
         redis=client, shards=shards,
     )
-    runtime.http.auth = monitor.client.auth = ServerCredentials(s.server_urls)  # bindings hold redacted URLs
+    monitor.client.auth = ServerCredentials(s.server_urls)  # bindings hold redacted URLs
     log.warning("worker %s bound to %s; broker %s; shards to %s; %d threads, %d in flight per server",
                 worker, ", ".join(b.url for b in pool.bindings), redact_url(s.redis_url), s.output_dir,
                 s.pool_size, s.max_inflight_per_server)

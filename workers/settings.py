@@ -79,6 +79,10 @@ class Settings(SharedSettings):
     # prompt goes back to the queue (never to the dead letters).
     shard_commit_timeout: float = 300.0
 
+    # Celery task events (task-received/started/succeeded per task, for Flower and `celery events`).
+    # Off saves the worker about a tenth of its CPU per sample (bench/README.md, part 7).
+    task_events: bool = True
+
     # Prometheus metrics; the next free port is taken when several workers share a node.
     metrics_port: int = 9808
     metrics_host: str = "127.0.0.1"  # FLEET_METRICS_HOST: loopback unless told (0.0.0.0 for a Prometheus elsewhere)

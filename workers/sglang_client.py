@@ -16,24 +16,44 @@ Failures fall in five classes, each handled differently by the task:
   parameters). Dead-lettered at once with SGLang's message.
 
 Invariant: a call reads at most `max_bytes` of the answer, and every wait in
-it has a deadline: the body is read under the call's deadline
-(`FLEET_REQUEST_TIMEOUT`, checked between chunks, so a server trickling bytes
-cannot hold a prompt), and each single read, the wait for the answer's head
-included, under the client's read timeout (the same setting); a server that
-goes silent after its head is thus cut within twice the deadline. The HTTP itself is `send` alone (post
-bytes, stream the body under a size cap and a deadline, return status and
-bytes), so the client library can be swapped there; everything around it is
-pure and tested in-process.
+it has a deadline: the whole exchange, from the wait for the answer's head to
+the body's last byte, ends within the call's deadline (`FLEET_REQUEST_TIMEOUT`)
+plus a watchdog tick (`workers/deadlines.py`: a server that trickles bytes or
+goes silent after its head has its socket shut), each single read is also
+bounded by the read timeout (the same setting), and connecting by
+`FLEET_CONNECT_TIMEOUT`. The HTTP itself is `send` alone (post bytes, stream
+the body under a size cap and a deadline, return status and bytes), so the
+client library can be swapped there; everything around it is pure and tested
+in-process.
+
+The client is urllib3, chosen by measurement (`python -m bench.http_clients`,
+bench/README.md): one connection pool per server, a LIFO queue of
+connections, so a request costs the same CPU with 16 or 2,048 in flight. A
+single httpx client shared by the task threads scans every pooled connection
+on each request and each close (httpcore), which made the CPU per request grow
+with the number in flight.
 """
 from __future__ import annotations
 
 import json
+import threading
 import time
 from dataclasses import dataclass
+from functools import lru_cache
+from urllib.parse import urlsplit, urlunsplit
 
-import httpx
+import urllib3
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
+from urllib3.exceptions import HTTPError, ReadTimeoutError
 
 from .answers import read_answer
+from .deadlines import DeadlineWatchdog, Watch
+from .server_auth import Origin, basic_by_origin, origin
+
+CHUNK = 65536
+_WATCHDOG = DeadlineWatchdog()
+_current = threading.local()  # .watch: the calling thread's request in progress, if any
 
 
 class GenerateError(Exception):
@@ -73,17 +93,85 @@ class Reply:
     complete: bool   # False: the body went on past the cap and was cut off there
 
 
+class _Watched:
+    """A connection that arms its thread's request deadline before waiting for the answer's head."""
+
+    def getresponse(self):
+        watch = getattr(_current, "watch", None)
+        if watch is not None and self.sock is not None:
+            watch.arm(self.sock)
+        return super().getresponse()
+
+
+class _Connection(_Watched, HTTPConnection):
+    pass
+
+
+class _TLSConnection(_Watched, HTTPSConnection):
+    pass
+
+
+class _Pool(HTTPConnectionPool):
+    ConnectionCls = _Connection
+
+
+class _TLSPool(HTTPSConnectionPool):
+    ConnectionCls = _TLSConnection
+
+
+class Client:
+    """One urllib3 connection pool per server origin (a LIFO queue of keep-alive connections),
+    shared by the task threads, and the headers each origin gets: `SGLANG_API_KEY`'s bearer,
+    or the HTTP Basic credentials its URL carried (`workers/server_auth.py`)."""
+
+    def __init__(self, pool_size: int, connect_timeout: float, request_timeout: float,
+                 api_key: str | None, server_urls: list[str]):
+        self._size = pool_size + 8
+        self._timeout = urllib3.Timeout(connect=connect_timeout, read=request_timeout)
+        self._headers = {"Content-Type": "application/json"}
+        if api_key:
+            self._headers["Authorization"] = f"Bearer {api_key}"
+        self._basic = basic_by_origin(server_urls)
+        self._pools: dict[Origin, HTTPConnectionPool] = {}
+        self._lock = threading.Lock()
+
+    def route(self, url: str) -> tuple[HTTPConnectionPool, str, dict[str, str]]:
+        """The pool, path and headers of a request to `url` (a binding's URL, maybe redacted)."""
+        key, path = _split(url)
+        pool = self._pools.get(key)
+        if pool is None:
+            with self._lock:
+                pool = self._pools.get(key) or self._open(key)
+        basic = self._basic.get(key)
+        return pool, path, self._headers if basic is None else {**self._headers, "Authorization": basic}
+
+    def _open(self, key: Origin) -> HTTPConnectionPool:
+        scheme, host, port = key
+        cls = _TLSPool if scheme == "https" else _Pool
+        pool = self._pools[key] = cls(host, port, maxsize=self._size, block=False, retries=False,
+                                      timeout=self._timeout)
+        return pool
+
+    def close(self) -> None:
+        with self._lock:
+            for pool in self._pools.values():
+                pool.close()
+            self._pools.clear()
+
+
+@lru_cache(maxsize=256)
+def _split(url: str) -> tuple[Origin, str]:
+    """(origin, path and query) of a URL; its user part (credentials, or their redaction) dropped."""
+    parts = urlsplit(url)
+    return origin(url), urlunsplit(("", "", parts.path or "/", parts.query, ""))
+
+
 def make_client(pool_size: int, connect_timeout: float, request_timeout: float,
-                api_key: str | None) -> httpx.Client:
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    return httpx.Client(
-        headers=headers,
-        timeout=httpx.Timeout(request_timeout, connect=connect_timeout, pool=request_timeout),
-        limits=httpx.Limits(max_connections=pool_size + 8, max_keepalive_connections=pool_size + 8),
-    )
+                api_key: str | None, server_urls: list[str] = ()) -> Client:
+    return Client(pool_size, connect_timeout, request_timeout, api_key, list(server_urls))
 
 
-def generate(client: httpx.Client, url: str, input_ids: list[int], sampling: dict, rid: str, *,
+def generate(client: Client, url: str, input_ids: list[int], sampling: dict, rid: str, *,
              timeout: float, max_bytes: int, id_bound: int) -> Generation:
     """One request; a `Generation` whose ids and meta_info passed `read_answer`, or a `GenerateError`."""
     body = {"input_ids": input_ids, "sampling_params": sampling, "rid": rid, "stream": False}
@@ -96,28 +184,54 @@ def generate(client: httpx.Client, url: str, input_ids: list[int], sampling: dic
     raise failure(url, reply.status, reply.body)
 
 
-def send(client: httpx.Client, url: str, payload: bytes, *, timeout: float, max_bytes: int) -> Reply:
+def send(client: Client, url: str, payload: bytes, *, timeout: float, max_bytes: int) -> Reply:
     """POST a JSON payload; the answer's status and at most `max_bytes` of its body, read within
-    `timeout` seconds in all (checked between chunks, so a trickling server cannot hold it)."""
+    `timeout` seconds in all (a watchdog shuts the socket past it, and the deadline is checked
+    between chunks, so neither a trickling nor a silent server can hold it)."""
     deadline = time.monotonic() + timeout
+    pool, path, headers = client.route(url)
+    watch = _current.watch = Watch(_WATCHDOG, deadline)
+    response, reusable = None, False
     try:
-        with client.stream("POST", url, content=payload, headers={"Content-Type": "application/json"}) as response:
-            chunks: list[bytes] = []
-            size = 0
-            for chunk in response.iter_bytes():
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > max_bytes:
-                    return Reply(response.status_code, b"".join(chunks)[:max_bytes], complete=False)
-                if time.monotonic() > deadline:
-                    raise TransientError(f"{url}: no complete answer within {timeout:.0f}s "
-                                         f"({size} bytes so far; FLEET_REQUEST_TIMEOUT)")
-            return Reply(response.status_code, b"".join(chunks), complete=True)
-    except (httpx.ConnectError, httpx.ConnectTimeout, httpx.RemoteProtocolError,
-            httpx.ReadError, httpx.WriteError, httpx.PoolTimeout) as exc:
-        raise ServerUnavailable(f"{url}: {exc.__class__.__name__}: {exc}") from exc
-    except httpx.TimeoutException as exc:
-        raise TransientError(f"{url}: no answer in time ({exc.__class__.__name__})") from exc
+        response = pool.urlopen("POST", path, body=payload, headers=headers, retries=False, redirect=False,
+                                preload_content=False, decode_content=False, release_conn=False)
+        reply = _read(response, url, deadline, timeout, max_bytes)
+        reusable = reply.complete
+        return reply
+    except ReadTimeoutError as exc:
+        raise _late(url, timeout, watch) or TransientError(f"{url}: no answer in time ({exc})") from exc
+    except (HTTPError, OSError) as exc:  # refused, reset, cut off, TLS; or shut by the watchdog
+        raise _late(url, timeout, watch) or ServerUnavailable(f"{url}: {exc.__class__.__name__}: {exc}") from exc
+    finally:
+        _current.watch = None
+        in_time = watch.disarm()
+        if response is not None:
+            if not (in_time and reusable):
+                response.close()  # never pool a connection cut off, or with unread bytes
+            response.release_conn()
+
+
+def _read(response: urllib3.HTTPResponse, url: str, deadline: float, timeout: float, max_bytes: int) -> Reply:
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        chunk = response.read1(CHUNK)
+        if not chunk:
+            return Reply(response.status, b"".join(chunks), complete=True)
+        chunks.append(chunk)
+        size += len(chunk)
+        if size > max_bytes:
+            return Reply(response.status, b"".join(chunks)[:max_bytes], complete=False)
+        if time.monotonic() > deadline:
+            raise TransientError(f"{url}: no complete answer within {timeout:.0f}s "
+                                 f"({size} bytes so far; FLEET_REQUEST_TIMEOUT)")
+
+
+def _late(url: str, timeout: float, watch: Watch) -> TransientError | None:
+    """The deadline's error, if the watchdog cut this request."""
+    if watch.disarm():
+        return None
+    return TransientError(f"{url}: no complete answer within {timeout:.0f}s (FLEET_REQUEST_TIMEOUT)")
 
 
 def failure(url: str, status: int, body: bytes) -> GenerateError:

@@ -74,4 +74,4 @@ def token_line(row: Row) -> str:
     """`{"id", "input_ids", "loss_mask"}` as one JSON line: what both trainers read pre-tokenized.
     The id (a turn's is `<conversation>#<turn>`) is the only other key: a key that is null in
     some rows and a string in others can stop a block-wise JSON reader (HF `datasets`)."""
-    return f'{{"id":{json.dumps(row.id)},"input_ids":{json.dumps(row.input_ids)},"loss_mask":{mask_json(row)}}}'
+    return f'{{"id":{json.dumps(row.id)},"input_ids":{json.dumps(row.input_ids, separators=(",", ":"))},"loss_mask":{mask_json(row)}}}'

@@ -38,6 +38,20 @@ class Figures:
         self.rows_without_generated_tokens += generated == 0
         self._digest = (self._digest + id_hash(prompt_id)) % MODULUS
 
+    def add_columns(self, ids: list[str], prompt_len, output_len, conversation=None) -> None:
+        """Many rows at once: `prompt_len` and `output_len` Arrow int arrays, `conversation`
+        an Arrow string array or None (files written before the column)."""
+        import pyarrow.compute as pc
+
+        total = pc.add(prompt_len, output_len)
+        self.rows += len(ids)
+        self.conversation_rows += 0 if conversation is None else len(conversation) - conversation.null_count
+        self.prompt_tokens += pc.sum(prompt_len).as_py() or 0
+        self.generated_tokens += pc.sum(output_len).as_py() or 0
+        self.max_row_tokens = max(self.max_row_tokens, pc.max(total).as_py() or 0)
+        self.rows_without_generated_tokens += pc.sum(pc.equal(output_len, 0)).as_py() or 0
+        self._digest = (self._digest + sum(map(id_hash, ids))) % MODULUS
+
     def to_dict(self) -> dict:
         return {"rows": self.rows, "conversation_rows": self.conversation_rows,
                 "prompt_tokens": self.prompt_tokens, "generated_tokens": self.generated_tokens,

@@ -8,7 +8,17 @@ import os
 import subprocess
 from pathlib import Path
 
+import pyarrow.parquet as pq
 import pytest
+import redis
+
+from contract.codec import pack_ids
+from contract.ledger import Ledger
+from contract.schema import samples_to_table
+from producer.bundled import bundled_tokenizer_dir
+from producer.chat import ChatTokenizer
+from producer.export import export_run
+from specs.test_formats import RUN, sample, spec
 
 from conftest import ROOT, messages_of, varied_prompts, write_prompts
 
@@ -61,8 +71,6 @@ def test_the_trainers_own_loaders_yield_the_exported_ids_and_masks_token_for_tok
     _finished_run(fleet, tmp_path)
     for name in ("parquet", *FORMATS):
         fleet.producer("export", str(tmp_path / name), "--format", name)
-    from producer.bundled import bundled_tokenizer_dir
-
     result = subprocess.run([str(TRAINERS_PYTHON), str(ROOT / "scripts" / "check_trainers.py"),
                              "--parquet", str(tmp_path / "parquet"), "--specforge", str(tmp_path / "specforge"),
                              "--speculators", str(tmp_path / "speculators"), "--model", str(bundled_tokenizer_dir())],
@@ -70,3 +78,45 @@ def test_the_trainers_own_loaders_yield_the_exported_ids_and_masks_token_for_tok
     assert result.returncode == 0, result.stdout + result.stderr
     assert "24 rows yielded, 24 equal token for token" in result.stdout
     assert "ArrowDataset: 24 rows, 24 equal token for token" in result.stdout
+
+
+@pytest.mark.skipif(not TRAINERS_PYTHON.exists(),
+                    reason=f"no Python with SpecForge 0.2.0 and speculators 0.9.0 at {TRAINERS_PYTHON} "
+                           f"(build it with scripts/trainers-venv.sh, or set TRAINERS_PYTHON)")
+def test_the_trainers_read_conversation_turns_as_rows_and_drop_a_row_with_nothing_generated(redis_server, tmp_path):
+    # Given shards holding a three-turn conversation (each turn's prompt holds the history before it),
+    # two single prompts and one row with no generated token, all marked done in the ledger
+    chat = ChatTokenizer("bundled")
+    client = redis.Redis.from_url(redis_server)
+    history: list[dict] = []
+    rows = []
+    for turn, question in enumerate(["Hello", "Why?", "And then?"]):
+        history.append({"role": "user", "content": question})
+        prompt = chat.render_one(history)
+        answer = f"Answer {turn}."
+        output = chat.tok.encode("Hmm.", add_special_tokens=False) + [128822] + \
+            chat.tok.encode(answer, add_special_tokens=False) + [1]
+        rows.append(sample(f"c#{turn}", prompt, output, "c", turn))
+        history.append({"role": "assistant", "content": answer})
+    rows += [sample(f"p{i}", chat.render_one([{"role": "user", "content": f"Q{i}"}]), [20 + i, 128822, 30, 1])
+             for i in range(2)]
+    rows.append(sample("empty", chat.render_one([{"role": "user", "content": "Nothing"}]), []))
+    ledger = Ledger(client, RUN)
+    ledger.enqueue({r.id: pack_ids(r.input_ids[:r.prompt_len]) for r in rows}, 1)
+    shards = tmp_path / "shards" / RUN
+    shards.mkdir(parents=True)
+    pq.write_table(samples_to_table(rows), shards / "part-a.parquet")
+    for r in rows:
+        ledger.mark_done(r.id, r.output_len, shards / "part-a.parquet")
+    # When the run is exported in each format and fed to the trainers' loaders
+    for name in ("parquet", *FORMATS):
+        export_run(spec(chat), client, str(tmp_path / "shards"), tmp_path / name, format=name)
+    result = subprocess.run([str(TRAINERS_PYTHON), str(ROOT / "scripts" / "check_trainers.py"),
+                             "--parquet", str(tmp_path / "parquet"), "--specforge", str(tmp_path / "specforge"),
+                             "--speculators", str(tmp_path / "speculators"), "--model", str(bundled_tokenizer_dir())],
+                            capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    # Then each turn is a row they read token for token, and the empty row is the one they drop
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "5 rows yielded, 5 equal token for token" in result.stdout
+    assert "ArrowDataset: 5 rows, 5 equal token for token" in result.stdout
+    assert "1 rows without a generated token dropped" in result.stdout

@@ -33,6 +33,11 @@ Invariants, and why they hold:
   the default; a DEST that holds anything but a previous export (a manifest and
   `part-*.parquet` / `keep-*.parquet` files) is refused rather than replaced,
   so export never deletes a user's files.
+- **Every format holds the same rows.** `--format specforge|speculators|text`
+  is written (`producer/formats/`) from a Parquet export made inside the fresh
+  folder and removed before the swap, so the selection above is the one code
+  path; the manifest's `format` entry (rows, id-set digest, token counts) is
+  computed the same way for every format, Parquet included.
 """
 from __future__ import annotations
 

@@ -39,6 +39,8 @@ class Sample:
     e2e_latency: float | None
     started_at: datetime
     finished_at: datetime
+    conversation: str | None = None  # the conversation's id; None for a single prompt
+    turn: int | None = None          # 0-based index of the assistant turn in its conversation
 
 
 # Arrow type of each column, by name: the order is Sample's.
@@ -48,7 +50,7 @@ _TYPES = {
     "server": "string", "model": "string", "max_new_tokens": "int32", "temperature": "float32",
     "top_p": "float32", "attempts": "int16", "worker": "string", "tokenizer_fingerprint": "string",
     "template_fingerprint": "string", "e2e_latency": "float32", "started_at": "timestamp[ms, UTC]",
-    "finished_at": "timestamp[ms, UTC]",
+    "finished_at": "timestamp[ms, UTC]", "conversation": "string", "turn": "int16",
 }
 COLUMNS = tuple(f.name for f in fields(Sample))
 

@@ -367,6 +367,11 @@ def export(dest: Path = typer.Argument(..., help="A new or empty folder, or a pr
                                     "at most one per core and 8)."),
            index_only: bool = typer.Option(False, "--index-only", help="Write keep-*.parquet, the (shard, id) "
                                            "of each canonical row, instead of copying the rows."),
+           format: str = typer.Option("parquet", "--format", help="parquet (the rows as stored), specforge or "
+                                      "speculators (JSONL of input_ids and loss_mask), text (decoded messages)."),
+           prompts: list[Path] = typer.Option([], "--prompts", help="text: the input file(s), for the system and "
+                                              "user messages before each answer."),
+           trust_remote_code: bool = typer.Option(False, help="text: needed to load tokenizers such as Kimi-K2.5's."),
            redis_url: Optional[str] = RedisOpt) -> None:
     """Write the finished dataset (each done id once) and a manifest to DEST.
 
@@ -377,7 +382,13 @@ def export(dest: Path = typer.Argument(..., help="A new or empty folder, or a pr
     the ledger does not mark done (dead-lettered since, or queued again) are left
     out and counted in the manifest. --index-only copies nothing: readers of the
     shards in place (DuckDB, Spark) semi-join them with DEST/keep-*.parquet.
+    --format writes the same rows for a trainer (README: "Exports the trainers read").
     """
+    from .formats import NAMES, FormatRefused
+
+    if format not in NAMES or (index_only and format != "parquet"):
+        err.print(f"[red]--format is one of {', '.join(NAMES)}, and only parquet goes with --index-only[/red]")
+        raise typer.Exit(2)
     name = _run_name(run)
     settings, client = _connect(redis_url)
     from .export import ExportRefused, check_replaceable, export_run, shard_files
@@ -391,9 +402,9 @@ def export(dest: Path = typer.Argument(..., help="A new or empty folder, or a pr
             task = bar.add_task("export", total=total)
             manifest = export_run(spec, client, settings.output_dir, dest, rows_per_file,
                                   on_progress=lambda n: bar.update(task, completed=n),
-                                  jobs=jobs, redis_url=settings.redis_url,
-                                  index_only=index_only)
-    except ExportRefused as exc:
+                                  jobs=jobs, redis_url=settings.redis_url, index_only=index_only, format=format,
+                                  format_options={"prompts": prompts, "trust_remote_code": trust_remote_code})
+    except (ExportRefused, FormatRefused) as exc:
         err.print(f"[red]{escape(str(exc))}[/red]")
         raise typer.Exit(2)
     left_out = ", ".join(f"{k}={v}" for k, v in manifest["left_out"].items()) or "none"
@@ -401,6 +412,11 @@ def export(dest: Path = typer.Argument(..., help="A new or empty folder, or a pr
     out.print(f"{what} {manifest['rows']} samples ({manifest['duplicates_dropped']} duplicates dropped, "
               f"left out as not done: {left_out}) into {len(manifest['files'])} files under {dest}; "
               f"dead letters: {manifest['dead_letters']}")
+    if "format" in manifest:
+        figures = manifest["format"]
+        out.print(f"format {figures['name']}: {figures['rows']} rows, {figures['prompt_tokens']} prompt tokens "
+                  f"(loss mask 0), {figures['generated_tokens']} generated tokens (loss mask 1), longest row "
+                  f"{figures['max_row_tokens']} tokens")
 
 
 @app.command()

@@ -33,6 +33,11 @@ Invariants, and why they hold:
   the default; a DEST that holds anything but a previous export (a manifest and
   `part-*.parquet` / `keep-*.parquet` files) is refused rather than replaced,
   so export never deletes a user's files.
+- **Every format holds the same rows.** `--format specforge|speculators|text`
+  is written (`producer/formats/`) from a Parquet export made inside the fresh
+  folder and removed before the swap, so the selection above is the one code
+  path; the manifest's `format` entry (rows, id-set digest, token counts) is
+  computed the same way for every format, Parquet included.
 """
 from __future__ import annotations
 
@@ -63,6 +68,8 @@ from contract.names import PromptState
 from contract.schema import arrow_schema, shard_files
 from contract.spec import RunSpec, check_run_name
 
+from . import formats
+
 MANIFEST = "manifest.json"
 BATCH_ROWS = 2048           # rows read (and looked up in the ledger) at a time
 GROUP_BYTES = 64 * 2**20    # a row group is written once this much is buffered
@@ -76,21 +83,45 @@ class ExportRefused(Exception):
 
 def export_run(spec: RunSpec, client: redis.Redis, output_dir: str, dest: Path,
                rows_per_file: int = 10_000, on_progress: Callable[[int], None] | None = None,
-               jobs: int = 1, redis_url: str | None = None, index_only: bool = False) -> dict:
+               jobs: int = 1, redis_url: str | None = None, index_only: bool = False,
+               format: str = formats.PARQUET, format_options: dict | None = None) -> dict:
     """Write the export into a fresh folder beside `dest`, then swap it into place. With
     `jobs` > 1 (and `redis_url`, for the other processes) the shards are shared out; 0:
-    a process per `JOB_BYTES` of shards, at most one per core (and 8)."""
+    a process per `JOB_BYTES` of shards, at most one per core (and 8). A `format` other
+    than Parquet is written from a Parquet export made inside the fresh folder, then
+    removed, so every format holds the same rows (`producer/formats/`)."""
     check_run_name(spec.name)
+    if format not in formats.NAMES or (index_only and format != formats.PARQUET):
+        raise ValueError(f"format {format!r} is not one of {formats.NAMES}, or comes with --index-only")
     dest = Path(dest).resolve()  # a symlinked DEST: its target is replaced, the link stays
     check_replaceable(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.export-", dir=dest.parent))
     try:
-        manifest = _write_export(spec, client, output_dir, staging, rows_per_file, on_progress,
+        rows = staging if format == formats.PARQUET else staging / ".rows"
+        rows.mkdir(exist_ok=True)
+        manifest = _write_export(spec, client, output_dir, rows, rows_per_file, on_progress,
                                  jobs, redis_url, index_only)
+        if not index_only:
+            manifest = _add_format(manifest, spec, rows, staging, format, format_options or {})
         _swap_into_place(staging, dest)
     finally:  # after a swap, `staging` holds the previous export
         shutil.rmtree(staging, ignore_errors=True)
+    return manifest
+
+
+def _add_format(manifest: dict, spec: RunSpec, rows: Path, folder: Path, format: str, options: dict) -> dict:
+    """The manifest with the format's entry (its files, rows, id digest, token counts); a
+    format other than Parquet is written from the Parquet files in `rows`, which go."""
+    parquet = [rows / f["name"] for f in manifest["files"]]
+    if format == formats.PARQUET:
+        manifest["format"] = formats.parquet_figures(parquet)
+    else:
+        manifest["format"] = formats.write_format(format, spec, parquet, folder, options)
+        manifest["files"] = manifest["format"].pop("files")
+        shutil.rmtree(rows)
+    _write_atomically(folder / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True).encode())
+    fsync_folder(folder)
     return manifest
 
 
@@ -111,7 +142,8 @@ def check_replaceable(dest: Path) -> None:
 
 
 def _is_export_file(name: str) -> bool:
-    return (name.startswith(("part-", "keep-")) and name.endswith(".parquet")) or name.startswith(".tmp-")
+    return ((name.startswith(("part-", "keep-")) and name.endswith(".parquet")) or name.startswith(".tmp-")
+            or name in formats.FILES)
 
 
 def _is_manifest(path: Path) -> bool:

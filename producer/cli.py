@@ -122,6 +122,8 @@ def enqueue(
     think_end: str = typer.Option("</think>", help="Think-end token text."),
     disable_rule: list[str] = typer.Option([], help="Verification rule codes to switch off."),
     max_prompt_tokens: Optional[int] = typer.Option(None, help="Reject longer prompts here."),
+    turns: str = typer.Option("last", help="last: one generation per prompt (its whole conversation is the "
+                              "prompt) | all: regenerate every assistant turn of each conversation, in order."),
     max_queued: int = typer.Option(100_000, min=0, help="Hold back while the queue is deeper than this (0: never)."),
     max_line_bytes: int = typer.Option(MAX_LINE_BYTES, min=1, help="A longer line is reported and skipped "
                                        "(default 16 MiB), never held in memory."),
@@ -144,13 +146,16 @@ def enqueue(
     from .chat import ChatTokenizer
     from .enqueue import RunMismatch, enqueue_file, new_spec, prepare_run
 
+    if turns not in ("last", "all"):
+        err.print(f"[red]--turns must be 'last' or 'all', not {turns!r}[/red]")
+        raise typer.Exit(2)
     unknown = set(disable_rule) - {str(r) for r in VERIFY_RULES}
     if unknown:
         err.print(f"[red]unknown rule(s) {sorted(unknown)}[/red]; known: {', '.join(map(str, VERIFY_RULES))}")
         raise typer.Exit(2)
     chat = ChatTokenizer(tokenizer, trust_remote_code, think_start, think_end)
     spec = new_spec(chat, name, tokenizer, max_new_tokens, temperature, top_p, thinking,
-                    served_model, disable_rule)
+                    served_model, disable_rule, turns, trust_remote_code)
     try:
         spec = prepare_run(client, spec)
     except RunMismatch as exc:

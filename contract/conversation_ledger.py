@@ -143,6 +143,17 @@ class ConversationLedger:
             return []
         return [None if r is None else int(r) for r in self.client.hmget(self.keys.conversation_turns, conversations)]
 
+    def complete(self, conversations: list[str]) -> list[bool]:
+        """Whether each conversation has every turn stored: registered, and no longer in progress
+        (a conversation leaves `at` only when `advance` completes it)."""
+        if not conversations:
+            return []
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.hmget(self.keys.conversation_turns, conversations)
+            pipe.hmget(self.keys.conversation_at, conversations)
+            turns, at = pipe.execute()
+        return [n is not None and a is None for n, a in zip(turns, at)]
+
     def positions(self, page: int = 1000):
         """(conversation, turn it is at) of every conversation in progress, a page of HSCAN at a time."""
         for conversation, at in self.client.hscan_iter(self.keys.conversation_at, count=page):

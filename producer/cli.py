@@ -367,6 +367,9 @@ def export(dest: Path = typer.Argument(..., help="A new or empty folder, or a pr
                                     "at most one per core and 8)."),
            index_only: bool = typer.Option(False, "--index-only", help="Write keep-*.parquet, the (shard, id) "
                                            "of each canonical row, instead of copying the rows."),
+           complete_only: bool = typer.Option(False, "--complete-only", help="A run of conversations "
+                                              "(--turns all): only the turns of conversations whose every "
+                                              "turn is stored."),
            redis_url: Optional[str] = RedisOpt) -> None:
     """Write the finished dataset (each done id once) and a manifest to DEST.
 
@@ -392,7 +395,7 @@ def export(dest: Path = typer.Argument(..., help="A new or empty folder, or a pr
             manifest = export_run(spec, client, settings.output_dir, dest, rows_per_file,
                                   on_progress=lambda n: bar.update(task, completed=n),
                                   jobs=jobs, redis_url=settings.redis_url,
-                                  index_only=index_only)
+                                  index_only=index_only, complete_only=complete_only)
     except ExportRefused as exc:
         err.print(f"[red]{escape(str(exc))}[/red]")
         raise typer.Exit(2)

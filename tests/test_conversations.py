@@ -14,6 +14,7 @@ import time
 from collections import Counter
 
 import httpx
+import pyarrow.parquet as pq
 import redis
 
 from contract.keys import RunKeys
@@ -98,6 +99,8 @@ def test_every_turn_is_regenerated_once_from_the_models_own_history_through_a_ki
     held = {pid.decode() for pid, holders in client.hgetall(RunKeys("default").deliveries).items()
             if b"victim" in holders}
     victim.signal(signal.SIGKILL)
+    # (an export of complete conversations meanwhile holds whole conversations only)
+    assert _exported_turns(fleet, tmp_path / "partial") <= set(expected)
     # and Redis restarts on the same port and data later
     wait_until(lambda: _counters(client).get("state:done", 0) >= len(expected) // 2, 180, "half the turns", fleet)
     broker.stop()
@@ -127,3 +130,19 @@ def test_every_turn_is_regenerated_once_from_the_models_own_history_through_a_ki
     twice = {pid for pid, n in generations.items() if n > 1}
     assert twice <= held and max(generations.values()) <= 2, (twice, held)
     assert Counter(r["id"] for r in fleet.rows()).most_common(1)[0][1] <= 2
+    # and an export of complete conversations holds every turn once
+    assert _exported_turns(fleet, tmp_path / "export") == set(expected)
+
+
+def _exported_turns(fleet, dest) -> set[str]:
+    """`export --complete-only`: the turn ids exported, checked to be whole conversations, each turn once."""
+    fleet.producer("export", str(dest), "--complete-only")
+    rows = [r for f in sorted(dest.glob("part-*.parquet"))
+            for r in pq.read_table(f, columns=["id", "conversation", "turn"]).to_pylist()]
+    ids = [r["id"] for r in rows]
+    assert len(ids) == len(set(ids))
+    by_conversation = Counter(r["conversation"] for r in rows)
+    for conversation, n in by_conversation.items():
+        assert {r["turn"] for r in rows if r["conversation"] == conversation} == set(range(n))
+        assert f"{conversation}#{n}" not in ids
+    return set(ids)

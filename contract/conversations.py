@@ -6,8 +6,9 @@ for the model's own answer i, or dropped. The slots:
 
 - the messages are grouped at each user message (a group: one user message and
   what follows it up to the next user message);
-- a group that holds an assistant message gets one slot, where its first
-  assistant message was; its other assistant messages are dropped;
+- a group that holds an assistant message after its user message gets one
+  slot, where the first such message was; its other assistant messages (and
+  any before the first user message) are dropped;
 - the last group always gets a slot (at its first assistant message, else at
   its end), so a conversation that ends on a user message is answered too;
 - a middle group without an assistant message gets none (consecutive user
@@ -58,14 +59,14 @@ def skeleton(messages: list[dict]) -> list[dict]:
     out: list[dict] = []
     slot = 0
     for index, group in enumerate(groups):
-        has_user = any(m["role"] == "user" for m in group)
-        answered = any(m["role"] == "assistant" for m in group)
-        wants_slot = has_user and (answered or index == len(groups) - 1)
+        user = next((i for i, m in enumerate(group) if m["role"] == "user"), None)
+        answered = user is not None and any(m["role"] == "assistant" for m in group[user:])
+        wants_slot = user is not None and (answered or index == len(groups) - 1)
         placed = False
-        for message in group:
+        for position, message in enumerate(group):
             if message["role"] != "assistant":
                 out.append(dict(message))
-            elif wants_slot and not placed:
+            elif wants_slot and not placed and position > user:
                 out.append({"slot": slot})
                 slot, placed = slot + 1, True
         if wants_slot and not placed:

@@ -386,6 +386,10 @@ def export(dest: Path = typer.Argument(..., help="A new or empty folder, or a pr
     from .export import ExportRefused, check_replaceable, export_run, shard_files
 
     spec = _spec(client, name)
+    if complete_only and spec.turns != "all":
+        err.print(f"[red]--complete-only is for a run of conversations (enqueue --turns all); run {name!r} "
+                  f"has one generation per prompt[/red]")
+        raise typer.Exit(2)
     try:
         check_replaceable(dest.resolve())
         total = len(shard_files(settings.output_dir, spec.name))

@@ -11,7 +11,9 @@ queue is found as the queue drains.
 
 The same sweep moves on a conversation (`enqueue --turns all`) whose current
 turn is stored but which has not moved past it in two audits in a row: its
-worker died between storing the turn and queueing the next (`turns.py`).
+worker died between storing the turn and queueing the next (`turns.py`), once
+the run has at most `FLEET_AUDIT_MAX_QUEUE` conversations in progress (the
+redelivery of the stored turn's message moves most such conversations on first).
 """
 from __future__ import annotations
 
@@ -79,8 +81,8 @@ class LostMessageAudit(bootsteps.StartStopStep):
         """A conversation whose current turn is stored but which has not moved on in two audits
         in a row lost its worker between the two steps: move it on here."""
         spec = cached_spec(rt.settings.redis_url, run)
-        if spec.turns != "all":
-            return
+        if spec.turns != "all" or rt.redis.hlen(RunKeys(run).conversation_at) > rt.settings.audit_max_queue:
+            return  # a run with more conversations in progress is swept as it drains
         found = turns.stalled(rt, spec)
         turns.resume(app, rt, spec, found & self._stalled.get(run, set()))
         self._stalled[run] = found

@@ -33,6 +33,7 @@ from contract.spec import RunSpec
 
 log = logging.getLogger(__name__)
 _LOADING = threading.Lock()
+_RENDERING = threading.Lock()  # one tokenizer, many task threads: render one history at a time
 
 
 class TemplateMismatch(Exception):
@@ -126,7 +127,8 @@ def _render(chat, spec: RunSpec, history: list[dict]) -> tuple[list[int] | None,
     """The next turn's prompt ids, or why there are none (a template that refuses the history,
     a prompt that does not end with think-start where the run requires it)."""
     try:
-        ids = chat.render([history])[0]
+        with _RENDERING:
+            ids = chat.render([history])[0]
     except Exception as exc:
         return None, f"the chat template or tokenizer failed on the turn's history: {exc.__class__.__name__}: {exc}"[:500]
     if spec.thinking == Thinking.PROMPT and not chat.ends_with_think_start(ids):

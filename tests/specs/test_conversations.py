@@ -104,6 +104,13 @@ def test_tool_and_system_messages_stay_where_they_were_and_extra_answers_are_dro
     assert turn_history(shape, answers, 1) == [messages[0], answers[0], messages[2], messages[4], messages[5]]
 
 
+def test_an_assistant_message_before_the_first_user_message_is_dropped_not_answered_for():
+    shape = skeleton([{"role": "assistant", "content": "Hello, how can I help?"},
+                      {"role": "user", "content": "hi"}, {"role": "assistant", "content": "original"}])
+    assert turns(shape) == 1
+    assert turn_history(shape, [], 0) == [{"role": "user", "content": "hi"}]
+
+
 def test_an_answer_is_the_output_after_think_end_without_its_stop_token_and_the_reasoning_beside_it(bundled):
     tok = bundled.tok
     reasoning, answer = tok.encode(" let me see ", add_special_tokens=False), tok.encode(" Four. ", add_special_tokens=False)

@@ -80,7 +80,10 @@ class LostMessageAudit(bootsteps.StartStopStep):
     def _resume_conversations(self, app, rt, run: str) -> None:
         """A conversation whose current turn is stored but which has not moved on in two audits
         in a row lost its worker between the two steps: move it on here."""
-        spec = cached_spec(rt.settings.redis_url, run)
+        try:
+            spec = cached_spec(rt.settings.redis_url, run)
+        except LookupError:
+            return
         if spec.turns != "all" or rt.redis.hlen(RunKeys(run).conversation_at) > rt.settings.audit_max_queue:
             return  # a run with more conversations in progress is swept as it drains
         found = turns.stalled(rt, spec)

@@ -115,7 +115,7 @@ def _alone_if(last_chance: bool, rt: Runtime) -> Iterator[None]:
 def _next_turn(app, rt: Runtime, spec, prompt_id: str, row=None, path: str | None = None) -> None:
     """A conversation's turn is stored: queue its next turn (`turns.advance`). A failure here
     never fails the task, whose turn is stored: the conversation waits at this turn for the
-    audit's sweep (`turns.resume_stalled`), which tries again."""
+    audit's sweep (`turns.stalled`, `turns.resume`), which tries again."""
     stored = (path, row.input_ids, row.prompt_len) if row is not None and row.id == prompt_id and path else None
     try:
         outcome = turns.advance(app, rt, spec, prompt_id, stored)
@@ -128,8 +128,8 @@ def _next_turn(app, rt: Runtime, spec, prompt_id: str, row=None, path: str | Non
 def _without_ids(app, rt: Runtime, ledger: Ledger, run: str, prompt_id: str, max_new_tokens: int | None) -> str:
     """A message whose prompt has no ids in the ledger: finished already, or forgotten."""
     state = ledger.state(prompt_id)
-    if state == PromptState.DONE and cached_spec(rt.settings.redis_url, run).turns == "all":
-        _next_turn(app, rt, cached_spec(rt.settings.redis_url, run), prompt_id)  # died before moving on?
+    if state == PromptState.DONE and (spec := cached_spec(rt.settings.redis_url, run)).turns == "all":
+        _next_turn(app, rt, spec, prompt_id)  # its worker may have died before moving its conversation on
     if state in (PromptState.DONE, PromptState.DEAD):  # a redelivery of a finished prompt
         return f"nothing to do: prompt is {state}"
     if state is None:

@@ -164,3 +164,16 @@ def test_a_turn_that_cannot_be_rendered_stops_its_conversation_as_a_dead_letter(
     assert conversations.advance("c", 0, ANSWERS[0], 3, letter=("worker_error", letter)) == "buried"
     assert ledger.state("c#1") == "dead" and ledger.tally().reasons == {"worker_error": 1}
     assert conversations.in_progress("c").at == 1
+
+
+def test_a_worker_whose_template_differs_from_the_runs_refuses_to_render_its_turns(bundled):
+    from contract.spec import RunSpec
+    from workers.turns import TemplateMismatch, chat_for
+
+    spec = RunSpec(name="r", tokenizer="bundled", tokenizer_fingerprint=bundled.fingerprint(),
+                   template_fingerprint=bundled.template_fingerprint(), sampling={}, thinking="prompt",
+                   think_start_id=bundled.think_start_id, think_end_id=bundled.think_end_id, stop_ids=[], turns="all")
+    assert chat_for(spec).template_fingerprint() == spec.template_fingerprint
+    other = RunSpec(**{**spec.__dict__, "template_fingerprint": "another-template"})
+    with pytest.raises(TemplateMismatch):
+        chat_for(other)

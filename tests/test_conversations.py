@@ -100,9 +100,11 @@ def test_every_turn_is_regenerated_once_from_the_models_own_history_through_a_ki
 
     # When a worker is SIGKILLed mid-run with turns in hand
     wait_until(lambda: _counters(client).get("state:done", 0) >= len(expected) // 5, 120, "first turns", fleet)
+    victim.signal(signal.SIGKILL)
+    victim.popen.wait(30)
+    # (the turns it held: their deliveries stay recorded until another worker finishes them, a lease later)
     held = {pid.decode() for pid, holders in client.hgetall(RunKeys("default").deliveries).items()
             if b"victim" in holders}
-    victim.signal(signal.SIGKILL)
     # (an export of complete conversations meanwhile holds whole conversations only)
     assert _exported_turns(fleet, tmp_path / "partial") <= set(expected)
     # and Redis restarts on the same port and data later

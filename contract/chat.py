@@ -85,6 +85,15 @@ class ChatTokenizer:
                 return tail if not self.tok.decode(tail).strip() else None
         return None
 
+    def renders_history_reasoning(self) -> bool:
+        """Whether the template renders an earlier assistant turn's `reasoning_content` (a probe
+        conversation rendered with and without it). DeepSeek-R1, Qwen3 and Kimi templates drop
+        it, and so does the bundled one: then a conversation need not keep it for later turns."""
+        answer = {"role": "assistant", "content": "Probe answer."}
+        probe = [PROBE[0], {**answer, "reasoning_content": "Probe reasoning."}, {"role": "user", "content": "Again"}]
+        plain = [PROBE[0], answer, probe[2]]
+        return self.render([probe]) != self.render([plain])
+
     def stop_ids(self) -> list[int]:
         eos = self.tok.eos_token_id
         return [eos] if isinstance(eos, int) else list(eos or [])

@@ -52,6 +52,9 @@ class RunSpec:
     # a conversation, each rendered by a worker from the answers before it: contract/conversations.py)
     turns: str = "last"
     trust_remote_code: bool = False  # how a worker loads `tokenizer` to render a conversation's turns
+    # whether the template renders earlier turns' reasoning; if not, a conversation keeps only
+    # its answers' content for later turns (ChatTokenizer.renders_history_reasoning)
+    history_reasoning: bool = True
     created_at: float = field(default_factory=time.time)
 
     def identity(self) -> dict:

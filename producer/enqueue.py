@@ -139,6 +139,7 @@ def new_spec(chat: ChatTokenizer, name: str, tokenizer: str, max_new_tokens: int
         think_start_id=chat.think_start_id, think_end_id=chat.think_end_id,
         stop_ids=chat.stop_ids(), served_model=served_model, disabled_rules=sorted(disabled_rules),
         vocab_size=len(chat.tok), turns=turns, trust_remote_code=trust_remote_code,
+        history_reasoning=turns == ALL and chat.renders_history_reasoning(),
     )
 
 

@@ -76,6 +76,8 @@ def advance(app, rt, spec: RunSpec, prompt_id: str, stored: tuple[str, list[int]
     _, input_ids, prompt_len = stored
     answer = answer_message(input_ids[prompt_len:], spec.think_start_id, spec.think_end_id, spec.stop_ids,
                             lambda ids: chat.tok.decode(ids, skip_special_tokens=False))
+    if not spec.history_reasoning:  # the template drops it: Redis need not keep it
+        answer.pop("reasoning_content", None)
     if turn + 1 >= place.turns:
         return conversations.advance(conversation, turn, answer, place.turns)
     history = turn_history(place.shape, conversations.answers(conversation, turn) + [answer], turn + 1)

@@ -177,3 +177,18 @@ def test_a_worker_whose_template_differs_from_the_runs_refuses_to_render_its_tur
     other = RunSpec(**{**spec.__dict__, "template_fingerprint": "another-template"})
     with pytest.raises(TemplateMismatch):
         chat_for(other)
+
+
+def test_a_run_keeps_earlier_reasoning_only_when_its_template_renders_it(bundled, qwen3, tmp_path):
+    # Given the bundled and Qwen3 templates, which drop earlier turns' reasoning, and one that renders it
+    from contract.bundled import bundled_tokenizer_dir
+
+    folder = tmp_path / "keeps"
+    shutil.copytree(bundled_tokenizer_dir(), folder)
+    (folder / "chat_template.jinja").write_text(
+        "{%- for m in messages -%}{{ m['role'] }}: {{ m.get('reasoning_content', '') }} {{ m['content'] }}\n"
+        "{%- endfor -%}{%- if add_generation_prompt -%}assistant: <think>{%- endif -%}")
+    keeps = ChatTokenizer(str(folder))
+    # Then only the last says a conversation must keep its answers' reasoning for later turns
+    assert (bundled.renders_history_reasoning(), qwen3.renders_history_reasoning()) == (False, False)
+    assert keeps.renders_history_reasoning()

@@ -168,7 +168,7 @@ def test_a_dead_lettered_turn_stops_its_conversation_and_dead_requeue_resumes_it
     rounds = 0
     while True:
         # When the run settles: every conversation complete or stopped at a dead turn
-        wait_until(lambda: fleet.producer("status", "--json").stdout and _settled(fleet), 180, "settled", fleet)
+        wait_until(lambda: _settled(fleet), 180, "every conversation complete or stopped", fleet, poll=1)
         letters = fleet.dead_letters()
         # Then each stopped conversation's letter names its conversation and turn, and no later turn exists
         for letter in letters:

@@ -53,6 +53,15 @@ class RunKeys:
         # hash: prompt id -> packed token ids (codec.py), while not done or dead. Named
         # `ids`, not `prompts` as when it held int32: no version reads the other's bytes.
         self.prompts = f"{base}:ids"
+        # A run of conversations (`enqueue --turns all`; `conversation_ledger.py` owns these):
+        # hash: conversation id -> its number of turns, kept for the run's life
+        self.conversation_turns = f"{base}:conv:turns"
+        # hash: conversation id -> its skeleton (JSON, `conversations.skeleton`), while in progress
+        self.conversation_shapes = f"{base}:conv:shape"
+        # hash: conversation id -> the turn it is at (queued, in flight, dead or just stored), while in progress
+        self.conversation_at = f"{base}:conv:at"
+        # hash: turn id -> the stored turn's answer as later turns' history holds it (JSON), while in progress
+        self.conversation_answers = f"{base}:conv:answers"
 
     def state_bucket(self, n: int) -> str:
         """The hash that holds the states of the prompts whose id hashes to bucket `n`."""

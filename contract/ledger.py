@@ -17,6 +17,11 @@ runs a script alone) and conditional (each looks at the state it finds):
                                   version without shard codes stored
     done   -> done     anything   a stored prompt is never dead-lettered, re-queued or counted twice
 
+A conversation's next turn enters the ledger through `conversation_ledger.py`,
+whose scripts share this prelude: (none) -> queued (or -> dead, when its
+prompt cannot be rendered) in the same atomic step that moves the
+conversation past the turn before it.
+
 Any other call is a no-op that returns the state it found, for the caller to
 log. The counts by state (`state:queued|done|dead`) and by dead-letter reason
 (`reason:CODE`) are kept in the run's counters hash by the same scripts, so

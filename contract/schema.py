@@ -6,6 +6,13 @@ ids then the server's `output_ids`, exactly; `prompt_len` says where one ends.
 The Arrow schema is built from `Sample`'s fields, so the record a worker fills
 and the columns a reader sees cannot drift apart; pyarrow is imported only
 when the schema is asked for.
+
+A row of a regenerated conversation (`enqueue --turns all`) is one assistant
+turn: `conversation` is the conversation's id, `turn` the 0-based index of the
+assistant turn within it, and `id` the turn's prompt id,
+`<conversation id>#<turn>`. Its `input_ids` are that turn's prompt (the
+template's rendering of the history with the model's own earlier answers) then
+its output ids, exactly as for a single prompt, whose two columns are null.
 """
 from __future__ import annotations
 
@@ -40,7 +47,7 @@ class Sample:
     started_at: datetime
     finished_at: datetime
     conversation: str | None = None  # the conversation's id; None for a single prompt
-    turn: int | None = None          # 0-based index of the assistant turn in its conversation
+    turn: int | None = None          # 0-based index of the assistant turn in it; None for a single prompt
 
 
 # Arrow type of each column, by name: the order is Sample's.
@@ -50,7 +57,8 @@ _TYPES = {
     "server": "string", "model": "string", "max_new_tokens": "int32", "temperature": "float32",
     "top_p": "float32", "attempts": "int16", "worker": "string", "tokenizer_fingerprint": "string",
     "template_fingerprint": "string", "e2e_latency": "float32", "started_at": "timestamp[ms, UTC]",
-    "finished_at": "timestamp[ms, UTC]", "conversation": "string", "turn": "int16",
+    "finished_at": "timestamp[ms, UTC]",
+    "conversation": "string", "turn": "int16",
 }
 COLUMNS = tuple(f.name for f in fields(Sample))
 

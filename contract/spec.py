@@ -48,12 +48,19 @@ class RunSpec:
     # len(tokenizer): an output id at or above it is not a token of this model
     # (None: a spec written before the field; only the int32 bound applies).
     vocab_size: int | None = None
+    # `enqueue --turns`: "last" (one generation per prompt) or "all" (every assistant turn of
+    # a conversation, each rendered by a worker from the answers before it: contract/conversations.py)
+    turns: str = "last"
+    trust_remote_code: bool = False  # how a worker loads `tokenizer` to render a conversation's turns
+    # whether the template renders earlier turns' reasoning; if not, a conversation keeps only
+    # its answers' content for later turns (ChatTokenizer.renders_history_reasoning)
+    history_reasoning: bool = True
     created_at: float = field(default_factory=time.time)
 
     def identity(self) -> dict:
         """What must match for two enqueues to belong to the same run."""
         keep = ("tokenizer_fingerprint", "template_fingerprint", "sampling", "thinking",
-                "think_start_id", "think_end_id", "served_model", "disabled_rules")
+                "think_start_id", "think_end_id", "served_model", "disabled_rules", "turns")
         return {k: getattr(self, k) for k in keep}
 
     def fingerprint(self) -> str:

@@ -122,6 +122,8 @@ def enqueue(
     think_end: str = typer.Option("</think>", help="Think-end token text."),
     disable_rule: list[str] = typer.Option([], help="Verification rule codes to switch off."),
     max_prompt_tokens: Optional[int] = typer.Option(None, help="Reject longer prompts here."),
+    turns: str = typer.Option("last", help="last: one generation per prompt (its whole conversation is the "
+                              "prompt) | all: regenerate every assistant turn of each conversation, in order."),
     max_queued: int = typer.Option(100_000, min=0, help="Hold back while the queue is deeper than this (0: never)."),
     max_line_bytes: int = typer.Option(MAX_LINE_BYTES, min=1, help="A longer line is reported and skipped "
                                        "(default 16 MiB), never held in memory."),
@@ -144,13 +146,16 @@ def enqueue(
     from .chat import ChatTokenizer
     from .enqueue import RunMismatch, enqueue_file, new_spec, prepare_run
 
+    if turns not in ("last", "all"):
+        err.print(f"[red]--turns must be 'last' or 'all', not {turns!r}[/red]")
+        raise typer.Exit(2)
     unknown = set(disable_rule) - {str(r) for r in VERIFY_RULES}
     if unknown:
         err.print(f"[red]unknown rule(s) {sorted(unknown)}[/red]; known: {', '.join(map(str, VERIFY_RULES))}")
         raise typer.Exit(2)
     chat = ChatTokenizer(tokenizer, trust_remote_code, think_start, think_end)
     spec = new_spec(chat, name, tokenizer, max_new_tokens, temperature, top_p, thinking,
-                    served_model, disable_rule)
+                    served_model, disable_rule, turns, trust_remote_code)
     try:
         spec = prepare_run(client, spec)
     except RunMismatch as exc:
@@ -372,6 +377,9 @@ def export(dest: Path = typer.Argument(..., help="A new or empty folder, or a pr
            prompts: list[Path] = typer.Option([], "--prompts", help="text: the input file(s), for the system and "
                                               "user messages before each answer."),
            trust_remote_code: bool = typer.Option(False, help="text: needed to load tokenizers such as Kimi-K2.5's."),
+           complete_only: bool = typer.Option(False, "--complete-only", help="A run of conversations "
+                                              "(--turns all): only the turns of conversations whose every "
+                                              "turn is stored."),
            redis_url: Optional[str] = RedisOpt) -> None:
     """Write the finished dataset (each done id once) and a manifest to DEST.
 
@@ -394,6 +402,10 @@ def export(dest: Path = typer.Argument(..., help="A new or empty folder, or a pr
     from .export import ExportRefused, check_replaceable, export_run, shard_files
 
     spec = _spec(client, name)
+    if complete_only and spec.turns != "all":
+        err.print(f"[red]--complete-only is for a run of conversations (enqueue --turns all); run {name!r} "
+                  f"has one generation per prompt[/red]")
+        raise typer.Exit(2)
     try:
         check_replaceable(dest.resolve())
         total = len(shard_files(settings.output_dir, spec.name))
@@ -403,7 +415,8 @@ def export(dest: Path = typer.Argument(..., help="A new or empty folder, or a pr
             manifest = export_run(spec, client, settings.output_dir, dest, rows_per_file,
                                   on_progress=lambda n: bar.update(task, completed=n),
                                   jobs=jobs, redis_url=settings.redis_url, index_only=index_only, format=format,
-                                  format_options={"prompts": prompts, "trust_remote_code": trust_remote_code})
+                                  format_options={"prompts": prompts, "trust_remote_code": trust_remote_code},
+                                  complete_only=complete_only)
     except (ExportRefused, FormatRefused) as exc:
         err.print(f"[red]{escape(str(exc))}[/red]")
         raise typer.Exit(2)

@@ -5,7 +5,9 @@ unset, two SGLang stand-ins when `SGLANG_URLS` is unset), a real Celery
 worker, enqueues the bundled example prompts with the bundled tokenizer, waits
 for every prompt to be stored or dead-lettered, exports the dataset and prints
 what a user would check, and ends by writing the run's report page
-(`python -m producer report`) into the work directory.
+(`python -m producer report`) into the work directory. With the bundled
+examples it then regenerates the example conversations turn by turn
+(`demo_conversations.py`) and shows one, decoded turn by turn.
 """
 from __future__ import annotations
 
@@ -59,6 +61,10 @@ def run_demo(prompts: Path | None, workdir: Path, console: Console) -> int:
         code = subprocess.call([sys.executable, "-m", "producer", "report", "--run", RUN, "--out", str(page)],
                                env={**os.environ, **env}, stdout=subprocess.DEVNULL)
         console.print(f"report (open it in a browser): {page}" if code == 0 else f"[red]report failed ({code})[/red]")
+        if prompts == EXAMPLES:  # the bundled examples: then whole conversations, turn by turn
+            from .demo_conversations import run_conversations
+
+            run_conversations(env, workdir, console, worker)
     return 0 if report["finished"] else 1
 
 

@@ -21,6 +21,11 @@ Faults stay local: a bad line is a `BadLine` from the reader (it never
 raises), and a prompt the chat template or the tokenizer fails on is found by
 rendering its batch one prompt at a time, the same way, and rejected alone; the
 other prompts of the batch are published.
+
+`--turns all` reads each line as a conversation whose every assistant turn is
+regenerated (`contract/conversations.py`): only turn 0 is rendered and queued
+here, as prompt `<id>#0`, after its conversation is registered; each later
+turn is rendered and queued by the worker that stored the turn before it.
 """
 from __future__ import annotations
 
@@ -36,6 +41,8 @@ from typing import Callable, Iterable, Iterator
 import redis
 
 from contract.codec import pack_ids
+from contract.conversation_ledger import ConversationLedger
+from contract.conversations import ALL, LAST, skeleton, turn_history, turn_id, turns
 from contract.keys import queue_for
 from contract.kombu_redis import queue_depth
 from contract.ledger import AGAIN, NEW, Entry, Ledger
@@ -99,13 +106,29 @@ class EnqueueSummary:
             self.already[outcome] = self.already.get(outcome, 0) + 1
 
 
+@dataclass(frozen=True)
+class FirstTurn(Prompt):
+    """`--turns all`: a conversation, as the prompt of its turn 0 (id `<conversation>#0`)."""
+    conversation: str = ""
+    shape: list = field(default_factory=list)
+    turns: int = 0
+
+
+def _first_turn(item: Prompt | BadLine) -> FirstTurn | BadLine:
+    """A conversation's turn 0: its first user turn (and what precedes it), original answers dropped."""
+    if isinstance(item, BadLine):
+        return item
+    shape = skeleton(item.messages)
+    return FirstTurn(item.line, turn_id(item.id, 0), turn_history(shape, [], 0), item.id, shape, turns(shape))
+
+
 class RunMismatch(Exception):
     """The run was started with another tokenizer, template or sampling."""
 
 
 def new_spec(chat: ChatTokenizer, name: str, tokenizer: str, max_new_tokens: int, temperature: float,
              top_p: float, thinking: str = "auto", served_model: str | None = None,
-             disabled_rules: Iterable[str] = ()) -> RunSpec:
+             disabled_rules: Iterable[str] = (), turns: str = LAST, trust_remote_code: bool = False) -> RunSpec:
     """The spec `enqueue` records for a run: tokenizer identity, sampling, think tokens."""
     return RunSpec(
         name=name, tokenizer=tokenizer, tokenizer_fingerprint=chat.fingerprint(),
@@ -115,7 +138,8 @@ def new_spec(chat: ChatTokenizer, name: str, tokenizer: str, max_new_tokens: int
         thinking=chat.detect_thinking() if thinking == "auto" else thinking,
         think_start_id=chat.think_start_id, think_end_id=chat.think_end_id,
         stop_ids=chat.stop_ids(), served_model=served_model, disabled_rules=sorted(disabled_rules),
-        vocab_size=len(chat.tok),
+        vocab_size=len(chat.tok), turns=turns, trust_remote_code=trust_remote_code,
+        history_reasoning=turns == ALL and chat.renders_history_reasoning(),
     )
 
 
@@ -149,7 +173,10 @@ def enqueue_file(path: Path, spec: RunSpec, chat: ChatTokenizer, client: redis.R
 
     with open(path, "rb") as handle, ThreadPoolExecutor(1, thread_name_prefix="tokenize") as tokenizer:
         tokenized: Future | None = None  # the batch being tokenized while the one before is published
-        for batch in _batches(read_prompts(handle, max_line_bytes), BATCH):
+        items = read_prompts(handle, max_line_bytes)
+        if spec.turns == ALL:
+            items = map(_first_turn, items)
+        for batch in _batches(items, BATCH):
             fresh = _select(batch, ledger, call, summary)
             following = tokenizer.submit(_tokenize, fresh, spec, chat, max_prompt_tokens, summary)
             if tokenized:
@@ -247,6 +274,9 @@ def _publish(ready: list[tuple[Prompt, list[int]]], spec: RunSpec, app, queue: s
     republishes; a prompt another producer (or an earlier line) queued first is skipped."""
     if not ready:
         return
+    if spec.turns == ALL:  # the conversation first, so no worker finds its turn 0 without it
+        ConversationLedger(ledger.client, spec.name).register(
+            [(p.conversation, p.turns, p.shape) for p, _ in ready])
     outcomes = ledger.enqueue([(p.id, pack_ids(ids)) for p, ids in ready], call)
     new = []
     for (prompt, ids), outcome in zip(ready, outcomes):

@@ -84,7 +84,8 @@ class ExportRefused(Exception):
 def export_run(spec: RunSpec, client: redis.Redis, output_dir: str, dest: Path,
                rows_per_file: int = 10_000, on_progress: Callable[[int], None] | None = None,
                jobs: int = 1, redis_url: str | None = None, index_only: bool = False,
-               format: str = formats.PARQUET, format_options: dict | None = None) -> dict:
+               format: str = formats.PARQUET, format_options: dict | None = None,
+               complete_only: bool = False) -> dict:
     """Write the export into a fresh folder beside `dest`, then swap it into place. With
     `jobs` > 1 (and `redis_url`, for the other processes) the shards are shared out; 0:
     a process per `JOB_BYTES` of shards, at most one per core (and 8). A `format` other
@@ -101,7 +102,7 @@ def export_run(spec: RunSpec, client: redis.Redis, output_dir: str, dest: Path,
         rows = staging if format == formats.PARQUET else staging / ".rows"
         rows.mkdir(exist_ok=True)
         manifest = _write_export(spec, client, output_dir, rows, rows_per_file, on_progress,
-                                 jobs, redis_url, index_only)
+                                 jobs, redis_url, index_only, complete_only)
         if not index_only:
             manifest = _add_format(manifest, spec, rows, staging, format, format_options or {})
         _swap_into_place(staging, dest)
@@ -170,19 +171,20 @@ class _Share:
     duplicates: int = 0
     left_out: Counter = field(default_factory=Counter)
     models: set = field(default_factory=set)
+    complete_only: bool = False  # only the turns of complete conversations (`--complete-only`)
     whole: int = 0       # shards exported as they are
     rewritten: int = 0   # shards read row by row (some rows left out, or too many for a file)
 
 
 def _write_export(spec: RunSpec, client: redis.Redis, output_dir: str, folder: Path, rows_per_file: int,
                   on_progress: Callable[[int], None] | None, jobs: int, redis_url: str | None,
-                  index_only: bool) -> dict:
+                  index_only: bool, complete_only: bool = False) -> dict:
     sources = [str(p) for p in shard_files(output_dir, spec.name)]
     if not jobs:
         jobs = min(os.cpu_count() or 1, 8, sum(os.path.getsize(p) for p in sources) // JOB_BYTES)
     jobs = max(1, min(jobs if redis_url else 1, len(sources)))
-    shares = [_Share(n, spec.name, sources[n::jobs], str(folder), rows_per_file, index_only, redis_url)
-              for n in range(jobs)]
+    shares = [_Share(n, spec.name, sources[n::jobs], str(folder), rows_per_file, index_only, redis_url,
+                     complete_only=complete_only) for n in range(jobs)]
     if jobs == 1:
         shares = [_export_share(shares[0], client, on_progress)]
     else:
@@ -206,6 +208,7 @@ def _write_export(spec: RunSpec, client: redis.Redis, output_dir: str, folder: P
         "shards_rewritten": sum(s.rewritten for s in shares),
         "source": str(Path(output_dir).resolve() / spec.name),
         "index_only": index_only,
+        "complete_only": complete_only,
         "dead_letters": dict(tally.reasons) if tally.exact else None,
         "ledger": tally.by_state() if tally.exact else None,
         "files": files,
@@ -279,7 +282,8 @@ def _export_shard(path: Path, ledger: Ledger, writer: "_RollingWriter", share: _
     shard = pq.ParquetFile(path)
     rows = shard.metadata.num_rows
     whole = (rows and shard.schema_arrow.equals(arrow_schema())
-             and (share.index_only or rows <= share.rows_per_file) and ledger.canonical_rows(path) == rows)
+             and (share.index_only or rows <= share.rows_per_file) and ledger.canonical_rows(path) == rows
+             and not share.complete_only)
     if whole:
         share.whole += 1
         share.source_rows += rows
@@ -321,8 +325,10 @@ def _export_rows(path: Path, ledger: Ledger, writer: "_RollingWriter", share: _S
     for batch in dataset.to_batches(columns=columns, batch_size=BATCH_ROWS, batch_readahead=1):
         ids = batch.column("id").to_pylist()
         share.source_rows += len(ids)
-        keep = pa.array([_keep(prompt_id, raw, canonical, seen, share)
-                         for prompt_id, raw in zip(ids, _states(ledger, ids, path))], type=pa.bool_())
+        keep = [_keep(prompt_id, raw, canonical, seen, share) for prompt_id, raw in zip(ids, _states(ledger, ids, path))]
+        if share.complete_only:
+            keep = _of_complete_conversations(ledger, ids, keep, share)
+        keep = pa.array(keep, type=pa.bool_())
         kept = batch.filter(keep)
         share.rows += kept.num_rows
         if share.index_only:
@@ -333,6 +339,22 @@ def _export_rows(path: Path, ledger: Ledger, writer: "_RollingWriter", share: _S
             share.models.update(m for m in pc.unique(kept.column("model")).to_pylist() if m is not None)
         writer.write(kept)
         offset += len(ids)
+
+
+def _of_complete_conversations(ledger: Ledger, ids: list[str], keep: list[bool], share: _Share) -> list[bool]:
+    """`--complete-only`: a kept turn stays only if its conversation has every turn stored
+    (the others are counted in `left_out` as `incomplete_conversation`)."""
+    from contract.conversation_ledger import ConversationLedger
+    from contract.conversations import split_turn_id
+
+    conversations = [split_turn_id(i)[0] if "#" in i else i for i in ids]
+    complete = ConversationLedger(ledger.client, ledger.run).complete(conversations)
+    out = []
+    for kept, whole in zip(keep, complete):
+        if kept and not whole:
+            share.left_out["incomplete_conversation"] += 1
+        out.append(kept and whole)
+    return out
 
 
 def _states(ledger: Ledger, ids: list[str], path: Path) -> list[bytes | None]:

@@ -54,7 +54,20 @@ def collect_status(client: redis.Redis, spec: RunSpec, queue_prefix: str) -> dic
         "eta_s": round(pending / rate) if rate and pending else (0 if not pending else None),
         "workers": _workers(client),
         "finished": pending == 0,
+        **_conversations(spec, ledger.counters(), done, dead, pending),
     }
+
+
+def _conversations(spec: RunSpec, counters: dict[str, int], done: int, dead: int, pending: int) -> dict:
+    """A run of conversations (`--turns all`) holds only turns: its prompts are its turns, and a
+    conversation is stopped exactly while its current turn is dead."""
+    if spec.turns != "all":
+        return {}
+    total, complete = counters.get("conversations", 0), counters.get("conversations_complete", 0)
+    moving = max(total - complete - dead, 0)  # a turn queued, in flight, or just stored
+    return {"finished": pending == 0 and moving == 0, "conversations": {"enqueued": total, "complete": complete, "stopped": dead,
+                              "in_progress": moving,
+                              "turns": counters.get("conversation_turns", 0), "turns_done": done}}
 
 
 def _state_counts(ledger: Ledger, tally: Tally) -> tuple[int, int, int]:

@@ -23,6 +23,13 @@ def render_status(report: dict) -> Group:
                    f"{report['samples_per_s']:.2f}", f"{report['tokens_per_s']:,.0f}",
                    "done" if report["finished"] else _duration(report["eta_s"]))
     parts = [counts]
+    if "conversations" in report:
+        talks = Table(title="conversations (each turn above is a prompt)")
+        for column in ("enqueued", "complete", "stopped", "in_progress", "turns", "turns_done"):
+            talks.add_column(column.replace("_", " "), justify="right")
+        talks.add_row(*(str(report["conversations"][k]) for k in
+                        ("enqueued", "complete", "stopped", "in_progress", "turns", "turns_done")))
+        parts.append(talks)
     if report["dead_by_reason"]:
         dead = Table(title="dead letters by reason")
         dead.add_column("reason")

@@ -8,6 +8,12 @@ the prompts a run still holds with the messages in its queue and in flight;
 a prompt missing from both in two audits in a row is republished. Only runs
 whose queue is short enough to list are audited, so a lost prompt of a deep
 queue is found as the queue drains.
+
+The same sweep moves on a conversation (`enqueue --turns all`) whose current
+turn is stored but which has not moved past it in two audits in a row: its
+worker died between storing the turn and queueing the next (`turns.py`), once
+the run has at most `FLEET_AUDIT_MAX_QUEUE` conversations in progress (the
+redelivery of the stored turn's message moves most such conversations on first).
 """
 from __future__ import annotations
 
@@ -24,7 +30,9 @@ from contract.ledger import Ledger
 from contract.publish import publish_prompts
 from contract.spec import run_queues
 
+from . import turns
 from .runtime import get_runtime
+from .specs import cached_spec
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +44,7 @@ class LostMessageAudit(bootsteps.StartStopStep):
         super().__init__(parent, **kwargs)
         self._stop = threading.Event()
         self._suspects: dict[tuple[str, str], float] = {}
+        self._stalled: dict[str, set[str]] = {}  # run -> conversation turns stored but not moved past
 
     def start(self, c) -> None:
         self._stop.clear()
@@ -59,6 +68,7 @@ class LostMessageAudit(bootsteps.StartStopStep):
         in_flight = _task_ids(kombu_redis.unacked_messages(client))
         republished = 0
         for run, queue in run_queues(client, prefix).items():
+            self._resume_conversations(app, rt, run)
             if not client.hlen(RunKeys(run).prompts) or client.llen(queue) > rt.settings.audit_max_queue:
                 continue
             queued = _task_ids(kombu_redis.queued_messages(client, queue))
@@ -66,6 +76,19 @@ class LostMessageAudit(bootsteps.StartStopStep):
                        if task_id(run, pid) not in queued and task_id(run, pid) not in in_flight}
             republished += self._republish(app, client, run, queue, missing)
         return republished
+
+    def _resume_conversations(self, app, rt, run: str) -> None:
+        """A conversation whose current turn is stored but which has not moved on in two audits
+        in a row lost its worker between the two steps: move it on here."""
+        try:
+            spec = cached_spec(rt.settings.redis_url, run)
+        except LookupError:
+            return
+        if spec.turns != "all" or rt.redis.hlen(RunKeys(run).conversation_at) > rt.settings.audit_max_queue:
+            return  # a run with more conversations in progress is swept as it drains
+        found = turns.stalled(rt, spec)
+        turns.resume(app, rt, spec, found & self._stalled.get(run, set()))
+        self._stalled[run] = found
 
     def _republish(self, app, client, run: str, queue: str, missing: set[str]) -> int:
         now = time.monotonic()

@@ -32,9 +32,11 @@ from .answers import BadOutput, answer_cap, id_bound
 from .preflight import credentials_refusal
 from .runtime import Runtime
 from .servers import NoServer, ServerBinding
+from .specs import cached_spec
 from .shards import BadSample, StorageUnavailable
 from .sglang_client import (Generation, ServerRefused, ServerRejected, ServerUnavailable, TransientError,
                             generate)
+from .turns import turn_columns
 from .verify import Verdict, think_positions, verify
 
 log = logging.getLogger(__name__)
@@ -107,6 +109,7 @@ class DeadLettered(Exception):
 def bury(rt: Runtime, letter: DeadLetter, forgotten: bool = False) -> str:
     """Every dead letter goes through here: stored unless the prompt is already done,
     counted in the metrics, logged. `forgotten`: the ledger lost the prompt (see `Ledger.bury`)."""
+    letter.excerpt.update(_turn_of(rt, letter))
     found = DeadLetters(rt.redis, letter.run).put(letter, forgotten)
     if found == PromptState.DONE or found is None:
         log.warning("prompt %s is %s: its %s failure (%s) is not dead-lettered", letter.id,
@@ -117,6 +120,14 @@ def bury(rt: Runtime, letter: DeadLetter, forgotten: bool = False) -> str:
     metrics.DEAD_LETTERS.labels(letter.reason).inc()
     log.info("prompt %s dead-lettered: %s (%s)", letter.id, letter.reason, letter.message)
     return Buried(letter)
+
+
+def _turn_of(rt: Runtime, letter: DeadLetter) -> dict:
+    """A conversation turn's dead letter names its conversation and turn index."""
+    try:
+        return turn_columns(cached_spec(rt.settings.redis_url, letter.run), letter.id)
+    except (LookupError, ValueError):
+        return {}
 
 
 def _check_storage(rt: Runtime, prompt_id: str) -> None:
@@ -315,4 +326,5 @@ def _row(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], trie
         e2e_latency=meta.get("e2e_latency"),
         started_at=datetime.fromtimestamp(tries.started_at, timezone.utc),
         finished_at=datetime.now(timezone.utc),
+        **turn_columns(spec, prompt_id),
     )

@@ -42,7 +42,7 @@ from contract.keys import TASK_NAME, RunKeys
 from contract.ledger import Ledger
 from contract.names import PromptState, Reason
 
-from . import deliveries
+from . import deliveries, turns
 from .deliveries import STARTED
 from .generation import Buried, DeadLettered, GiveBack, bury, process_prompt
 from .lease import hold_limit
@@ -73,8 +73,11 @@ def _generate(self, run: str, prompt_id: str, max_new_tokens: int | None) -> str
     try:
         raw, writing = ledger.intake(prompt_id)
         if raw is None:
-            return _without_ids(rt, ledger, run, prompt_id, max_new_tokens)
+            return _without_ids(self.app, rt, ledger, run, prompt_id, max_new_tokens)
         if writing is not None and (found := _reconciled(rt, ledger, prompt_id, writing)):
+            spec = cached_spec(rt.settings.redis_url, run)
+            if spec.turns == "all":  # stored by a worker that died before moving its conversation on
+                _next_turn(self.app, rt, spec, prompt_id)
             return found
         before = deliveries.holders(rt.redis, run, prompt_id)
         if len(before) > rt.settings.max_deliveries:
@@ -85,6 +88,8 @@ def _generate(self, run: str, prompt_id: str, max_new_tokens: int | None) -> str
             with _COMMITTING.counted(rt) as task_rt:
                 outcome = process_prompt(task_rt, spec, prompt_id, unpack_ids(raw), max_new_tokens)
         STARTED.finish(rt.redis, run, prompt_id, cleared=task_rt.shards.stored())
+        if spec.turns == "all" and not isinstance(outcome, Buried):
+            _next_turn(self.app, rt, spec, prompt_id, task_rt.shards.last_row, outcome)
         return outcome
     except GiveBack as exc:
         STARTED.take_back(rt.redis, run, prompt_id, rt.worker)
@@ -131,9 +136,24 @@ def _reconciled(rt: Runtime, ledger: Ledger, prompt_id: str, shard: str) -> str 
     return found
 
 
-def _without_ids(rt: Runtime, ledger: Ledger, run: str, prompt_id: str, max_new_tokens: int | None) -> str:
+def _next_turn(app, rt: Runtime, spec, prompt_id: str, row=None, path: str | None = None) -> None:
+    """A conversation's turn is stored: queue its next turn (`turns.advance`). A failure here
+    never fails the task, whose turn is stored: the conversation waits at this turn for the
+    audit's sweep (`turns.stalled`, `turns.resume`), which tries again."""
+    stored = (path, row.input_ids, row.prompt_len) if row is not None and row.id == prompt_id and path else None
+    try:
+        outcome = turns.advance(app, rt, spec, prompt_id, stored)
+        log.debug("turn %s stored; its conversation: %s", prompt_id, outcome)
+    except Exception as exc:
+        log.error("turn %s is stored, but its conversation could not move on (the audit tries again): %r",
+                  prompt_id, exc)
+
+
+def _without_ids(app, rt: Runtime, ledger: Ledger, run: str, prompt_id: str, max_new_tokens: int | None) -> str:
     """A message whose prompt has no ids in the ledger: finished already, or forgotten."""
     state = ledger.state(prompt_id)
+    if state == PromptState.DONE and (spec := cached_spec(rt.settings.redis_url, run)).turns == "all":
+        _next_turn(app, rt, spec, prompt_id)  # its worker may have died before moving its conversation on
     if state in (PromptState.DONE, PromptState.DEAD):  # a redelivery of a finished prompt
         return f"nothing to do: prompt is {state}"
     if state is None:
@@ -210,6 +230,7 @@ class _Counted:
     def __init__(self, owner: _Committing, rt: Runtime):
         self.owner, self.rt, self.submitted = owner, rt, 0
         self._futures: list = []
+        self.last_row = None  # the last sample submitted: a conversation's next turn is rendered from it
 
     def __enter__(self) -> Runtime:
         return dataclasses.replace(self.rt, shards=self)
@@ -220,6 +241,7 @@ class _Counted:
     def submit(self, run: str, row):
         future = self.rt.shards.submit(run, row)
         self.submitted += 1
+        self.last_row = row
         self.owner._add(1)
         self._futures.append(future)
         return future

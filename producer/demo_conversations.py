@@ -1,0 +1,81 @@
+"""The demo's second part: whole conversations regenerated turn by turn (`enqueue --turns all`).
+
+The example conversations (`examples/conversations.jsonl`) go through the same
+worker as a second run; once every conversation is complete or stopped, the
+complete ones are exported (`export --complete-only`) and one of them is
+decoded turn by turn: each turn's prompt ends with the model's own earlier
+answers, never the file's original ones.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+CONVERSATIONS = Path(__file__).parent / "examples" / "conversations.jsonl"
+RUN = "demo-chat"
+
+
+def run_conversations(env: dict[str, str], workdir: Path, console: Console, worker, timeout: float = 600) -> dict:
+    """Enqueue the example conversations, wait for them, export the complete ones, show one."""
+    environ = {**os.environ, **env}
+    command = [sys.executable, "-m", "producer", "enqueue", str(CONVERSATIONS), "--run", RUN, "--turns", "all",
+               "--max-new-tokens", "4096"]
+    console.print(f"$ {' '.join(command[1:])}")
+    subprocess.call(command, env=environ)
+    report = _wait(env, worker, timeout)
+    talks = report.get("conversations", {})
+    console.print(f"conversations: {talks.get('complete', 0)} complete, {talks.get('stopped', 0)} stopped "
+                  f"(a turn dead-lettered), {talks.get('in_progress', 0)} in progress; turns stored: "
+                  f"{talks.get('turns_done', 0)} of {talks.get('turns', 0)}")
+    dest = workdir / "export-chat"
+    subprocess.check_call([sys.executable, "-m", "producer", "export", str(dest), "--run", RUN, "--complete-only"],
+                          env=environ, stdout=subprocess.DEVNULL)
+    _show_one(dest, console)
+    return report
+
+
+def _wait(env: dict[str, str], worker, timeout: float) -> dict:
+    from contract.connections import redis_for
+    from contract.settings import SharedSettings
+    from contract.spec import load_spec
+
+    from .status import collect_status
+
+    settings = SharedSettings(redis_url=env["REDIS_URL"], output_dir=env["OUTPUT_DIR"])
+    client = redis_for(settings.redis_url)
+    spec = load_spec(client, RUN)
+    deadline = time.monotonic() + timeout
+    report = collect_status(client, spec, settings.queue_prefix)
+    while not report["finished"] and time.monotonic() < deadline and worker.alive():
+        time.sleep(0.5)
+        report = collect_status(client, spec, settings.queue_prefix)
+    return report
+
+
+def _show_one(dest: Path, console: Console) -> None:
+    """The complete conversation with the most turns, decoded turn by turn."""
+    import pyarrow.parquet as pq
+
+    from contract.chat import ChatTokenizer
+
+    rows = [r for f in sorted(dest.glob("part-*.parquet"))
+            for r in pq.read_table(f, columns=["conversation", "turn", "input_ids", "prompt_len"]).to_pylist()]
+    if not rows:
+        console.print("no conversation was complete")
+        return
+    turns: dict[str, list[dict]] = {}
+    for row in rows:
+        turns.setdefault(row["conversation"], []).append(row)
+    conversation, chosen = max(sorted(turns.items()), key=lambda item: len(item[1]))
+    tok = ChatTokenizer("bundled").tok
+    console.print(f"\nconversation {conversation}, regenerated turn by turn ({len(rows)} turns exported):")
+    for row in sorted(chosen, key=lambda r: r["turn"]):
+        prompt, output = row["input_ids"][:row["prompt_len"]], row["input_ids"][row["prompt_len"]:]
+        console.print(f"[bold]turn {row['turn']}[/bold]: prompt of {len(prompt)} tokens, ending "
+                      f"…{tok.decode(prompt[-60:])!r}", markup=True, highlight=False)
+        console.print(f"  output of {len(output)} tokens: {tok.decode(output)[:160]!r}…", highlight=False)

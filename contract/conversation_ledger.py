@@ -41,10 +41,10 @@ from .conversations import turn_id
 
 QUEUED_NEXT, BURIED_NEXT, COMPLETE = "queued", "buried", "complete"
 
-# KEYS[7..10]: turns, shapes, at, answers. ARGV: conversation id, turns, skeleton JSON per
+# KEYS[B+1..B+4] (after the ledger's own): turns, shapes, at, answers. ARGV: conversation id, turns, skeleton JSON per
 # conversation. Returns per conversation 1 (registered) or 0 (the run has it).
 _REGISTER = _PRELUDE + """
-local turns, shapes, at = KEYS[7], KEYS[8], KEYS[9]
+local turns, shapes, at = KEYS[B + 1], KEYS[B + 2], KEYS[B + 3]
 local out, fresh, total = {}, 0, 0
 for i = 1, #ARGV / 3 do
   local a = 3 * i - 2
@@ -59,14 +59,14 @@ if fresh > 0 then count('conversations', fresh) count('conversation_turns', tota
 return out
 """
 
-# KEYS[7..10]: turns, shapes, at, answers; KEYS[11]: turn k's bucket; KEYS[12]: turn k+1's.
+# KEYS[B+1..B+4]: turns, shapes, at, answers; KEYS[B+5]: turn k's bucket; KEYS[B+6]: turn k+1's.
 # ARGV: conversation, k, field k, id k, answer JSON, mode ('last' | 'queue' | 'bury'),
 # then field k+1, id k+1, and the packed ids and token count ('queue') or reason and letter ('bury').
 _ADVANCE = _PRELUDE + """
-local shapes, at, answers = KEYS[8], KEYS[9], KEYS[10]
+local shapes, at, answers = KEYS[B + 2], KEYS[B + 3], KEYS[B + 4]
 local conv, k, mode = ARGV[1], ARGV[2], ARGV[6]
 if redis.call('HGET', at, conv) ~= k then return 'stale' end
-local found = kind(get(KEYS[11], ARGV[3], ARGV[4]))
+local found = kind(get(KEYS[B + 5], ARGV[3], ARGV[4]))
 if found ~= 'done' then return found or '' end
 if mode == 'last' then
   local fields = {}
@@ -79,7 +79,7 @@ if mode == 'last' then
 end
 redis.call('HSET', answers, ARGV[4], ARGV[5])
 redis.call('HSET', at, conv, tonumber(k) + 1)
-local bucket, field, id = KEYS[12], ARGV[7], ARGV[8]
+local bucket, field, id = KEYS[B + 6], ARGV[7], ARGV[8]
 if get(bucket, field, id) then return 'had' end
 count('enqueued', 1)
 if mode == 'queue' then

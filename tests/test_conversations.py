@@ -213,7 +213,7 @@ def test_a_turn_stored_by_a_worker_that_died_before_moving_on_is_moved_on_withou
     stored = {}
     for record in records:
         first = f"{record['id']}#0"
-        prompt = list(unpack_ids(ledger.payload(first)))
+        prompt = list(unpack_ids(ledger.intake(first)[0]))
         output = tokenizer.encode(" a dead worker's reasoning ", add_special_tokens=False) + [think_end] + \
             tokenizer.encode(f" Answer of {record['id']}. ", add_special_tokens=False) + [eos]
         stored[record["id"]] = (prompt, output)

@@ -139,7 +139,7 @@ def test_a_stored_turn_queues_the_next_once_however_many_times_it_is_reported(cl
     again = conversations.advance("c", 0, {"role": "assistant", "content": "other"}, 3, [9])
     # Then turn 1 is queued once, with the first report's ids and answer
     assert (first, again) == (QUEUED_NEXT, "stale")
-    assert ledger.payload("c#1") == pack_ids([4, 5, 6])
+    assert ledger.intake("c#1")[0] == pack_ids([4, 5, 6])
     assert conversations.answers("c", 1) == [ANSWERS[0]]
     assert ledger.tally().enqueued == 2 and ledger.tally().queued == 1
 

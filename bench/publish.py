@@ -14,7 +14,7 @@ from pathlib import Path
 @lru_cache(maxsize=1)
 def chat_tokenizer():
     """The bundled DeepSeek-R1-style tokenizer, as the producer loads it."""
-    from producer.chat import ChatTokenizer
+    from contract.chat import ChatTokenizer
 
     return ChatTokenizer("bundled")
 

@@ -16,4 +16,6 @@ function that uses it. Parts, one idea each:
 - `schema`: the shard columns and the `Sample` record a worker fills.
 - `connections`: Redis clients, and URLs safe to print.
 - `heartbeats`: what a worker tells Redis about its servers.
+- `chat` / `bundled`: the chat template, token ids and the think-start check; the bundled tokenizer.
+- `conversations` / `conversation_ledger`: which history each turn renders; where each conversation stands.
 """

@@ -143,7 +143,7 @@ def enqueue(
     settings, client = _connect(redis_url)
     from contract.names import VERIFY_RULES
 
-    from .chat import ChatTokenizer
+    from contract.chat import ChatTokenizer
     from .enqueue import RunMismatch, enqueue_file, new_spec, prepare_run
 
     if turns not in ("last", "all"):

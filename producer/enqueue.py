@@ -50,7 +50,7 @@ from contract.names import PromptState, Thinking
 from contract.publish import publish_prompts
 from contract.spec import RunSpec, load_spec, save_spec
 
-from .chat import ChatTokenizer
+from contract.chat import ChatTokenizer
 from .prompts import MAX_LINE_BYTES, BadLine, Prompt, read_prompts
 
 BATCH = 256  # prompts tokenized and published together

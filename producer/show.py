@@ -73,8 +73,8 @@ class Decoder:
 
 
 def load_decoder(spec: RunSpec, trust_remote_code: bool = False) -> Decoder:
-    """The run's tokenizer (`producer.chat.ChatTokenizer`, 'bundled' included), or ids only if it will not load."""
-    from .chat import ChatTokenizer
+    """The run's tokenizer (`contract.chat.ChatTokenizer`, 'bundled' included), or ids only if it will not load."""
+    from contract.chat import ChatTokenizer
 
     try:
         chat = ChatTokenizer(spec.tokenizer, trust_remote_code)

@@ -151,7 +151,7 @@ def tokenizer():
     """The real tokenizer, loaded by transformers directly (not through the producer)."""
     from transformers import AutoTokenizer
 
-    from producer.bundled import bundled_tokenizer_dir
+    from contract.bundled import bundled_tokenizer_dir
 
     return AutoTokenizer.from_pretrained(str(bundled_tokenizer_dir()))
 

@@ -15,8 +15,8 @@ import redis
 from contract.codec import pack_ids
 from contract.ledger import Ledger
 from contract.schema import samples_to_table
-from producer.bundled import bundled_tokenizer_dir
-from producer.chat import ChatTokenizer
+from contract.bundled import bundled_tokenizer_dir
+from contract.chat import ChatTokenizer
 from producer.export import export_run
 from specs.test_formats import RUN, sample, spec
 

@@ -85,7 +85,7 @@ TEXT_PARTS = {"id": "parts", "messages": [{"role": "user", "content": [
 
 def refusing_tokenizer(folder: Path) -> Path:
     """The bundled tokenizer, with a template that refuses any conversation holding REFUSED."""
-    from producer.bundled import bundled_tokenizer_dir
+    from contract.bundled import bundled_tokenizer_dir
 
     shutil.copytree(bundled_tokenizer_dir(), folder)
     template = folder / "chat_template.jinja"

@@ -62,7 +62,7 @@ def answer_message(row: Row, spec: RunSpec, decode: Callable[[list[int]], str]) 
 
 
 def _tokenizer(spec: RunSpec, trust_remote_code: bool):
-    from producer.chat import ChatTokenizer
+    from contract.chat import ChatTokenizer
 
     try:
         chat = ChatTokenizer(spec.tokenizer, trust_remote_code)

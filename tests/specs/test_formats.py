@@ -15,7 +15,7 @@ from contract.deadletters import DeadLetter, DeadLetters
 from contract.ledger import Ledger
 from contract.schema import Sample, samples_to_table
 from contract.spec import RunSpec
-from producer.chat import ChatTokenizer
+from contract.chat import ChatTokenizer
 from producer.export import export_run
 from producer.formats import FormatRefused
 from producer.formats.figures import Figures, ids_digest

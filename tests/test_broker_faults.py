@@ -164,10 +164,11 @@ def test_a_prompt_whose_deliveries_keep_dying_with_their_worker_ends_as_a_poison
     # When each worker that starts it is SIGKILLed at once (the first with good prompts in flight beside
     # it), and replaced
     fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", records)))
-    for name in ("w1", "w2"):
+    for started, name in enumerate(("w1", "w2"), start=1):
         worker = fleet.worker(name, [url], **env)
-        _wait_until(lambda: any(h.startswith(f"{name}@") for h in holders(hanging)[-1:]), 120,
-                    f"{name} runs it", fleet)
+        # its delivery is noted before its request reaches the server: wait for both
+        _wait_until(lambda: any(h.startswith(f"{name}@") for h in holders(hanging)[-1:])
+                    and _generations(url).get(hanging, 0) >= started, 120, f"{name} runs it", fleet)
         worker.signal(signal.SIGKILL)
         worker.popen.wait(10)
         if name == "w1":

@@ -312,18 +312,19 @@ class ShardWriter:
     def _hold(self, run: str, pending: _Pending, error: OSError) -> None:
         """Storage refused the group: keep it (with its tasks waiting) for a retry after
         a backoff; when closing, tell the tasks instead, so they give their prompts back."""
-        self.storage.failed(error)
         self._failed_runs.add(run)
         metrics.STORAGE_FAILURES.inc()
         if self._closed:
+            self.storage.failed(error)
             for future in pending.futures:
                 future.set_exception(StorageUnavailable(f"storage failing at shutdown: {error}"))
             return
-        with self._lock:
-            self._retry_at = time.monotonic() + self.storage.retry_delay(self.retry_base, self.retry_max)
+        with self._lock:  # the group is pending again before anyone can see storage as failing
             held = self._pending.setdefault(run, _Pending())
             held.rows[:0], held.futures[:0] = pending.rows, pending.futures
             held.oldest = min(pending.oldest, held.oldest) if held.oldest else pending.oldest
+            self.storage.failed(error)
+            self._retry_at = time.monotonic() + self.storage.retry_delay(self.retry_base, self.retry_max)
 
     def _probe(self) -> None:
         """Nothing pending while storage fails: try a small file where it last failed."""

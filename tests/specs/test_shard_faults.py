@@ -104,7 +104,7 @@ def test_failing_storage_holds_the_samples_and_writes_them_once_it_is_back(tmp_p
 
 def test_a_withdrawn_sample_is_never_written_and_a_probe_finds_storage_back(tmp_path):
     # Given failing storage and two waiting samples, one of which is withdrawn
-    writer = ShardWriter(str(tmp_path), "w", max_rows=1000, max_wait=0.05, retry_base=0.05, retry_max=0.2)
+    writer = ShardWriter(str(tmp_path), "w", max_rows=1000, max_wait=0.05, retry_base=1, retry_max=1)  # a second to withdraw in
     aside = break_storage(tmp_path)
     kept, withdrawn = writer.submit("r", sample(1)), writer.submit("r", sample(2))
     wait_until(lambda: not writer.storage.up)

@@ -64,6 +64,14 @@ def test_each_format_export_holds_the_shards_ids_and_a_mask_of_exactly_the_gener
     assert refused.returncode == 2 and not (tmp_path / "other").exists()
 
 
+def _check_trainers(exports: Path) -> subprocess.CompletedProcess:
+    """scripts/check_trainers.py in the trainers' venv, on the exports under `exports/<format>`."""
+    return subprocess.run([str(TRAINERS_PYTHON), str(ROOT / "scripts" / "check_trainers.py"),
+                           "--parquet", str(exports / "parquet"), "--specforge", str(exports / "specforge"),
+                           "--speculators", str(exports / "speculators"), "--model", str(bundled_tokenizer_dir())],
+                          capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+
+
 @pytest.mark.skipif(not TRAINERS_PYTHON.exists(),
                     reason=f"no Python with SpecForge 0.2.0 and speculators 0.9.0 at {TRAINERS_PYTHON} "
                            f"(build it with scripts/trainers-venv.sh, or set TRAINERS_PYTHON)")
@@ -71,10 +79,7 @@ def test_the_trainers_own_loaders_yield_the_exported_ids_and_masks_token_for_tok
     _finished_run(fleet, tmp_path)
     for name in ("parquet", *FORMATS):
         fleet.producer("export", str(tmp_path / name), "--format", name)
-    result = subprocess.run([str(TRAINERS_PYTHON), str(ROOT / "scripts" / "check_trainers.py"),
-                             "--parquet", str(tmp_path / "parquet"), "--specforge", str(tmp_path / "specforge"),
-                             "--speculators", str(tmp_path / "speculators"), "--model", str(bundled_tokenizer_dir())],
-                            capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    result = _check_trainers(tmp_path)
     assert result.returncode == 0, result.stdout + result.stderr
     assert "24 rows yielded, 24 equal token for token" in result.stdout
     assert "ArrowDataset: 24 rows, 24 equal token for token" in result.stdout
@@ -111,10 +116,7 @@ def test_the_trainers_read_conversation_turns_as_rows_and_drop_a_row_with_nothin
     # When the run is exported in each format and fed to the trainers' loaders
     for name in ("parquet", *FORMATS):
         export_run(spec(chat), client, str(tmp_path / "shards"), tmp_path / name, format=name)
-    result = subprocess.run([str(TRAINERS_PYTHON), str(ROOT / "scripts" / "check_trainers.py"),
-                             "--parquet", str(tmp_path / "parquet"), "--specforge", str(tmp_path / "specforge"),
-                             "--speculators", str(tmp_path / "speculators"), "--model", str(bundled_tokenizer_dir())],
-                            capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    result = _check_trainers(tmp_path)
     # Then each turn is a row they read token for token, and the empty row is the one they drop
     assert result.returncode == 0, result.stdout + result.stderr
     assert "5 rows yielded, 5 equal token for token" in result.stdout

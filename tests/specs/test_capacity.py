@@ -118,12 +118,18 @@ def test_a_restarted_server_starts_again_from_its_capacity():
     assert (tuner.capacity, tuner.target) == (256, 256 + headroom(256))
 
 
-def test_servers_of_different_sizes_behind_one_worker_each_get_their_fill():
+def _small_and_large() -> ServerPool:
+    """Two healthy servers behind one worker: batch 64 and batch 256."""
     pool = ServerPool(["small", "large"], max_inflight=1024)
     for binding in pool.bindings:
         binding.state, binding.preflighted = ServerState.HEALTHY, True
     pool.reset_capacity(pool.bindings[0], 64)
     pool.reset_capacity(pool.bindings[1], 256)
+    return pool
+
+
+def test_servers_of_different_sizes_behind_one_worker_each_get_their_fill():
+    pool = _small_and_large()
     with ExitStack() as held:
         for _ in range(72 + 288):
             held.enter_context(pool.acquire(None, 0.1))
@@ -133,11 +139,7 @@ def test_servers_of_different_sizes_behind_one_worker_each_get_their_fill():
 
 
 def test_routing_fills_servers_in_proportion_to_their_targets():
-    pool = ServerPool(["small", "large"], max_inflight=1024)
-    for binding in pool.bindings:
-        binding.state, binding.preflighted = ServerState.HEALTHY, True
-    pool.reset_capacity(pool.bindings[0], 64)
-    pool.reset_capacity(pool.bindings[1], 256)
+    pool = _small_and_large()
     with ExitStack() as held:
         for _ in range(90):
             held.enter_context(pool.acquire(None, 0.1))

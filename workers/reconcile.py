@@ -39,7 +39,7 @@ import redis
 
 from contract.ledger import Ledger
 from contract.names import PromptState
-from contract.schema import Sample
+from contract.schema import Sample, is_shard
 
 from . import deliveries, metrics
 
@@ -91,7 +91,7 @@ def reconciled(ledger: Ledger, output_dir: str, prompt_id: str, shard: str) -> s
     so; None when it is not (the entry is dropped and the prompt is to be generated). Raises
     `OSError` when storage cannot tell (the caller gives the prompt back, entry kept)."""
     path = Path(output_dir) / ledger.run / shard
-    if Path(shard).name != shard or shard.startswith("."):
+    if Path(shard).name != shard or not is_shard(Path(shard)):
         output_len = None  # not a final shard name: nothing to look for
     else:
         output_len = _output_len(path, prompt_id)

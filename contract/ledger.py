@@ -73,7 +73,7 @@ import hashlib
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import redis
 
@@ -240,10 +240,25 @@ return found
 
 # ARGV: id. Its packed ids (nil once done or dead) and its writing entry, which goes if the
 # prompt has no ids (a done prompt's duplicate, whose worker died before the write).
+# ARGV: id, then (optional) the worker taking it and the most deliveries noted here. KEYS[B + 1]:
+# the run's deliveries hash (workers/deliveries.py). A prompt with ids and no writing entry has
+# its delivery noted (a line naming the worker) unless as many are noted already: the caller's
+# last-chance and poison rules decide those. Returns ids, writing entry, the deliveries noted
+# before this one, and 1 if this one was noted.
 _INTAKE = _READ_PRELUDE + """
 local raw, shard = redis.call('HGET', ids, ARGV[1]), redis.call('HGET', writing, ARGV[1])
 if shard and not raw then redis.call('HDEL', writing, ARGV[1]) shard = false end
-return {raw, shard}
+local held, noted = false, 0
+if raw and not shard and ARGV[2] then
+  held = redis.call('HGET', KEYS[B + 1], ARGV[1])
+  local count = 0
+  if held then for _ in string.gmatch(held, '[^\\n]+') do count = count + 1 end end
+  if count < tonumber(ARGV[3]) then
+    redis.call('HSET', KEYS[B + 1], ARGV[1], held and (held .. '\\n' .. ARGV[2]) or ARGV[2])
+    noted = 1
+  end
+end
+return {raw, shard, held, noted}
 """
 
 # ARGV: shard file name, then ids. Each writing entry that still names that shard goes.
@@ -278,6 +293,14 @@ for i = 1, (#ARGV - 1) / 2 do
 end
 return out
 """
+
+
+class Intake(NamedTuple):
+    """A delivery's view of its prompt (`Ledger.intake`)."""
+    ids: bytes | None           # packed token ids; None once done or dead, or forgotten
+    writing: str | None         # the shard its sample was being written to, while it has ids
+    held_by: list[str]          # the workers it was delivered to before (read when noting)
+    noted: bool                 # this delivery is noted, naming the worker
 
 
 def locate(prompt_id: str) -> tuple[int, bytes]:
@@ -519,11 +542,15 @@ class Ledger:
         entry that still names it (another write may have named another since)."""
         return int(self._script(_UNWRITTEN, [], [shard, *prompt_ids])) if prompt_ids else 0
 
-    def intake(self, prompt_id: str) -> tuple[bytes | None, str | None]:
+    def intake(self, prompt_id: str, worker: str | None = None, most: int = 0) -> "Intake":
         """What a delivery needs, in one call: the prompt's packed ids (None once done or
-        dead, or forgotten) and, while it has ids, the shard its sample was being written to."""
-        raw, shard = self._script(_INTAKE, [], [prompt_id])
-        return raw, shard.decode() if shard is not None else None
+        dead, or forgotten) and, while it has ids, the shard its sample was being written to.
+        With `worker`, a prompt to be generated (ids, no writing entry) also has its delivery
+        noted in the same call (`workers/deliveries.py`), unless `most` are noted already."""
+        args = [prompt_id] if worker is None else [prompt_id, worker, most]
+        raw, shard, held, noted = self._script(_INTAKE, [self.keys.deliveries], args)
+        names = [n for n in held.decode().split("\n") if n] if held else []
+        return Intake(raw, shard.decode() if shard is not None else None, names, bool(noted))
 
     # -- plumbing ---------------------------------------------------------------------------
 

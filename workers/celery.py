@@ -12,10 +12,12 @@ import logging
 
 from celery import signals
 
+from contract import kombu_redis
 from contract.broker import celery_app
 
 from . import flower_guard  # noqa: F401  (Flower refuses to listen beyond localhost without auth)
 from .audit import LostMessageAudit
+from .events import BatchedEvents
 from .gate import HealthGate
 from .lease import LeaseKeeper
 from .runtime import close_runtime
@@ -23,7 +25,11 @@ from .settings import Settings
 from .shutdown import ShutdownGrace
 
 settings = Settings()
+kombu_redis.reuse_clients()  # a client object per channel, not one per message and ack
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
+if not settings.task_log:  # FLEET_TASK_LOG: Celery checks these levels once, when it builds its tracer
+    for name in ("celery.app.trace", "celery.worker.strategy"):
+        logging.getLogger(name).setLevel(logging.WARNING)
 
 app = celery_app(
     settings.redis_url, name="workers", queue=settings.queue_prefix,
@@ -52,7 +58,7 @@ app = celery_app(
 )
 app.set_current()
 app.fleet_settings = settings
-for step in (HealthGate, LeaseKeeper, ShutdownGrace, LostMessageAudit):
+for step in (HealthGate, LeaseKeeper, ShutdownGrace, LostMessageAudit, BatchedEvents):
     app.steps["consumer"].add(step)
 
 

@@ -89,6 +89,10 @@ DETACHED = Detached()
 
 
 class FleetConsumer(Consumer):
+    def on_send_event_buffered(self) -> None:
+        """Celery asks its event loop to flush after every buffered task event; the loop's
+        timer flushes them in batches instead (`events.BatchedEvents`)."""
+
     def on_connection_error_after_connected(self, exc):
         consumer = self.task_consumer
         if consumer is not None and consumer.channel is not None:

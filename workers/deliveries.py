@@ -32,6 +32,10 @@ of its predecessor's death.
 One hash per run (`RunKeys.deliveries`): prompt id -> the workers it was
 delivered to, one name a line; the count is the number of lines. Each update
 is one Lua script, so concurrent deliveries of one prompt never lose a line.
+A delivery is usually noted by the script that reads the prompt's ids
+(`Ledger.intake`, one round trip where reading, counting and noting took
+three); `note` here serves the last allowed delivery, noted only once it runs
+alone, and a delivery that first had to look for its sample in a shard.
 """
 from __future__ import annotations
 
@@ -118,6 +122,10 @@ class Started:
 
     def start(self, client: redis.Redis, run: str, prompt_id: str, worker: str) -> None:
         note(client, run, prompt_id, worker)
+        self.counted(run, prompt_id)
+
+    def counted(self, run: str, prompt_id: str) -> None:
+        """A delivery noted in Redis for this process (by `start`, or by `Ledger.intake`)."""
         with self._lock:
             self._mine[(run, prompt_id)] += 1
 

@@ -70,7 +70,7 @@ def _build(s: Settings, worker: str) -> Runtime:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     pool = ServerPool(s.server_urls, s.max_inflight_per_server)
     client = redis_for(s.redis_url)
-    shards = ShardWriter(s.output_dir, worker, s.shard_max_rows, s.shard_max_wait, book=ShardBook(client))
+    shards = ShardWriter(s.output_dir, worker, s.group_rows, s.shard_max_wait, book=ShardBook(client))
     monitor = HealthMonitor(pool, s, headers, after_round=lambda: heartbeats.publish(
         client, worker, pool.snapshot(), ttl=3 * s.health_interval + s.health_timeout,
         storage=shards.storage.snapshot()))

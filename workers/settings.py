@@ -82,6 +82,10 @@ class Settings(SharedSettings):
     # Celery task events (task-received/started/succeeded per task, for Flower and `celery events`).
     # Off saves the worker about a tenth of its CPU per sample (bench/README.md, part 7).
     task_events: bool = True
+    # Celery's own two INFO lines per task ("Task ... received", "Task ... succeeded in ..."):
+    # noise at hundreds of prompts a second, and their logging lock cost a busy worker ~7% of
+    # its CPU. Off, the worker still logs every dead letter, give-back and failure itself.
+    task_log: bool = False
 
     # Prometheus metrics; the next free port is taken when several workers share a node.
     metrics_port: int = 9808
@@ -95,6 +99,14 @@ class Settings(SharedSettings):
     @property
     def server_urls(self) -> list[str]:
         return [u.strip().rstrip("/") for u in self.sglang_urls.split(",") if u.strip()]
+
+    @property
+    def group_rows(self) -> int:
+        """Samples that make a group commit due: FLEET_SHARD_MAX_ROWS, or half the worker's
+        threads if fewer. A thread waiting for its shard cannot start a prompt, so a worker
+        with few threads and fast answers (16 in flight, ~0.1 s answers) would otherwise spend
+        most of FLEET_SHARD_MAX_WAIT with its threads idle: 15 samples a second, not 200."""
+        return max(1, min(self.shard_max_rows, self.pool_size // 2))
 
     @property
     def pool_size(self) -> int:

@@ -7,7 +7,8 @@ back to the queue, and an unexpected error (a broker blip while marking it
 done, a bug) requeues it, until the same prompt has failed this way
 `max_crashes` times and becomes a `worker_error` dead letter.
 
-Before generating, the task records the delivery (`deliveries.note`): a prompt
+Before generating, the task records the delivery (`deliveries`; in the common
+case in the same call that reads the prompt's ids, `Ledger.intake`): a prompt
 whose deliveries keep killing their workers ends as a `poison` dead letter
 instead of killing the next one (its last allowed delivery runs alone among
 such prompts in its worker, so bystanders of its deaths are not blamed). A message whose prompt the ledger has never
@@ -71,7 +72,10 @@ def _generate(self, run: str, prompt_id: str, max_new_tokens: int | None) -> str
     ledger = Ledger(rt.redis, run)
     raw = None
     try:
-        raw, writing = ledger.intake(prompt_id)
+        intake = ledger.intake(prompt_id, rt.worker, rt.settings.max_deliveries)
+        if intake.noted:  # the common case: ids read and this delivery noted, one round trip
+            STARTED.counted(run, prompt_id)
+        raw, writing = intake.ids, intake.writing
         if raw is None:
             return _without_ids(self.app, rt, ledger, run, prompt_id, max_new_tokens)
         if writing is not None and (found := _reconciled(rt, ledger, prompt_id, writing)):
@@ -79,11 +83,12 @@ def _generate(self, run: str, prompt_id: str, max_new_tokens: int | None) -> str
             if spec.turns == "all":  # stored by a worker that died before moving its conversation on
                 _next_turn(self.app, rt, spec, prompt_id)
             return found
-        before = deliveries.holders(rt.redis, run, prompt_id)
+        before = intake.held_by if writing is None else deliveries.holders(rt.redis, run, prompt_id)
         if len(before) > rt.settings.max_deliveries:
             return _bury_poison(rt, run, prompt_id, raw, max_new_tokens, before)
         with _alone_if(len(before) == rt.settings.max_deliveries, rt):
-            STARTED.start(rt.redis, run, prompt_id, rt.worker)
+            if not intake.noted:  # its last chance (noted once alone here), or a write to reconcile
+                STARTED.start(rt.redis, run, prompt_id, rt.worker)
             spec = cached_spec(rt.settings.redis_url, run)
             with _COMMITTING.counted(rt) as task_rt:
                 outcome = process_prompt(task_rt, spec, prompt_id, unpack_ids(raw), max_new_tokens)

@@ -89,3 +89,30 @@ def test_no_lease_is_renewed_past_the_hold_limit():
 def test_the_hold_limit_outlasts_every_request_a_task_may_make():
     s = Settings()
     assert hold_limit(s) > (s.max_attempts + 1) * s.request_timeout + s.lease_seconds
+
+
+def test_a_channel_builds_one_client_for_its_short_calls_and_a_new_one_for_a_new_pool():
+    # Given kombu's Redis channel with the fleet's client reuse (no connection is opened)
+    kombu_redis.reuse_clients()
+    kombu_redis.reuse_clients()  # idempotent
+    channel = object.__new__(kombu_redis_transport.Channel)
+    pools = iter([SimpleNamespace(connection_kwargs={}), SimpleNamespace(connection_kwargs={})])
+    channel.__dict__["_pool"] = None
+    channel.__dict__["_async_pool"] = None
+    built = []
+
+    def fake_pool(asynchronous=False):
+        built.append(asynchronous)
+        return next(pools)
+
+    channel._get_pool = fake_pool
+    channel.Client = lambda connection_pool, **_: SimpleNamespace(connection_pool=connection_pool)
+
+    # When it serves three appends/acks, then its pool is replaced and it serves one more
+    first = [channel._create_client() for _ in range(3)]
+    channel.__dict__["_pool"] = None
+    after = channel._create_client()
+
+    # Then the three got one client, and the new pool a new client of its own
+    assert first[0] is first[1] is first[2] and first[0].connection_pool is not after.connection_pool
+    assert after is channel._create_client()

@@ -18,6 +18,7 @@ from contract.codec import pack_ids
 from contract.deadletters import DeadLetter, DeadLetters
 from contract.keys import RunKeys
 from contract.ledger import AGAIN, NEW, Entry, Ledger, shard_code
+from workers import deliveries
 
 
 def letter(pid: str, reason: str = "missing_think_end") -> DeadLetter:
@@ -268,19 +269,46 @@ def test_a_writing_entry_lasts_from_before_the_write_until_its_prompt_is_done_or
     ledger, store = Ledger(client, "r"), DeadLetters(client, "r")
     enqueue(ledger, "a", "b", "c")
     ledger.writing(["a", "b", "c"], "part-A.parquet")
-    assert ledger.intake("a") == (pack_ids([1, 2, 3]), "part-A.parquet")
+    assert ledger.intake("a")[:2] == (pack_ids([1, 2, 3]), "part-A.parquet")
 
     # When the write fails and its retry names shard B for "b" only, a drop naming A spares it
     ledger.writing(["b"], "part-B.parquet")
     assert ledger.unwritten(["a", "b"], "part-A.parquet") == 1
-    assert ledger.intake("a") == (pack_ids([1, 2, 3]), None) and ledger.intake("b")[1] == "part-B.parquet"
+    assert ledger.intake("a")[:2] == (pack_ids([1, 2, 3]), None) and ledger.intake("b")[1] == "part-B.parquet"
 
     # When "b" is stored and "c" dead-lettered, their entries go with their pending state
     ledger.mark_stored([("b", 2)], "part-B.parquet")
     store.put(letter("c"))
-    assert ledger.intake("b") == (None, None) and ledger.intake("c") == (None, None)
+    assert ledger.intake("b")[:2] == (None, None) and ledger.intake("c")[:2] == (None, None)
     assert not client.exists(RunKeys("r").writing)
     # and a delivery of a prompt that is done drops an entry its group left (its worker died)
     ledger.writing(["b"], "part-C.parquet")
-    assert ledger.intake("b") == (None, None) and not client.exists(RunKeys("r").writing)
+    assert ledger.intake("b")[:2] == (None, None) and not client.exists(RunKeys("r").writing)
     check_invariants(ledger, store, ["a", "b", "c"])
+
+
+def test_an_intake_notes_the_delivery_of_a_prompt_to_generate_until_as_many_as_allowed_are_noted(client):
+    # Given a queued prompt, a dead one, and one whose sample was being written to a shard
+    ledger, store = Ledger(client, "r"), DeadLetters(client, "r")
+    enqueue(ledger, "a", "d", "w")
+    store.put(letter("d"))
+    ledger.writing(["w"], "part-A.parquet")
+    held = lambda pid: deliveries.holders(client, "r", pid)
+
+    # When workers take "a" three times, at most two deliveries noted by the intake
+    first, second, third = (ledger.intake("a", name, 2) for name in ("w1", "w2", "w3"))
+
+    # Then the first two are noted in the same call, each seeing the ones before it,
+    # and the third (its last chance, which the task notes only once it runs alone) is not
+    assert (first.ids, first.held_by, first.noted) == (pack_ids([1, 2, 3]), [], True)
+    assert (second.held_by, second.noted) == (["w1"], True)
+    assert (third.held_by, third.noted) == (["w1", "w2"], False) and held("a") == ["w1", "w2"]
+    # and a worker taken back removes its own line, as with a delivery noted by `note`
+    deliveries.undo(client, "r", "a", "w2")
+    assert held("a") == ["w1"]
+    # and nothing is noted for a prompt not to be generated: dead, or its sample maybe in a shard
+    assert not ledger.intake("d", "w1", 2).noted and held("d") == []
+    assert not ledger.intake("w", "w1", 2).noted and held("w") == []
+    # and an intake without a worker only reads
+    assert ledger.intake("a") == (pack_ids([1, 2, 3]), None, [], False) and held("a") == ["w1"]
+    check_invariants(ledger, store, ["a", "d", "w"])

@@ -58,6 +58,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     s.add_argument("--step-per-request", type=float, default=0.00002)
     s.add_argument("--fleet-env", action="append", default=[], metavar="KEY=VALUE",
                    help="extra worker environment for the fleet side, e.g. FLEET_CONCURRENCY=256")
+    s.add_argument("--fleet-workers", type=int, default=1,
+                   help="worker processes on the fleet side, each bound to every server (default 1)")
     s.add_argument("--ratio-goal", type=float, default=0.97)
     g = p.add_argument_group("producer speed")
     g.add_argument("--producer-prompts", type=int, default=5000)
@@ -134,7 +136,7 @@ def saturation_figures(results: list[dict], goal: float) -> list[Figure]:
             Figure(part, "tail: last token -> last shard durable", f["tail_s"], "{:.2f}", "s",
                    note="includes up to FLEET_SHARD_MAX_WAIT of group commit"),
             Figure(part, "worker CPU in window", f["worker_cpu_s_window"], "{:.1f}", "s",
-                   note=(f"over {f['window_s']:.1f} s; stand-ins {f['standin_cpu_s_window']:.1f} s, "
+                   note=(f"{f.get('workers', 1)} worker process(es), over {f['window_s']:.1f} s; stand-ins {f['standin_cpu_s_window']:.1f} s, "
                          f"redis {f['redis_cpu_s_window']:.1f} s, ideal client {i['client_cpu_s']:.1f} s; "
                          f"2 cores shared")),
             Figure(part, "requests running, fleet (sampled mean)", f["mean_running_sampled"], "{:.0f}",
@@ -213,7 +215,8 @@ def main(argv: list[str] | None = None) -> int:
                 opts = SatOptions(prompts=args.prompts, prompts_per_slot=args.prompts_per_slot,
                                   max_new_tokens=args.max_new_tokens, step_base=args.step_base,
                                   step_per_request=args.step_per_request, topologies=topologies,
-                                  profiles={**PROFILES, "long": long}, fleet_env=_env_pairs(args.fleet_env))
+                                  profiles={**PROFILES, "long": long}, fleet_env=_env_pairs(args.fleet_env),
+                                  workers=args.fleet_workers)
                 details["saturation"] = run_saturation(lab, opts, log)
                 figures += saturation_figures(details["saturation"], args.ratio_goal)
             if "producer" in args.parts:

@@ -87,6 +87,7 @@ class SatOptions:
                                                                 DEFAULT_TOPOLOGIES.split(",")])
     profiles: dict[str, Profile] = field(default_factory=lambda: dict(PROFILES))
     fleet_env: dict[str, str] = field(default_factory=dict)
+    workers: int = 1             # worker processes on the fleet side, each bound to every server
     timeout: float = 900.0
 
     def standin_options(self, batch: int, profile: str) -> list[str]:
@@ -198,23 +199,23 @@ def measure_fleet(lab: Lab, topo: Topology, prompt_file: Path, total: int, opts:
     run = "sat-" + "".join(c if c.isalnum() or c in "._-" else "-" for c in topo.name)
     output_dir = lab.output_dir("saturation")
     standins = start_standins(lab, topo, opts)
-    worker = None
+    workers = []
     try:
         t0 = time.monotonic()
         summary = enqueue(prompt_file, run, opts.max_new_tokens)
         enqueue_s = time.monotonic() - t0
         env = {"SGLANG_URLS": ",".join(s.url for s in standins), "OUTPUT_DIR": str(output_dir),
                **opts.fleet_env}
-        worker = lab.worker(run, env)
-        trace = CpuTrace({"worker": worker.popen.pid, "redis": lab.redis_pid,
+        workers = [lab.worker(f"{run}-{i}" if i else run, env) for i in range(opts.workers)]
+        trace = CpuTrace({**{f"worker{i}": w.popen.pid for i, w in enumerate(workers)}, "redis": lab.redis_pid,
                           **{f"standin{i}": s.process.popen.pid for i, s in enumerate(standins)}})
         with RunningSampler(standins) as running:
-            states = lab.wait_finished(run, total, opts.timeout, [worker, *(s.process for s in standins)],
+            states = lab.wait_finished(run, total, opts.timeout, [*workers, *(s.process for s in standins)],
                                        trace.sample)
         trace.sample()
         stats = [s.stats() for s in standins]
     finally:
-        lab.stop(([worker] if worker else []) + [s.process for s in standins])
+        lab.stop(workers + [s.process for s in standins])
     throughput = server_throughput(stats)
     durable = newest_shard_mtime(output_dir / run)
     start, end = throughput["first_start"], durable or throughput["last_end"]
@@ -224,8 +225,9 @@ def measure_fleet(lab: Lab, topo: Topology, prompt_file: Path, total: int, opts:
         "published": summary.published,
         "enqueue_s": enqueue_s,
         "tail_s": (durable - throughput["last_end"]) if durable else None,
-        "worker_cpu_s_window": trace.window("worker", start, end),
-        "worker_cpu_s_total": trace.total("worker"),
+        "workers": opts.workers,
+        "worker_cpu_s_window": sum(trace.window(f"worker{i}", start, end) for i in range(opts.workers)),
+        "worker_cpu_s_total": sum(trace.total(f"worker{i}") for i in range(opts.workers)),
         "redis_cpu_s_window": trace.window("redis", start, end),
         "standin_cpu_s_window": sum(trace.window(f"standin{i}", start, end) for i in range(len(standins))),
         "window_s": end - start,

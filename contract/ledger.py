@@ -361,7 +361,6 @@ class Tally:
 class Ledger:
     def __init__(self, client: redis.Redis, run: str):
         self.client, self.run, self.keys = client, run, RunKeys(run)
-        self._names: list[str] | None = None
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -555,19 +554,14 @@ class Ledger:
     # -- plumbing ---------------------------------------------------------------------------
 
     def _locate(self, prompt_ids: list[str]) -> tuple[list[str], list[bytes]]:
+        """Each prompt's bucket key and field. (Building all 32,768 bucket names up front cost a
+        group commit, which makes a ledger per group, ~10 ms: 2.6% of a busy worker.)"""
         buckets, fields = [], []
-        names = self._bucket_names() if len(prompt_ids) > 64 else None
         for prompt_id in prompt_ids:
             bucket, f = locate(prompt_id)
-            buckets.append(names[bucket] if names else self.keys.state_bucket(bucket))
+            buckets.append(self.keys.state_bucket(bucket))
             fields.append(f)
         return buckets, fields
-
-    def _bucket_names(self) -> list[str]:
-        """Every bucket's key, built once per ledger that reads many prompts at a time."""
-        if self._names is None:
-            self._names = [self.keys.state_bucket(n) for n in range(STATE_BUCKETS)]
-        return self._names
 
     def _script(self, source: str, buckets: list[str], args: list,
                 pipe: redis.client.Pipeline | None = None):

@@ -238,13 +238,12 @@ count('reason:' .. ARGV[3], 1)
 return found
 """
 
-# ARGV: id. Its packed ids (nil once done or dead) and its writing entry, which goes if the
-# prompt has no ids (a done prompt's duplicate, whose worker died before the write).
 # ARGV: id, then (optional) the worker taking it and the most deliveries noted here. KEYS[B + 1]:
-# the run's deliveries hash (workers/deliveries.py). A prompt with ids and no writing entry has
-# its delivery noted (a line naming the worker) unless as many are noted already: the caller's
-# last-chance and poison rules decide those. Returns ids, writing entry, the deliveries noted
-# before this one, and 1 if this one was noted.
+# the run's deliveries hash (workers/deliveries.py). Returns its packed ids (nil once done or
+# dead), its writing entry (which goes if the prompt has no ids: a done prompt's duplicate, whose
+# worker died before the write), the deliveries noted before this one, and 1 if this one was
+# noted: a prompt with ids and no writing entry has its delivery noted (a line naming the
+# worker) unless as many are noted already (the caller's last-chance and poison rules decide those).
 _INTAKE = _READ_PRELUDE + """
 local raw, shard = redis.call('HGET', ids, ARGV[1]), redis.call('HGET', writing, ARGV[1])
 if shard and not raw then redis.call('HDEL', writing, ARGV[1]) shard = false end
@@ -301,6 +300,14 @@ class Intake(NamedTuple):
     writing: str | None         # the shard its sample was being written to, while it has ids
     held_by: list[str]          # the workers it was delivered to before (read when noting)
     noted: bool                 # this delivery is noted, naming the worker
+
+
+def delivery_names(raw: bytes | str | None) -> list[str]:
+    """The workers a prompt was delivered to, from its deliveries entry (one name a line)."""
+    if not raw:
+        return []
+    text = raw.decode() if isinstance(raw, bytes) else raw
+    return [name for name in text.split("\n") if name]
 
 
 def locate(prompt_id: str) -> tuple[int, bytes]:
@@ -548,8 +555,7 @@ class Ledger:
         noted in the same call (`workers/deliveries.py`), unless `most` are noted already."""
         args = [prompt_id] if worker is None else [prompt_id, worker, most]
         raw, shard, held, noted = self._script(_INTAKE, [self.keys.deliveries], args)
-        names = [n for n in held.decode().split("\n") if n] if held else []
-        return Intake(raw, shard.decode() if shard is not None else None, names, bool(noted))
+        return Intake(raw, shard.decode() if shard is not None else None, delivery_names(held), bool(noted))
 
     # -- plumbing ---------------------------------------------------------------------------
 

@@ -46,6 +46,7 @@ from collections import Counter
 import redis
 
 from contract.keys import RunKeys
+from contract.ledger import delivery_names
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ def note(client: redis.Redis, run: str, prompt_id: str, worker: str) -> list[str
     """Record a delivery of the prompt to `worker`; returns every worker it was delivered to,
     oldest first, this one last."""
     held = _script(client, _NOTE)(keys=[RunKeys(run).deliveries], args=[prompt_id, worker], client=client)
-    return _names(held)
+    return delivery_names(held)
 
 
 def undo(client: redis.Redis, run: str, prompt_id: str, worker: str) -> None:
@@ -102,14 +103,7 @@ def clear(client: redis.Redis, run: str, *prompt_ids: str) -> None:
 
 
 def holders(client: redis.Redis, run: str, prompt_id: str) -> list[str]:
-    return _names(client.hget(RunKeys(run).deliveries, prompt_id))
-
-
-def _names(raw: bytes | str | None) -> list[str]:
-    if not raw:
-        return []
-    text = raw.decode() if isinstance(raw, bytes) else raw
-    return [name for name in text.split("\n") if name]
+    return delivery_names(client.hget(RunKeys(run).deliveries, prompt_id))
 
 
 class Started:

@@ -79,8 +79,8 @@ class Settings(SharedSettings):
     # prompt goes back to the queue (never to the dead letters).
     shard_commit_timeout: float = 300.0
 
-    # Celery task events (task-received/started/succeeded per task, for Flower and `celery events`).
-    # Off saves the worker about a tenth of its CPU per sample (bench/README.md, part 7).
+    # Celery task events (task-received/started/succeeded per task, for Flower and `celery events`),
+    # published in batches by the event loop's timer (workers/events.py).
     task_events: bool = True
     # Celery's own two INFO lines per task ("Task ... received", "Task ... succeeded in ..."):
     # noise at hundreds of prompts a second, and their logging lock cost a busy worker ~7% of

@@ -23,6 +23,9 @@ VERIFY_FAILURES = Counter("fleet_verification_failures_total", "Generations fail
 DEAD_LETTERS = Counter("fleet_dead_letters_total", "Prompts dead-lettered, by reason.", ["reason"])
 RETRIES = Counter("fleet_retries_total", "Requests tried again, by kind (transient or unavailable).", ["kind"])
 SHARD_COMMITS = Counter("fleet_shard_commits_total", "Shard files made durable.")
+SHARD_COMMIT_SECONDS = Histogram("fleet_shard_commit_seconds", "Writing one shard until it is durable (the "
+                                 "file synced and renamed into place).",
+                                 buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60))
 SHARD_ROWS = Counter("fleet_shard_rows_total", "Samples written into shards.")
 RECONCILED = Counter("fleet_reconciled_total", "Prompts found stored in a shard when delivered again (their "
                      "worker died before marking them done): marked done, not generated again.")

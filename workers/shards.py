@@ -266,6 +266,7 @@ class ShardWriter:
         name = self._name()
         if self.book:
             self.book.writing(run, pending.rows, name)
+        started = time.monotonic()
         try:
             path = self._write(run, table, name)
         except OSError as exc:  # storage, not the rows
@@ -281,6 +282,7 @@ class ShardWriter:
             for row, future in zip(pending.rows, pending.futures):
                 self._commit_one(run, row, future)
         else:
+            metrics.SHARD_COMMIT_SECONDS.observe(time.monotonic() - started)
             if self._die_after_link:
                 log.error("%s=1: dying right after linking %s, before marking its samples done",
                           FAULT_AFTER_LINK, path.name)

@@ -4,7 +4,8 @@
 
 Scrapes the worker's /metrics twice, `--seconds` apart, evaluates every panel's query
 over the two scrapes (deploy/grafana/promql.py says how far that goes) and prints a
-Markdown table: panel, query, value. The README's table was made this way.
+Markdown table: panel, query, value; then whether each alert's condition
+(deploy/prometheus/alerts.yml) holds over the same scrapes. The README's table was made this way.
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import promql  # noqa: E402  (this folder is not a package)
 
 DASHBOARD = Path(__file__).resolve().parent / "fleet.json"
+ALERTS = Path(__file__).resolve().parents[1] / "prometheus" / "alerts.yml"
 
 
 def scrape(url: str) -> promql.Scrape:
@@ -63,6 +65,13 @@ def main() -> None:
             else:
                 value = show(promql.evaluate(expr, before, after))
             print(f"| {panel['title']} | `{expr}` | {value} |")
+    import yaml
+
+    print()
+    for group in yaml.safe_load(ALERTS.read_text())["groups"]:
+        for rule in group["rules"]:
+            firing = promql.evaluate(rule["expr"], before, after)
+            print(f"- {rule['alert']}: {'condition holds: ' + show(firing) if firing else 'condition does not hold'}")
 
 
 if __name__ == "__main__":

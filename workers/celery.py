@@ -3,8 +3,9 @@
 This is the worker's entry point, so it is the one place that reads the
 settings (once) and builds the app; everything else gets them passed in
 (`app.fleet_settings`). JSON only on the broker (never pickle), late
-acknowledgement after the sample is durable, prefetch of one per thread, and a
-threads pool large enough to keep many requests in flight per SGLang server.
+acknowledgement after the sample is durable, a threads pool large enough to
+keep many requests in flight per SGLang server, and as many prompts held as
+its servers can run (the health gate sets the prefetch count, `gate.py`).
 """
 from __future__ import annotations
 
@@ -45,7 +46,7 @@ app = celery_app(
     task_acks_late=True,
     task_reject_on_worker_lost=True,
     task_acks_on_failure_or_timeout=True,  # a dead-lettered prompt fails its task: acknowledged, never redelivered
-    worker_prefetch_multiplier=1,
+    worker_prefetch_multiplier=1,  # until the health gate sets the count, before the first fetch
     worker_pool="threads",
     worker_concurrency=settings.pool_size,
     broker_connection_max_retries=None,

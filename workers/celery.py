@@ -31,6 +31,8 @@ logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is 
 if not settings.task_log:  # FLEET_TASK_LOG: Celery checks these levels once, when it builds its tracer
     for name in ("celery.app.trace", "celery.worker.strategy"):
         logging.getLogger(name).setLevel(logging.WARNING)
+# Its "Started consuming from"/"Canceling queue" lines repeat the health gate's one line per change.
+logging.getLogger("celery.worker.consumer.consumer").setLevel(logging.WARNING)
 
 app = celery_app(
     settings.redis_url, name="workers", queue=settings.queue_prefix,

@@ -111,11 +111,19 @@ class Buried(str):
 
 
 class DeadLettered(Exception):
-    """A task's failure that Celery must not retry: the prompt is in the dead-letter queue."""
+    """A task's failure that Celery must not retry: the prompt is in the dead-letter queue.
+    Its args are its constructor's, so Celery's pickle check keeps it as itself (an expected
+    failure, in the task's `throws`) rather than wrapping it as an unexpected one."""
 
     def __init__(self, reason: str, message: str):
-        super().__init__(f"{reason}: {message}")
-        self.reason = reason
+        super().__init__(reason, message)
+        self.reason, self.message = reason, message
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.message}"
+
+    def __repr__(self) -> str:  # what Flower shows of a failed task
+        return f"{type(self).__name__}({str(self)!r})"
 
 
 def bury(rt: Runtime, letter: DeadLetter, forgotten: bool = False) -> str:
@@ -130,7 +138,8 @@ def bury(rt: Runtime, letter: DeadLetter, forgotten: bool = False) -> str:
     if found == PromptState.QUEUED:
         metrics.PROMPTS.labels(letter.run, "dead").inc()
     metrics.DEAD_LETTERS.labels(letter.reason).inc()
-    log.info("prompt %s dead-lettered: %s (%s)", letter.id, letter.reason, letter.message)
+    log.info("prompt %s of run %s dead-lettered, %s: %s; details: python -m producer dead show %s --run %s",
+             letter.id, letter.run, letter.reason, letter.message, letter.id, letter.run)
     return Buried(letter)
 
 

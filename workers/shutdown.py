@@ -78,7 +78,8 @@ def _arm_grace_timer(sig=None, how=None, exitcode=None, **_) -> None:
     if not _consumer:  # stopped before consuming: nothing is held
         return
     grace = _consumer[0][0].app.fleet_settings.shutdown_grace
-    log.warning("%s received: draining in-flight prompts for up to %.0fs", sig, grace)
+    log.warning("%s received: finishing in-flight prompts for up to %.0fs (FLEET_SHUTDOWN_GRACE), then "
+                "handing the rest back to the queue", sig, grace)
     timer = threading.Timer(grace, _hand_back)
     timer.daemon = True
     timer.start()

@@ -61,8 +61,10 @@ _LAST_CHANCE = threading.Lock()  # one prompt on its last allowed delivery at a 
 
 @shared_task(name=TASK_NAME, bind=True, acks_late=True, ignore_result=True, throws=(DeadLettered,))
 def generate(self, run: str, prompt_id: str, max_new_tokens: int | None = None) -> str:
-    """A dead-lettered prompt ends as a failed task whose exception names its reason
-    (`throws`: logged without a traceback; acknowledged like any finished task, never retried)."""
+    """A dead-lettered prompt ends as a failed task whose exception names its reason, so Flower
+    counts it as failed (`throws`: an expected failure, which Celery logs at INFO without a
+    traceback, hidden unless FLEET_TASK_LOG; `bury` logged its one line; acknowledged like any
+    finished task, never retried)."""
     outcome = _generate(self, run, prompt_id, max_new_tokens)
     if isinstance(outcome, Buried):
         raise DeadLettered(outcome.reason, outcome.message)

@@ -10,6 +10,8 @@ its servers can run (the health gate sets the prefetch count, `gate.py`).
 from __future__ import annotations
 
 import logging
+import os
+import signal
 
 from celery import signals
 
@@ -17,6 +19,7 @@ from contract import kombu_redis
 from contract.broker import celery_app
 
 from . import flower_guard  # noqa: F401  (Flower refuses to listen beyond localhost without auth)
+from . import lifeline
 from .audit import LostMessageAudit
 from .events import BatchedEvents
 from .gate import HealthGate
@@ -65,6 +68,13 @@ for step in (HealthGate, LeaseKeeper, ShutdownGrace, LostMessageAudit, BatchedEv
     app.steps["consumer"].add(step)
 
 
+lifeline.install_test_fault()
+lifeline.on_fatal(lambda: os.kill(os.getpid(), signal.SIGTERM))  # Celery's warm shutdown, then `shutdown.py`
+
+
 @signals.worker_shutdown.connect
 def _flush_on_shutdown(**_) -> None:
     close_runtime()
+    if lifeline.broken():  # shut down before the hand-back's own exit: still not a clean exit
+        logging.shutdown()
+        os._exit(lifeline.EXIT_BROKEN)

@@ -16,11 +16,11 @@ Celery itself does not do for its batched events.
 """
 from __future__ import annotations
 
-import logging
-
 from celery import bootsteps
 
-log = logging.getLogger(__name__)
+from . import lifeline
+
+TROUBLE = lifeline.Trouble("task events to Redis")
 
 FLUSH_INTERVAL = 0.1  # seconds
 BUFFER_LIMIT = 4096   # events; ~40,000 a second before a task thread flushes a batch itself
@@ -61,5 +61,6 @@ def flush(c) -> None:
         return
     try:
         dispatcher.flush()
+        TROUBLE.ok()
     except Exception as exc:  # never let monitoring break the event loop
-        log.debug("task events not flushed: %r", exc)
+        TROUBLE.failed(exc)

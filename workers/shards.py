@@ -52,7 +52,7 @@ import pyarrow.parquet as pq
 from contract.durable import fsync_path
 from contract.schema import INT32_MAX, Sample, samples_to_table
 
-from . import metrics
+from . import lifeline, metrics
 
 log = logging.getLogger(__name__)
 
@@ -143,7 +143,8 @@ class ShardWriter:
         self._lock = threading.Condition()
         self._seq = 0
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name="fleet-shards", daemon=True)
+        self._thread = threading.Thread(target=lifeline.guarded("shard writer", self._run), name="fleet-shards",
+                                        daemon=True)
         self._thread.start()
 
     def submit(self, run: str, row: Sample) -> Future:

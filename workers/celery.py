@@ -28,6 +28,7 @@ from .runtime import close_runtime
 from .settings import Settings
 from .shutdown import ShutdownGrace
 
+kombu_redis.require()  # the kombu and Celery internals the fleet relies on are where it read them
 settings = Settings()
 kombu_redis.reuse_clients()  # a client object per channel, not one per message and ack
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise

@@ -1,4 +1,4 @@
-"""The one door to kombu's Redis transport internals.
+"""The one door to kombu's Redis transport internals, and the check of every kombu and Celery internal.
 
 The fleet needs a few things kombu does not expose: the deliveries a channel
 still holds (to renew their leases, acknowledge them and hand them back), the
@@ -6,8 +6,11 @@ sorted set that scores them, the hash of unacknowledged messages (for the
 lost-message audit), the priority sub-lists of a queue, and a way to keep a
 channel's deliveries when the channel closes because its connection was lost
 (`detach`). Each is read here and nowhere else, with the kombu version it was
-read from; `check()` fails loudly when an upgrade moves one of them
-(`tests/specs/test_broker_faults.py` calls it).
+read from. `check()` lists what an upgrade moved, of these and of the Celery
+internals the worker relies on elsewhere (its consumer's hooks and steps, the
+event dispatcher's buffers, `as_task_v2`); the worker refuses to start on such
+an install (`require()`, naming the installed versions), and pyproject.toml
+bounds celery, kombu and redis-py below their next minor versions.
 
 Read from kombu 5.7.0: `kombu/transport/redis.py` (`Channel.sep`,
 `unacked_key`, `unacked_index_key`, `PRIORITY_STEPS`; `QoS.append` storing
@@ -187,9 +190,33 @@ def queued_messages(client, queue: str) -> Iterator[dict]:
 
 
 def check() -> list[str]:
-    """What of the above this kombu no longer has; empty when every door still opens."""
+    """What of the kombu and Celery internals the fleet relies on this install no longer has;
+    empty when every door still opens. The worker calls it once at start (`require`)."""
+    return _kombu_redis_problems() + _kombu_qos_problems() + _celery_problems()
+
+
+def require() -> None:
+    """Refuse to start on a kombu or Celery whose internals moved (`check`), naming the
+    installed versions and the ones the fleet was read from."""
+    problems = check()
+    if problems:
+        raise RuntimeError(
+            f"this fleet relies on kombu and Celery internals read from {READ_FROM}; the installed "
+            f"{versions()} moved {len(problems)} of them: " + "; ".join(problems)
+            + ". Install the versions pyproject.toml bounds.")
+
+
+def versions() -> str:
+    """The installed celery, kombu and redis-py, for messages."""
+    import celery
+    import kombu
+    import redis
+
+    return f"celery {celery.__version__}, kombu {kombu.__version__}, redis-py {redis.__version__}"
+
+
+def _kombu_redis_problems() -> list[str]:
     from kombu.transport import redis as kredis
-    from kombu.transport.virtual import base
 
     problems = []
     channel = kredis.Channel
@@ -204,12 +231,83 @@ def check() -> list[str]:
                  "reject", "_remove_from_indices"):
         if not callable(getattr(kredis.QoS, name, None)):
             problems.append(f"kombu.transport.redis.QoS.{name} is gone")
-    if not callable(getattr(channel, "_create_client", None)) or "pool" not in dir(channel):
-        problems.append("kombu.transport.redis.Channel._create_client or .pool is gone")
+    if not _has_parameters(getattr(channel, "_create_client", None), "asynchronous") or "pool" not in dir(channel):
+        problems.append("kombu.transport.redis.Channel._create_client(asynchronous) or .pool is gone")
     if not hasattr(kredis.QoS, "restore_at_shutdown"):
         problems.append("kombu.transport.redis.QoS.restore_at_shutdown is gone")
-    qos = base.QoS(channel=SimpleNamespace(do_restore=False), prefetch_count=1)
-    for name in ("_delivered", "_dirty", "_on_collect"):
-        if not hasattr(qos, name):
-            problems.append(f"kombu.transport.virtual.base.QoS has no {name}")
     return problems
+
+
+def _kombu_qos_problems() -> list[str]:
+    """The virtual QoS's delivered and dirty sets (`held`, `mark_acked`), the prefetch QoS the
+    health gate sets, and the producer's batch (`contract.publish`)."""
+    from kombu import Producer
+    from kombu.common import QoS as PrefetchQoS
+    from kombu.transport.virtual import base
+
+    problems = []
+    qos = base.QoS(channel=SimpleNamespace(do_restore=False), prefetch_count=1)
+    for name, kind in (("_delivered", dict), ("_dirty", set)):
+        if not isinstance(getattr(qos, name, None), kind):
+            problems.append(f"kombu.transport.virtual.base.QoS has no {name} {kind.__name__}")
+    if not callable(getattr(getattr(qos, "_on_collect", None), "cancel", None)):
+        problems.append("kombu.transport.virtual.base.QoS has no _on_collect")
+    prefetch = PrefetchQoS(lambda **_: None, 1)
+    if not (hasattr(prefetch, "value") and callable(getattr(prefetch, "update", None))):
+        problems.append("kombu.common.QoS has no value or update()")
+    if not callable(getattr(Producer, "batch", None)):
+        problems.append("kombu.Producer.batch is gone")
+    return problems
+
+
+def _celery_problems() -> list[str]:
+    """The consumer's hooks and steps the worker overrides or requires, the event dispatcher's
+    buffers (`workers/events.py`), `as_task_v2` (`contract.publish`), the loggers the worker
+    quiets, and the pickle check that keeps an expected task failure expected."""
+    from celery import Celery
+    from celery.app import trace
+    from celery.events.dispatcher import EventDispatcher
+    from celery.utils.serialization import get_pickleable_exception
+    from celery.worker import strategy
+    from celery.worker.consumer import Consumer, events, tasks
+
+    problems = [f"celery.worker.consumer.Consumer.{name} is gone" for name in (
+        "on_connection_error_after_connected", "on_send_event_buffered", "add_task_queue", "cancel_task_queue")
+        if not callable(getattr(Consumer, name, None))]
+    for module, step in ((tasks, "Tasks"), (events, "Events")):
+        if not hasattr(module, step):
+            problems.append(f"the consumer step {module.__name__}:{step} is gone")
+    if not _has_parameters(EventDispatcher, "buffer_group", "buffer_limit", "on_send_buffered"):
+        problems.append("celery's EventDispatcher takes no buffer_group, buffer_limit or on_send_buffered")
+    dispatcher = EventDispatcher(enabled=False, app=Celery(set_as_current=False), buffer_group=["task"])
+    for name in ("_outbound_buffer", "_group_buffer", "buffer_limit", "flush", "extend_buffer"):
+        if not hasattr(dispatcher, name):
+            problems.append(f"celery's EventDispatcher has no {name}")
+    try:
+        message = Celery(set_as_current=False).amqp.as_task_v2(
+            "t", "n", ("run", "p"), argsrepr="", kwargsrepr="", origin="o", ignore_result=None)
+        if message.headers.get("id") != "t" or len(message) != 4:
+            problems.append("celery's as_task_v2 returns another message")
+    except (AttributeError, TypeError) as exc:
+        problems.append(f"celery's as_task_v2 changed: {exc!r}")
+    for module, name in ((trace, "celery.app.trace"), (strategy, "celery.worker.strategy")):
+        if getattr(getattr(module, "logger", None), "name", None) != name:
+            problems.append(f"celery logs its per-task lines elsewhere than {name}")
+    if not isinstance(get_pickleable_exception(_Expected("reason", "message")), _Expected):
+        problems.append("celery wraps an exception whose args are its constructor's (a task's throws)")
+    return problems
+
+
+class _Expected(Exception):
+    def __init__(self, reason: str, message: str):
+        super().__init__(reason, message)
+
+
+def _has_parameters(function, *names: str) -> bool:
+    import inspect
+
+    try:
+        parameters = inspect.signature(function).parameters
+    except (TypeError, ValueError):
+        return False
+    return all(name in parameters for name in names)

@@ -7,10 +7,8 @@ exact outputs it will answer (`outputs.generate_output`).
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Sequence
 
 #: Fault kinds, in the fixed order their shares are laid out on [0, 1).
 #: Changing this order changes which prompts get which fault.
@@ -153,17 +151,6 @@ class StandinConfig:
     def fault_share(self, name: str) -> float:
         """The share of prompts given fault `name` (one of FAULT_NAMES)."""
         return float(getattr(self, f"fault_{name}"))
-
-    def replace(self, **changes: object) -> "StandinConfig":
-        """A copy with some fields changed (handy in tests)."""
-        return dataclasses.replace(self, **changes)
-
-    @classmethod
-    def from_args(cls, argv: Sequence[str] | None = None) -> "StandinConfig":
-        """Parse command-line arguments (sys.argv when None) into a config."""
-        from sglang_standin.cli import parse_config
-
-        return parse_config(argv)
 
 
 def _validate(cfg: StandinConfig) -> None:

@@ -74,6 +74,14 @@ def test_each_fault_is_dead_lettered_with_its_reason_and_transient_ones_are_stor
             assert rows[pid]["input_ids"] == ids + output
     assert len(dead) + len(rows) == len(plan)
 
+    # and the worker logs each dead letter once, as one line that names it and where to look,
+    # never as a task that raised something unexpected
+    log = next(p for p in fleet.processes if p.name == "w1").log.read_text()
+    for pid, letter in dead.items():
+        (line,) = [line for line in log.splitlines() if f"prompt {pid} of run default dead-lettered" in line]
+        assert f"{letter['reason']}: " in line and f"python -m producer dead show {pid} --run default" in line
+    assert "raised unexpected" not in log and "UnpickleableExceptionWrapper" not in log
+
     # and a prompt is generated once unless a retry was needed (500/503 answers are not generations)
     stats = httpx.get(f"{url}/standin/stats").json()
     assert set(stats["generations"].values()) == {1}

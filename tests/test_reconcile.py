@@ -2,13 +2,17 @@
 
 A worker that dies after its group's shard is linked into place but before the
 group is marked done leaves durable samples whose prompts are still queued. The
-fault is injected by the test hook `FLEET_FAULT_AFTER_LINK=1` (the worker exits
-137 right after linking a shard, as if SIGKILLed there), so the death lands in
-that window every time.
+death is brought about from outside the worker (`die_between_link_and_done`):
+Redis stops taking writes while the group is being written, so the worker's
+mark-done call waits, and the worker is SIGKILLed once the shard has its final
+name. So the death lands in that window every time it is tried.
 """
 from __future__ import annotations
 
 import json
+import os
+import signal
+from pathlib import Path
 
 import httpx
 import pyarrow.parquet as pq
@@ -18,19 +22,23 @@ from contract.keys import RunKeys
 from contract.ledger import Ledger, shard_code
 from contract.schema import shard_files
 
-from conftest import varied_prompts, write_prompts
+from conftest import varied_prompts, wait_until, write_prompts
+from producer.local import Process
 
 N = 24
 LEASE = {"FLEET_LEASE_SECONDS": "8", "FLEET_RESTORE_INTERVAL": "1"}
+GROUP_WAIT = 20  # seconds a group waits for its commit: time to generate every prompt and pause Redis
 
 
 def test_a_sample_stored_just_before_its_worker_died_is_not_generated_again(fleet, tmp_path):
     # Given a worker that commits one group of all N prompts and dies right after linking its shard
     _, url = fleet.standin("--step-base", "0.002")
-    victim = fleet.worker("victim", [url], FLEET_FAULT_AFTER_LINK="1", FLEET_SHARD_MAX_ROWS=str(N),
-                          FLEET_SHARD_MAX_WAIT="120", **LEASE)
+    victim = fleet.worker("victim", [url], FLEET_SHARD_MAX_ROWS="1000", FLEET_SHARD_MAX_WAIT=str(GROUP_WAIT),
+                          **LEASE)
     fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(N))))
-    assert victim.popen.wait(180) == 137, victim.tail()
+    wait_until(lambda: len(httpx.get(f"{url}/standin/stats").json()["generations"]) == N, 120,
+               "every prompt generated, its sample waiting for the group commit", fleet)
+    die_between_link_and_done(victim, fleet.output_dir / "default", redis.Redis.from_url(fleet.redis_url))
     (shard,) = shard_files(fleet.output_dir, "default")
     assert sorted(pq.read_table(shard, columns=["id"]).column("id").to_pylist()) == [
         f"p-{i:04d}" for i in range(N)]
@@ -59,3 +67,54 @@ def test_a_sample_stored_just_before_its_worker_died_is_not_generated_again(flee
     exported = [i for f in manifest["files"]
                 for i in pq.read_table(tmp_path / "export" / f["name"], columns=["id"]).column("id").to_pylist()]
     assert sorted(exported) == pids
+
+
+def die_between_link_and_done(worker: Process, folder: Path, client: redis.Redis, run: str = "default") -> None:
+    """SIGKILL `worker` after its group's shard has its final name, before the group is marked done.
+
+    The group commit's steps are: note the group's writing entries (one HSET), write and link
+    the shard, mark the group done (a script). Redis is made to hold the worker at each step:
+    1. Redis takes no writes (`CLIENT PAUSE ... WRITE`) while the group waits for its commit,
+       until the worker's HSET of the writing entries waits on it;
+    2. the worker is frozen (SIGSTOP, every thread stopped) and Redis takes writes again until
+       the entries are recorded, then no more; the frozen worker has not yet read the reply;
+    3. the worker goes on: it writes and links the shard, and its mark-done call waits on Redis;
+    4. once the final name exists the worker is SIGKILLed, and Redis takes writes again once it
+       has dropped the dead worker's connections, so the waiting call dies with them.
+    """
+    writing = RunKeys(run).writing
+    pause = ("CLIENT", "PAUSE", 120_000, "WRITE")
+    client.execute_command(*pause)
+    try:
+        assert not client.exists(writing) and not _entries(folder), "the commit began before Redis paused"
+        wait_until(lambda: _waiting(client, "hset"), 60, "the worker's writing entries waiting on Redis")
+        os.kill(worker.popen.pid, signal.SIGSTOP)
+        wait_until(lambda: _stopped(worker.popen.pid), 10, "every thread of the worker stopped")
+        client.execute_command("CLIENT", "UNPAUSE")
+        wait_until(lambda: client.hlen(writing) == N, 10, "the group's writing entries recorded")
+        client.execute_command(*pause)
+        os.kill(worker.popen.pid, signal.SIGCONT)
+        wait_until(lambda: shard_files(folder.parent, run), 60, "the shard linked into place")
+        worker.kill()
+        assert worker.popen.returncode == -signal.SIGKILL
+        wait_until(lambda: len(client.client_list()) == 1, 30, "Redis dropped the dead worker's connections")
+    finally:
+        client.execute_command("CLIENT", "UNPAUSE")
+
+
+def _waiting(client: redis.Redis, command: str) -> bool:
+    """A connection's `command` is held by the pause (blocked, `b`, with that command pending)."""
+    return any("b" in c["flags"] and c["cmd"] == command for c in client.client_list())
+
+
+def _entries(folder: Path) -> list[str]:
+    return os.listdir(folder) if folder.exists() else []
+
+
+def _stopped(pid: int) -> bool:
+    """Every thread of the process is stopped (state T in /proc)."""
+    states = []
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/stat") as stat:
+            states.append(stat.read().rsplit(")", 1)[1].split()[0])
+    return all(state in ("T", "t") for state in states)

@@ -3,12 +3,15 @@
 This is the worker's entry point, so it is the one place that reads the
 settings (once) and builds the app; everything else gets them passed in
 (`app.fleet_settings`). JSON only on the broker (never pickle), late
-acknowledgement after the sample is durable, prefetch of one per thread, and a
-threads pool large enough to keep many requests in flight per SGLang server.
+acknowledgement after the sample is durable, a threads pool large enough to
+keep many requests in flight per SGLang server, and as many prompts held as
+its servers can run (the health gate sets the prefetch count, `gate.py`).
 """
 from __future__ import annotations
 
 import logging
+import os
+import signal
 
 from celery import signals
 
@@ -16,6 +19,7 @@ from contract import kombu_redis
 from contract.broker import celery_app
 
 from . import flower_guard  # noqa: F401  (Flower refuses to listen beyond localhost without auth)
+from . import lifeline
 from .audit import LostMessageAudit
 from .events import BatchedEvents
 from .gate import HealthGate
@@ -24,12 +28,15 @@ from .runtime import close_runtime
 from .settings import Settings
 from .shutdown import ShutdownGrace
 
+kombu_redis.require()  # the kombu and Celery internals the fleet relies on are where it read them
 settings = Settings()
 kombu_redis.reuse_clients()  # a client object per channel, not one per message and ack
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
 if not settings.task_log:  # FLEET_TASK_LOG: Celery checks these levels once, when it builds its tracer
     for name in ("celery.app.trace", "celery.worker.strategy"):
         logging.getLogger(name).setLevel(logging.WARNING)
+# Its "Started consuming from"/"Canceling queue" lines repeat the health gate's one line per change.
+logging.getLogger("celery.worker.consumer.consumer").setLevel(logging.WARNING)
 
 app = celery_app(
     settings.redis_url, name="workers", queue=settings.queue_prefix,
@@ -45,7 +52,7 @@ app = celery_app(
     task_acks_late=True,
     task_reject_on_worker_lost=True,
     task_acks_on_failure_or_timeout=True,  # a dead-lettered prompt fails its task: acknowledged, never redelivered
-    worker_prefetch_multiplier=1,
+    worker_prefetch_multiplier=1,  # until the health gate sets the count, before the first fetch
     worker_pool="threads",
     worker_concurrency=settings.pool_size,
     broker_connection_max_retries=None,
@@ -62,6 +69,13 @@ for step in (HealthGate, LeaseKeeper, ShutdownGrace, LostMessageAudit, BatchedEv
     app.steps["consumer"].add(step)
 
 
+lifeline.install_test_fault()
+lifeline.on_fatal(lambda: os.kill(os.getpid(), signal.SIGTERM))  # Celery's warm shutdown, then `shutdown.py`
+
+
 @signals.worker_shutdown.connect
 def _flush_on_shutdown(**_) -> None:
     close_runtime()
+    if lifeline.broken():  # shut down before the hand-back's own exit: still not a clean exit
+        logging.shutdown()
+        os._exit(lifeline.EXIT_BROKEN)

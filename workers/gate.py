@@ -25,6 +25,7 @@ from celery import bootsteps
 
 from contract.keys import queue_for
 
+from . import lifeline
 from .runtime import get_runtime
 from .tasks import committing
 
@@ -52,6 +53,8 @@ class HealthGate(bootsteps.StartStopStep):
 
     def closed_because(self) -> str | None:
         """Why nothing should be consumed now, or None."""
+        if lifeline.broken():
+            return f"this worker cannot work on ({lifeline.broken()})"
         if not self.runtime.shards.storage.up:
             return f"storage failing ({self.runtime.shards.storage.last_error})"
         if not self.runtime.pool.any_usable():

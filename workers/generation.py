@@ -17,9 +17,10 @@ from __future__ import annotations
 import logging
 import random
 import time
-from concurrent.futures import TimeoutError as CommitTimeout
+from concurrent.futures import Future, TimeoutError as CommitTimeout
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
+from typing import Callable
 
 from . import metrics
 from contract.codec import ids_to_b64
@@ -40,6 +41,9 @@ from .turns import turn_columns
 from .verify import Verdict, think_positions, verify
 
 log = logging.getLogger(__name__)
+
+
+Submit = Callable[[str, Sample], Future]  # hands a run's sample to the shard writer
 
 
 class GiveBack(Exception):
@@ -64,28 +68,36 @@ class Attempts:
 
 
 def process_prompt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int],
-                   max_new_tokens: int | None = None) -> str:
-    """Generate, verify and store one prompt; returns where it ended up."""
+                   max_new_tokens: int | None, submit: Submit) -> str:
+    """Generate, verify and store one prompt (its sample handed to the shard writer through
+    `submit`); returns where it ended up."""
     _check_storage(rt, prompt_id)
     sampling = dict(spec.sampling)
     if max_new_tokens:
         sampling["max_new_tokens"] = max_new_tokens
     tries = Attempts()
-    while True:
-        outcome = _attempt(rt, spec, prompt_id, prompt_ids, sampling, tries)
-        if isinstance(outcome, DeadLetter):
-            return bury(rt, outcome)
-        if outcome is None:
-            continue
-        generation, verdict = outcome
-        if not verdict.ok:
+    try:
+        while True:
+            generation = _generation(rt, spec, prompt_id, prompt_ids, sampling, tries)
+            verdict = verify(generation.output_ids, generation.meta_info, len(prompt_ids), spec)
+            if verdict.ok:
+                return _store(rt, spec, prompt_id, prompt_ids, tries, generation, verdict, submit)
             if rt.settings.resample_on_verify_failure and not tries.resampled:
                 tries.resampled = True
                 continue
             metrics.VERIFY_FAILURES.labels(verdict.reason).inc()
-            return bury(rt, _dead(rt, spec, prompt_id, prompt_ids, generation.sampling, tries,
-                                   verdict.reason, verdict.message, generation))
-        return _store(rt, spec, prompt_id, prompt_ids, tries, generation, verdict)
+            raise Unfit(_dead(rt, spec, prompt_id, prompt_ids, generation.sampling, tries,
+                              verdict.reason, verdict.message, generation))
+    except Unfit as exc:
+        return bury(rt, exc.letter)
+
+
+class Unfit(Exception):
+    """The prompt ends as this dead letter (raised out of the request loop, buried by its caller)."""
+
+    def __init__(self, letter: DeadLetter):
+        super().__init__(f"{letter.reason}: {letter.message}")
+        self.letter = letter
 
 
 class Buried(str):
@@ -99,11 +111,19 @@ class Buried(str):
 
 
 class DeadLettered(Exception):
-    """A task's failure that Celery must not retry: the prompt is in the dead-letter queue."""
+    """A task's failure that Celery must not retry: the prompt is in the dead-letter queue.
+    Its args are its constructor's, so Celery's pickle check keeps it as itself (an expected
+    failure, in the task's `throws`) rather than wrapping it as an unexpected one."""
 
     def __init__(self, reason: str, message: str):
-        super().__init__(f"{reason}: {message}")
-        self.reason = reason
+        super().__init__(reason, message)
+        self.reason, self.message = reason, message
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.message}"
+
+    def __repr__(self) -> str:  # what Flower shows of a failed task
+        return f"{type(self).__name__}({str(self)!r})"
 
 
 def bury(rt: Runtime, letter: DeadLetter, forgotten: bool = False) -> str:
@@ -118,7 +138,8 @@ def bury(rt: Runtime, letter: DeadLetter, forgotten: bool = False) -> str:
     if found == PromptState.QUEUED:
         metrics.PROMPTS.labels(letter.run, "dead").inc()
     metrics.DEAD_LETTERS.labels(letter.reason).inc()
-    log.info("prompt %s dead-lettered: %s (%s)", letter.id, letter.reason, letter.message)
+    log.info("prompt %s of run %s dead-lettered, %s: %s; details: python -m producer dead show %s --run %s",
+             letter.id, letter.run, letter.reason, letter.message, letter.id, letter.run)
     return Buried(letter)
 
 
@@ -139,24 +160,24 @@ def _check_storage(rt: Runtime, prompt_id: str) -> None:
 
 
 def _store(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], tries: Attempts,
-           generation: Generation, verdict: Verdict) -> str:
+           generation: Generation, verdict: Verdict, submit: Submit) -> str:
     """Into a shard, which the writer marks done in the ledger with the rest of its group
     (`reconcile.ShardBook`); a sample no shard can hold is the prompt's bad_output."""
     row = _row(rt, spec, prompt_id, prompt_ids, tries, generation, verdict)
     try:
-        return _commit(rt, spec.name, prompt_id, row)
+        return _commit(rt, spec.name, prompt_id, row, submit)
     except BadSample as exc:
         return bury(rt, _dead(rt, spec, prompt_id, prompt_ids, generation.sampling, tries,
                               Reason.BAD_OUTPUT, f"its sample cannot be stored: {exc}", generation))
 
 
-def _commit(rt: Runtime, run: str, prompt_id: str, row: Sample) -> str:
+def _commit(rt: Runtime, run: str, prompt_id: str, row: Sample, submit: Submit) -> str:
     """Wait for the shard that holds `row` (durable, and done in the ledger), at most
     FLEET_SHARD_COMMIT_TIMEOUT at a time; past that the sample is withdrawn and the prompt
     goes back to the queue, never to the dead letters. A sample whose write has begun gets
     one more deadline before the prompt goes back."""
     try:
-        future = rt.shards.submit(run, row)
+        future = submit(run, row)
     except StorageUnavailable as exc:  # the worker is shutting down
         raise GiveBack(str(exc)) from exc
     timeout = rt.settings.shard_commit_timeout
@@ -182,63 +203,62 @@ def _wait(future, timeout: float) -> str:
         raise GiveBack(str(exc)) from exc
 
 
-def _attempt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], sampling: dict,
-             tries: Attempts) -> tuple[Generation, Verdict] | DeadLetter | None:
-    """One request. None means: try again (the loop's caller decides nothing else).
+def _generation(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], sampling: dict,
+                tries: Attempts) -> Generation:
+    """Requests until a server answers. Raises `Unfit` when the prompt ends as a dead letter,
+    `GiveBack` when no usable server is left.
 
     Every way round the loop spends a budget or shrinks the choice of servers:
     transient failures and bad answers `max_attempts`, connection failures
-    `max_unavailable`, and a refusal of our credentials refuses that server;
-    no usable server gives the prompt back to the queue.
+    `max_unavailable`, and a refusal of our credentials refuses that server.
     """
     s = rt.settings
-    avoid = tries.servers[-1] if tries.servers else None
-    try:
-        with rt.pool.acquire(spec.served_model, s.server_wait, avoid=avoid) as binding:
-            if binding.max_model_len and len(prompt_ids) >= binding.max_model_len:
-                return _dead(rt, spec, prompt_id, prompt_ids, sampling, tries, Reason.PROMPT_TOO_LONG,
-                             f"{len(prompt_ids)} prompt tokens do not fit the context of "
-                             f"{binding.max_model_len} tokens of {binding.url}")
-            tries.servers.append(binding.url)
-            sent = _fit_context(sampling, len(prompt_ids), binding.max_model_len)
-            with metrics.LATENCY.labels(binding.url).time():
-                generation = generate(rt.http, binding.url, prompt_ids, sent, prompt_id,
-                                      timeout=s.request_timeout,
-                                      max_bytes=answer_cap(sent.get("max_new_tokens"), s.max_answer_bytes),
-                                      id_bound=id_bound(spec.vocab_size, binding.vocab_size))
-            rt.pool.observe_answer(binding, generation.meta_info)  # the server's load, for its tuner
-    except NoServer as exc:
-        raise GiveBack(str(exc)) from exc
-    except ServerRejected as exc:
-        return _dead(rt, spec, prompt_id, prompt_ids, sampling, tries, Reason.SERVER_REJECTED, str(exc))
-    except ServerRefused as exc:
-        return _refused(rt, spec, binding, exc, tries)
-    except ServerUnavailable as exc:
-        rt.monitor.suspect(binding, str(exc))
-        tries.last_bad_output = None
-        if _pause(tries, str(exc), 0.5, 5.0, transient=False, limit=s.max_unavailable) is None:
-            return _server_error(rt, spec, prompt_id, prompt_ids, sampling, tries)
-        return None
-    except (TransientError, BadOutput) as exc:
-        bad = isinstance(exc, BadOutput)
-        tries.last_bad_output = {**exc.excerpt, "server": binding.url} if bad else None
-        error = f"{binding.url}: bad output: {exc}" if bad else str(exc)
-        if _pause(tries, error, s.retry_backoff, s.retry_backoff_max, transient=True,
-                  limit=s.max_attempts) is None:
-            return _server_error(rt, spec, prompt_id, prompt_ids, sampling, tries)
-        return None
-    return generation, verify(generation.output_ids, generation.meta_info, len(prompt_ids), spec)
+    while True:
+        avoid = tries.servers[-1] if tries.servers else None
+        try:
+            with rt.pool.acquire(spec.served_model, s.server_wait, avoid=avoid) as binding:
+                if binding.max_model_len and len(prompt_ids) >= binding.max_model_len:
+                    raise Unfit(_dead(rt, spec, prompt_id, prompt_ids, sampling, tries, Reason.PROMPT_TOO_LONG,
+                                      f"{len(prompt_ids)} prompt tokens do not fit the context of "
+                                      f"{binding.max_model_len} tokens of {binding.url}"))
+                tries.servers.append(binding.url)
+                sent = _fit_context(sampling, len(prompt_ids), binding.max_model_len)
+                with metrics.LATENCY.labels(binding.url).time():
+                    generation = generate(rt.http, binding.url, prompt_ids, sent, prompt_id,
+                                          timeout=s.request_timeout,
+                                          max_bytes=answer_cap(sent.get("max_new_tokens"), s.max_answer_bytes),
+                                          id_bound=id_bound(spec.vocab_size, binding.vocab_size))
+                rt.pool.observe_answer(binding, generation.meta_info)  # the server's load, for its tuner
+                return generation
+        except NoServer as exc:
+            raise GiveBack(str(exc)) from exc
+        except ServerRejected as exc:
+            raise Unfit(_dead(rt, spec, prompt_id, prompt_ids, sampling, tries, Reason.SERVER_REJECTED,
+                              str(exc))) from exc
+        except ServerRefused as exc:
+            _refused(rt, spec, binding, exc, tries)
+        except ServerUnavailable as exc:
+            rt.monitor.suspect(binding, str(exc))
+            tries.last_bad_output = None
+            if not _pause(tries, str(exc), 0.5, 5.0, transient=False, limit=s.max_unavailable):
+                raise Unfit(_server_error(rt, spec, prompt_id, prompt_ids, sampling, tries)) from exc
+        except (TransientError, BadOutput) as exc:
+            bad = isinstance(exc, BadOutput)
+            tries.last_bad_output = {**exc.excerpt, "server": binding.url} if bad else None
+            error = f"{binding.url}: bad output: {exc}" if bad else str(exc)
+            if not _pause(tries, error, s.retry_backoff, s.retry_backoff_max, transient=True,
+                          limit=s.max_attempts):
+                raise Unfit(_server_error(rt, spec, prompt_id, prompt_ids, sampling, tries)) from exc
 
 
 def _refused(rt: Runtime, spec: RunSpec, binding: ServerBinding, exc: ServerRefused,
              tries: Attempts) -> None:
-    """The server refused our credentials on /generate: refuse it, and try another server or give the
-    prompt back, without spending its budget (the prompt is not at fault)."""
+    """The server refused our credentials on /generate: refuse it, and try another server (return)
+    or give the prompt back (raise), without spending its budget (the prompt is not at fault)."""
     rt.monitor.refuse(binding, credentials_refusal(exc.status, "/generate", rt.settings.sglang_api_key is not None))
     tries.refused += 1
     if not rt.pool.usable(spec.served_model) or tries.refused >= len(rt.pool.bindings):
         raise GiveBack(f"{exc}; no other usable server")
-    return None
 
 
 def _fit_context(sampling: dict, prompt_len: int, context: int | None) -> dict:
@@ -250,8 +270,8 @@ def _fit_context(sampling: dict, prompt_len: int, context: int | None) -> dict:
 
 
 def _pause(tries: Attempts, error: str, base: float, cap: float, *, transient: bool,
-           limit: int) -> bool | None:
-    """Count a failed request and sleep with full jitter; None once the budget is spent."""
+           limit: int) -> bool:
+    """Count a failed request and sleep with full jitter; False (no sleep) once the budget is spent."""
     tries.last_error = error
     if transient:
         tries.transient += 1
@@ -260,7 +280,7 @@ def _pause(tries: Attempts, error: str, base: float, cap: float, *, transient: b
         tries.unavailable += 1
         count = tries.unavailable
     if count >= limit:
-        return None
+        return False
     metrics.RETRIES.labels("transient" if transient else "unavailable").inc()
     time.sleep(random.uniform(0, min(cap, base * 2 ** (count - 1))))
     return True

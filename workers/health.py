@@ -25,6 +25,7 @@ from typing import Callable
 
 import httpx
 
+from . import lifeline
 from .preflight import preflight as preflight_server
 from .server_load import gateway_capacity, gateway_load, gateway_workers, server_load
 from .servers import DOWN, HEALTHY, LOADING, REFUSED, WARMING, ServerBinding, ServerPool
@@ -45,7 +46,10 @@ class HealthMonitor:
         self.client = httpx.Client(timeout=settings.health_timeout, headers=headers)
         self._stop = threading.Event()
         self._wake = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="fleet-health", daemon=True)
+        self._thread = threading.Thread(target=lifeline.guarded("health monitor", self._run), name="fleet-health",
+                                        daemon=True)
+        self._heartbeat = lifeline.Trouble("heartbeat to Redis")
+        self._load_reads: dict[str, lifeline.Trouble] = {}
 
     def start(self) -> None:
         self._thread.start()
@@ -82,8 +86,9 @@ class HealthMonitor:
             if self.after_round:
                 try:
                     self.after_round()
+                    self._heartbeat.ok()
                 except Exception as exc:  # Redis restarting: the next round writes again
-                    log.debug("heartbeat failed: %r", exc)
+                    self._heartbeat.failed(exc)
             self._wake.wait(self.settings.health_interval)
             self._wake.clear()
 
@@ -96,6 +101,7 @@ class HealthMonitor:
 
     def _read_load(self, binding: ServerBinding) -> None:
         """The server's running and waiting requests, for its tuner; a gateway's worker list first."""
+        trouble = self._load_reads.setdefault(binding.url, lifeline.Trouble(f"server {binding.url}: load read"))
         try:
             if binding.gateway_workers is None:
                 load = server_load(self.client, binding.url)
@@ -105,8 +111,9 @@ class HealthMonitor:
                     self._workers_changed(binding, workers)
                 load = gateway_load(self.client, binding.gateway_workers)
         except Exception as exc:  # never let a load read stop the health thread
-            log.debug("server %s: load not read (%r)", binding.url, exc)
+            trouble.failed(exc)
             return
+        trouble.ok()
         if load is not None:
             self.pool.observe_load(binding, load)
 

@@ -35,6 +35,7 @@ from contract import kombu_redis
 from contract.ledger import Ledger
 from contract.names import PromptState
 
+from . import lifeline
 from .consumer import Delivery, held_deliveries
 from .runtime import get_runtime
 from .settings import Settings
@@ -117,7 +118,8 @@ class LeaseKeeper(bootsteps.StartStopStep):
         if self._thread is not None and self._thread.is_alive():
             return  # a reconnect: the thread never stopped
         self._stop.clear()
-        self._thread = threading.Thread(target=self._run, args=(c,), name="fleet-lease", daemon=True)
+        self._thread = threading.Thread(target=lifeline.guarded("lease keeper", self._run), args=(c,),
+                                        name="fleet-lease", daemon=True)
         self._thread.start()
 
     def stop(self, c) -> None:
@@ -130,12 +132,14 @@ class LeaseKeeper(bootsteps.StartStopStep):
         rt = get_runtime(c.app.fleet_settings, c.hostname)
         leases = Leases(rt.redis, hold_limit(rt.settings))
         period = max(1.0, rt.settings.lease_seconds / 4)
+        trouble = lifeline.Trouble("lease renewal")
         while True:
             try:
                 renewed = leases.round(held_deliveries(c))
+                trouble.ok()
                 if renewed:
                     log.debug("renewed %d leases", renewed)
             except Exception as exc:  # a broker blip must not kill the thread
-                log.warning("lease renewal failed: %r", exc)
+                trouble.failed(exc)
             if self._stop.wait(period):
                 return

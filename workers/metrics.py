@@ -13,6 +13,8 @@ import logging
 from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
+from . import lifeline
+
 log = logging.getLogger(__name__)
 
 PROMPTS = Counter("fleet_prompts_total", "Prompts finished, by outcome (stored or dead).", ["run", "outcome"])
@@ -37,6 +39,7 @@ class FleetCollector:
 
     def __init__(self, runtime):
         self.runtime = runtime
+        self.trouble = lifeline.Trouble("metrics: queue depths from Redis")
 
     def collect(self):
         up = GaugeMetricFamily("fleet_server_up", "1 when the server is healthy and accepted.", labels=["server"])
@@ -77,8 +80,9 @@ class FleetCollector:
                 dead.add_metric([run], DeadLetters(client, run).count())
             for name in sorted({prefix, *queues.values()}):
                 queue.add_metric([name], client.llen(name))
+            self.trouble.ok()
         except Exception as exc:  # Redis restarting: report what we have
-            log.debug("queue depth unavailable: %r", exc)
+            self.trouble.failed(exc)
         yield queue
         yield dead
 

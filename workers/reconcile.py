@@ -68,7 +68,7 @@ class ShardBook:
         except redis.RedisError as exc:
             log.warning("could not drop the writing entries of %d samples of run %s (%r)", len(rows), run, exc)
 
-    def stored(self, run: str, rows: list[Sample], shard: Path) -> None:
+    def mark_done(self, run: str, rows: list[Sample], shard: Path) -> None:
         """The group is durable in `shard`: mark it done and forget its deliveries, one round
         trip (raises if Redis fails: its tasks then fail, and their redeliveries find the entries)."""
         with self.client.pipeline(transaction=False) as pipe:

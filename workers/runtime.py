@@ -80,7 +80,7 @@ def _build(s: Settings, worker: str) -> Runtime:
         redis=client, shards=shards,
     )
     monitor.client.auth = ServerCredentials(s.server_urls)  # bindings hold redacted URLs
-    log.warning("worker %s bound to %s; broker %s; shards to %s; %d threads, %d in flight per server",
+    log.warning("worker %s bound to %s; broker %s; shards to %s; %d threads, at most %d in flight per server",
                 worker, ", ".join(b.url for b in pool.bindings), redact_url(s.redis_url), s.output_dir,
                 s.pool_size, s.max_inflight_per_server)
     monitor.start()

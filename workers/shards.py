@@ -52,13 +52,9 @@ import pyarrow.parquet as pq
 from contract.durable import fsync_path
 from contract.schema import INT32_MAX, Sample, samples_to_table
 
-from . import metrics
+from . import lifeline, metrics
 
 log = logging.getLogger(__name__)
-# Test hook, an honest fault injection: "1" makes the worker die (os._exit) right after a
-# shard is linked into place, before its samples are marked done (tests/test_reconcile.py).
-FAULT_AFTER_LINK = "FLEET_FAULT_AFTER_LINK"
-FAULT_EXIT = 137  # what a SIGKILLed process reports
 
 
 class Book(Protocol):
@@ -66,7 +62,7 @@ class Book(Protocol):
 
     def writing(self, run: str, rows: list[Sample], shard: str) -> None: ...
     def unwritten(self, run: str, rows: list[Sample], shard: str) -> None: ...
-    def stored(self, run: str, rows: list[Sample], shard: Path) -> None: ...
+    def mark_done(self, run: str, rows: list[Sample], shard: Path) -> None: ...
 
 
 class BadSample(ValueError):
@@ -137,7 +133,6 @@ class ShardWriter:
                  retry_base: float = 0.5, retry_max: float = 5.0, book: Book | None = None):
         self.root = Path(output_dir)
         self.book = book  # None: files only (the ledger is the caller's)
-        self._die_after_link = os.environ.get(FAULT_AFTER_LINK) == "1"
         self.worker = re.sub(r"[^A-Za-z0-9_.-]+", "-", worker).strip("-.") or "worker"
         self.max_rows, self.max_wait = max_rows, max_wait
         self.retry_base, self.retry_max = retry_base, retry_max
@@ -148,7 +143,8 @@ class ShardWriter:
         self._lock = threading.Condition()
         self._seq = 0
         self._closed = False
-        self._thread = threading.Thread(target=self._run, name="fleet-shards", daemon=True)
+        self._thread = threading.Thread(target=lifeline.guarded("shard writer", self._run), name="fleet-shards",
+                                        daemon=True)
         self._thread.start()
 
     def submit(self, run: str, row: Sample) -> Future:
@@ -283,10 +279,6 @@ class ShardWriter:
                 self._commit_one(run, row, future)
         else:
             metrics.SHARD_COMMIT_SECONDS.observe(time.monotonic() - started)
-            if self._die_after_link:
-                log.error("%s=1: dying right after linking %s, before marking its samples done",
-                          FAULT_AFTER_LINK, path.name)
-                os._exit(FAULT_EXIT)
             self._release(run, pending, path)
 
     def _unwritten(self, run: str, pending: _Pending, name: str) -> None:
@@ -301,7 +293,7 @@ class ShardWriter:
         metrics.SHARD_ROWS.inc(len(pending.rows))
         try:
             if self.book:
-                self.book.stored(run, pending.rows, path)
+                self.book.mark_done(run, pending.rows, path)
         except Exception as exc:  # Redis gave up: the tasks fail, their redeliveries find the entries
             log.error("shard %s is durable but marking its %d samples done failed: %r",
                       path.name, len(pending.rows), exc)

@@ -15,9 +15,11 @@ over, and the prompts would then wait a whole lease to be restored. So once
    never handed back, so never generated again (even if its task's own ack is
    still queued on the stopped event loop); any other goes back to the queue
    exactly once (kombu's restore, through the live channel, or else an expired
-   lease that any worker's sweep restores), and that delivery is not counted
+   lease that any worker's sweep restores; always the latter for a worker that
+   can no longer work, `lifeline.py`, whose consumer may still be polling the
+   queue), and that delivery is not counted
    against the prompt (`deliveries.undo`): a rolling restart poisons nothing;
-4. exits 0.
+4. exits 0 (`lifeline.EXIT_BROKEN` for a worker that can no longer work).
 
 Every wait has a deadline: the grace itself, the writer's join, the settle
 wait, and a watchdog that exits with status 1 when the hand-back hangs on
@@ -36,7 +38,7 @@ from celery import bootsteps, signals
 
 from contract import kombu_redis
 
-from . import deliveries
+from . import deliveries, lifeline
 from .consumer import current_channel, held_deliveries
 from .lease import finished, settle
 from .runtime import get_runtime
@@ -77,8 +79,12 @@ class ShutdownGrace(bootsteps.StartStopStep):
 def _arm_grace_timer(sig=None, how=None, exitcode=None, **_) -> None:
     if not _consumer:  # stopped before consuming: nothing is held
         return
-    grace = _consumer[0][0].app.fleet_settings.shutdown_grace
-    log.warning("%s received: draining in-flight prompts for up to %.0fs", sig, grace)
+    if lifeline.broken():  # what it holds it cannot finish: hand it back now
+        grace = 0.0
+    else:
+        grace = _consumer[0][0].app.fleet_settings.shutdown_grace
+        log.warning("%s received: finishing in-flight prompts for up to %.0fs (FLEET_SHUTDOWN_GRACE), then "
+                    "handing the rest back to the queue", sig, grace)
     timer = threading.Timer(grace, _hand_back)
     timer.daemon = True
     timer.start()
@@ -102,7 +108,7 @@ def _hand_back() -> None:
     except Exception:
         log.exception("handing prompts back failed: they return when their leases run out")
     logging.shutdown()
-    os._exit(0)
+    os._exit(lifeline.EXIT_BROKEN if lifeline.broken() else 0)
 
 
 def settle_held(c, rt) -> tuple[int, int]:
@@ -112,6 +118,19 @@ def settle_held(c, rt) -> tuple[int, int]:
     done = finished(rt.redis, held.values())
     settle(rt.redis, held, done)
     back = [d for tag, d in held.items() if tag not in done]
+    if lifeline.broken():  # its consumer may still be polling the queue: never feed it what it hands back
+        kombu_redis.expire(rt.redis, [d.tag for d in back])
+    else:
+        _restore(c, rt, back)
+    for d in back:
+        kombu_redis.mark_acked(d.qos, d.tag)
+        if d.run is not None and d.prompt_id is not None:
+            deliveries.STARTED.take_back(rt.redis, d.run, d.prompt_id, rt.worker)
+    return len(done), len(back)
+
+
+def _restore(c, rt, back: list) -> None:
+    """Back on the queue now, through the live channel; else through any worker's restore sweep."""
     channel = current_channel(c)
     try:
         if channel is None:
@@ -120,11 +139,6 @@ def settle_held(c, rt) -> tuple[int, int]:
     except Exception as exc:
         log.warning("restoring through the broker channel failed (%r): expiring the leases instead", exc)
         kombu_redis.expire(rt.redis, [d.tag for d in back])
-    for d in back:
-        kombu_redis.mark_acked(d.qos, d.tag)
-        if d.run is not None and d.prompt_id is not None:
-            deliveries.STARTED.take_back(rt.redis, d.run, d.prompt_id, rt.worker)
-    return len(done), len(back)
 
 
 def _wait(predicate, limit: float) -> None:

@@ -27,10 +27,10 @@ it returns (`committing()`): the hand-back waits for them to be marked done
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 import threading
 import traceback
+from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -42,6 +42,7 @@ from contract.deadletters import DeadLetter
 from contract.keys import TASK_NAME, RunKeys
 from contract.ledger import Ledger
 from contract.names import PromptState, Reason
+from contract.schema import Sample
 
 from . import deliveries, turns
 from .deliveries import STARTED
@@ -49,6 +50,7 @@ from .generation import Buried, DeadLettered, GiveBack, bury, process_prompt
 from .lease import hold_limit
 from .reconcile import reconciled
 from .runtime import Runtime, get_runtime
+from .shards import ShardWriter
 from .specs import cached_spec
 
 log = logging.getLogger(__name__)
@@ -59,8 +61,10 @@ _LAST_CHANCE = threading.Lock()  # one prompt on its last allowed delivery at a 
 
 @shared_task(name=TASK_NAME, bind=True, acks_late=True, ignore_result=True, throws=(DeadLettered,))
 def generate(self, run: str, prompt_id: str, max_new_tokens: int | None = None) -> str:
-    """A dead-lettered prompt ends as a failed task whose exception names its reason
-    (`throws`: logged without a traceback; acknowledged like any finished task, never retried)."""
+    """A dead-lettered prompt ends as a failed task whose exception names its reason, so Flower
+    counts it as failed (`throws`: an expected failure, which Celery logs at INFO without a
+    traceback, hidden unless FLEET_TASK_LOG; `bury` logged its one line; acknowledged like any
+    finished task, never retried)."""
     outcome = _generate(self, run, prompt_id, max_new_tokens)
     if isinstance(outcome, Buried):
         raise DeadLettered(outcome.reason, outcome.message)
@@ -90,11 +94,11 @@ def _generate(self, run: str, prompt_id: str, max_new_tokens: int | None) -> str
             if not intake.noted:  # its last chance (noted once alone here), or a write to reconcile
                 STARTED.start(rt.redis, run, prompt_id, rt.worker)
             spec = cached_spec(rt.settings.redis_url, run)
-            with _COMMITTING.counted(rt) as task_rt:
-                outcome = process_prompt(task_rt, spec, prompt_id, unpack_ids(raw), max_new_tokens)
-        STARTED.finish(rt.redis, run, prompt_id, cleared=task_rt.shards.stored())
+            with TaskSamples(rt.shards) as samples:
+                outcome = process_prompt(rt, spec, prompt_id, unpack_ids(raw), max_new_tokens, samples.submit)
+        STARTED.finish(rt.redis, run, prompt_id, cleared=samples.marked_done())
         if spec.turns == "all" and not isinstance(outcome, Buried):
-            _next_turn(self.app, rt, spec, prompt_id, task_rt.shards.last_row, outcome)
+            _next_turn(self.app, rt, spec, prompt_id, samples.last_row, outcome)
         return outcome
     except GiveBack as exc:
         STARTED.take_back(rt.redis, run, prompt_id, rt.worker)
@@ -211,54 +215,40 @@ def _readable_ids(raw: bytes | None) -> list[int] | None:
 
 def committing() -> int:
     """Samples handed to the shard writer by tasks that have not returned yet."""
-    return _COMMITTING.count
+    return TaskSamples.in_flight
 
 
-class _Committing:
-    """Counts samples submitted to the shard writer until their task returns (marked done, or failed)."""
+class TaskSamples:
+    """What one task hands the shard writer: its samples are counted in `committing()` from
+    their submit until the task leaves the `with` block (marked done, or failed)."""
 
-    def __init__(self) -> None:
-        self.count = 0
-        self._lock = threading.Lock()
+    in_flight = 0  # across the worker's tasks
+    _lock = threading.Lock()
 
-    def _add(self, n: int) -> None:
-        with self._lock:
-            self.count += n
+    def __init__(self, writer: ShardWriter):
+        self.writer = writer
+        self.last_row: Sample | None = None  # a conversation's next turn is rendered from it
+        self._futures: list[Future] = []
 
-    def counted(self, rt: Runtime) -> "_Counted":
-        return _Counted(self, rt)
-
-
-class _Counted:
-    """The task's view of the runtime: the same parts, with a shard writer that counts its samples."""
-
-    def __init__(self, owner: _Committing, rt: Runtime):
-        self.owner, self.rt, self.submitted = owner, rt, 0
-        self._futures: list = []
-        self.last_row = None  # the last sample submitted: a conversation's next turn is rendered from it
-
-    def __enter__(self) -> Runtime:
-        return dataclasses.replace(self.rt, shards=self)
+    def __enter__(self) -> "TaskSamples":
+        return self
 
     def __exit__(self, *_) -> None:
-        self.owner._add(-self.submitted)
+        self._count(-len(self._futures))
 
-    def submit(self, run: str, row):
-        future = self.rt.shards.submit(run, row)
-        self.submitted += 1
-        self.last_row = row
-        self.owner._add(1)
+    def submit(self, run: str, row: Sample) -> Future:
+        future = self.writer.submit(run, row)
         self._futures.append(future)
+        self.last_row = row
+        self._count(1)
         return future
 
-    def stored(self) -> bool:
-        """Whether a sample of this task is in a shard (its group commit, which marked it done,
-        also forgot its deliveries)."""
+    def marked_done(self) -> bool:
+        """Whether a sample of this task is in a shard and marked done (its group commit also
+        forgot the prompt's deliveries)."""
         return any(f.done() and not f.cancelled() and f.exception() is None for f in self._futures)
 
-    def __getattr__(self, name: str):
-        """Everything else (storage health, withdrawing a sample) is the writer's own."""
-        return getattr(self.rt.shards, name)
-
-
-_COMMITTING = _Committing()
+    @classmethod
+    def _count(cls, n: int) -> None:
+        with cls._lock:
+            cls.in_flight += n

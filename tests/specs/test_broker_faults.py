@@ -2,9 +2,11 @@
 message names. The real-process tests are tests/test_broker_faults.py."""
 from __future__ import annotations
 
+import functools
 import json
 from types import SimpleNamespace
 
+import pytest
 from kombu.transport import redis as kombu_redis_transport
 from kombu.transport.virtual import base
 
@@ -22,8 +24,51 @@ def _qos_holding(*tags: str):
     return qos
 
 
-def test_the_kombu_internals_the_fleet_reads_are_where_it_reads_them():
+def test_the_kombu_and_celery_internals_the_fleet_reads_are_where_it_reads_them():
     assert kombu_redis.check() == []
+    kombu_redis.require()  # and the worker starts
+
+
+def test_a_worker_refuses_to_start_on_a_kombu_or_celery_whose_internals_moved(monkeypatch):
+    # Given an upgrade that moved the unacked index's restore, the QoS's dirty set and the
+    # event dispatcher's buffer
+    from celery.events.dispatcher import EventDispatcher
+
+    monkeypatch.delattr(kombu_redis_transport.QoS, "restore_by_tag")
+    monkeypatch.setattr(base.QoS, "__init__", _dirty_as_list(base.QoS.__init__))
+    monkeypatch.setattr(EventDispatcher, "__init__", _without_outbound_buffer(EventDispatcher.__init__))
+
+    # Then the check names each, and the worker's start says which versions are installed
+    assert kombu_redis.check() == [
+        "kombu.transport.redis.QoS.restore_by_tag is gone",
+        "kombu.transport.virtual.base.QoS has no _dirty set",
+        "celery's EventDispatcher has no _outbound_buffer",
+    ]
+    with pytest.raises(RuntimeError) as refused:
+        kombu_redis.require()
+    import celery
+    import kombu
+    import redis
+
+    assert f"celery {celery.__version__}, kombu {kombu.__version__}, redis-py {redis.__version__}" in str(refused.value)
+    assert "restore_by_tag" in str(refused.value) and "read from 5.7.0" in str(refused.value)
+
+
+def _dirty_as_list(init):
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self._on_collect.cancel()  # no restore at exit for this stand-in of a changed QoS
+        self._dirty = list(self._dirty)
+    return __init__
+
+
+def _without_outbound_buffer(init):
+    @functools.wraps(init)
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self._pending = self.__dict__.pop("_outbound_buffer")
+    return __init__
 
 
 def test_a_detached_channel_restores_nothing_when_it_closes_and_settles_through_the_fleet():

@@ -34,8 +34,8 @@ from .runtime import Runtime
 from .servers import NoServer, ServerBinding
 from .specs import cached_spec
 from .shards import BadSample, StorageUnavailable
-from .sglang_client import (Generation, ServerRefused, ServerRejected, ServerUnavailable, TransientError,
-                            generate)
+from .sglang_client import (Generation, ServerCut, ServerRefused, ServerRejected, ServerUnavailable,
+                            TransientError, generate)
 from .turns import turn_columns
 from .verify import Verdict, think_positions, verify
 
@@ -52,6 +52,7 @@ class Attempts:
     transient: int = 0
     unavailable: int = 0
     refused: int = 0
+    cut: int = 0  # requests ended because their server was marked down: not attempts
     last_bad_output: dict | None = None  # the excerpt, when the last failure was a bad answer
     resampled: bool = False
     servers: list[str] = field(default_factory=list)
@@ -188,8 +189,9 @@ def _attempt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], 
 
     Every way round the loop spends a budget or shrinks the choice of servers:
     transient failures and bad answers `max_attempts`, connection failures
-    `max_unavailable`, and a refusal of our credentials refuses that server;
-    no usable server gives the prompt back to the queue.
+    `max_unavailable`, a refusal of our credentials refuses that server, and a
+    cut follows its server's going down; no usable server gives the prompt back
+    to the queue.
     """
     s = rt.settings
     avoid = tries.servers[-1] if tries.servers else None
@@ -213,6 +215,8 @@ def _attempt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], 
         return _dead(rt, spec, prompt_id, prompt_ids, sampling, tries, Reason.SERVER_REJECTED, str(exc))
     except ServerRefused as exc:
         return _refused(rt, spec, binding, exc, tries)
+    except ServerCut as exc:
+        return _cut(rt, spec, exc, tries)
     except ServerUnavailable as exc:
         rt.monitor.suspect(binding, str(exc))
         tries.last_bad_output = None
@@ -237,6 +241,18 @@ def _refused(rt: Runtime, spec: RunSpec, binding: ServerBinding, exc: ServerRefu
     rt.monitor.refuse(binding, credentials_refusal(exc.status, "/generate", rt.settings.sglang_api_key is not None))
     tries.refused += 1
     if not rt.pool.usable(spec.served_model) or tries.refused >= len(rt.pool.bindings):
+        raise GiveBack(f"{exc}; no other usable server")
+    return None
+
+
+def _cut(rt: Runtime, spec: RunSpec, exc: ServerCut, tries: Attempts) -> None:
+    """The server was marked down while this request waited there (a wedged engine): the request
+    was no attempt (it is taken off the prompt's list and spends no budget), and the prompt goes
+    to another server at once, or back to the queue when none is usable."""
+    tries.servers.pop()
+    tries.cut += 1
+    log.info("%s; trying another server", exc)
+    if not rt.pool.usable(spec.served_model):
         raise GiveBack(f"{exc}; no other usable server")
     return None
 

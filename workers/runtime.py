@@ -71,14 +71,12 @@ def _build(s: Settings, worker: str) -> Runtime:
     pool = ServerPool(s.server_urls, s.max_inflight_per_server)
     client = redis_for(s.redis_url)
     shards = ShardWriter(s.output_dir, worker, s.group_rows, s.shard_max_wait, book=ShardBook(client))
+    http = make_client(s.pool_size, s.connect_timeout, s.request_timeout, key, s.server_urls)
     monitor = HealthMonitor(pool, s, headers, after_round=lambda: heartbeats.publish(
         client, worker, pool.snapshot(), ttl=3 * s.health_interval + s.health_timeout,
-        storage=shards.storage.snapshot()))
-    runtime = Runtime(
-        settings=s, worker=worker, pool=pool, monitor=monitor,
-        http=make_client(s.pool_size, s.connect_timeout, s.request_timeout, key, s.server_urls),
-        redis=client, shards=shards,
-    )
+        storage=shards.storage.snapshot()), cut=lambda binding, why: http.cut(binding.url, why))
+    runtime = Runtime(settings=s, worker=worker, pool=pool, monitor=monitor, http=http, redis=client,
+                      shards=shards)
     monitor.client.auth = ServerCredentials(s.server_urls)  # bindings hold redacted URLs
     log.warning("worker %s bound to %s; broker %s; shards to %s; %d threads, %d in flight per server",
                 worker, ", ".join(b.url for b in pool.bindings), redact_url(s.redis_url), s.output_dir,

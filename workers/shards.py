@@ -333,10 +333,12 @@ class ShardWriter:
                 folder = self.root / run
                 folder.mkdir(parents=True, exist_ok=True)
                 probe = folder / f".probe-{secrets.token_hex(6)}"
-                with open(probe, "xb") as sink:
-                    sink.write(b"probe")
-                    os.fsync(sink.fileno())
-                probe.unlink()
+                try:
+                    with open(probe, "xb") as sink:
+                        sink.write(b"probe")
+                        os.fsync(sink.fileno())
+                finally:  # a full disk fails the close: the probe's name must not stay either
+                    _discard(probe)
         except OSError as exc:
             self.storage.failed(exc)
             with self._lock:

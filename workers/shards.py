@@ -264,9 +264,9 @@ class ShardWriter:
 
     def _write_group(self, run: str, pending: _Pending, table) -> None:
         name = self._name()
-        if self.book:
-            self.book.writing(run, pending.rows, name)
         try:
+            if self.book:  # raises OSError when Redis refuses the note: held like a storage outage
+                self.book.writing(run, pending.rows, name)
             path = self._write(run, table, name)
         except OSError as exc:  # storage, not the rows
             self._unwritten(run, pending, name)

@@ -43,5 +43,7 @@ def celery_app(redis_url: str, name: str = "fleet-producer", queue: str = DEFAUL
         app.conf.broker_use_ssl = use_ssl
     app.conf.update(**SERIALIZATION, task_default_queue=queue,
                     broker_transport_options={**TRANSPORT, **(transport or {})},
-                    broker_connection_retry_on_startup=True, **conf)
+                    broker_connection_retry_on_startup=True,
+                    broker_channel_error_retry=True,  # a refused write (OOM, READONLY) restarts the consumer
+                    **conf)
     return app

@@ -478,4 +478,16 @@ def show(prompt_id: str = typer.Argument(..., metavar="ID"), run: Optional[str] 
 
 
 def main() -> None:
-    app()
+    """Run a command; Redis refusing writes (out of memory, read-only, no replicas) ends it with
+    one line and exit status 3, never a traceback. What a command wrote before is safe: `enqueue`
+    records each prompt before publishing it, so a re-run publishes only what is missing."""
+    from contract.write_refusal import refusal
+
+    try:
+        app()
+    except Exception as exc:
+        refused = refusal(exc)
+        if refused is None:
+            raise
+        err.print(f"[red]{escape(refused.line())}[/red]; then run the command again", highlight=False)
+        sys.exit(3)

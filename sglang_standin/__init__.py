@@ -22,6 +22,12 @@ little-endian + ids as uint32 little-endian)).random() and fault i owns
 - `--fault-trickle S --trickle-seconds T`: the body is sent a few bytes at a
   time over T seconds; /standin/stats `trickled` counts them per key.
 
+The whole server can wedge (`--wedge`, or at run time `POST /standin/wedge
+{"wedged": true|false}`): the engine hangs while the port answers; /health
+sends 200's head and then a byte every `--wedge-trickle-seconds`,
+/generate and the scheduler's routes answer nothing until it heals (see
+`wedge`); /standin/stats `wedged` counts the requests it held, per key.
+
 Load as SGLang reports it: `/v1/loads`, `/get_load`, `num_running_reqs` and
 `num_waiting_reqs` in meta_info (see `routes_load`). `--api-key` guards every
 route but /health* and /metrics* (see `auth`).

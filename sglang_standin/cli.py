@@ -115,6 +115,12 @@ def _fault_options(g: argparse._ArgumentGroup) -> None:
                    help="output_ids length of the huge_body bad output (3,000,000 is about 12 MB of JSON)")
     g.add_argument("--trickle-seconds", type=float, default=_D.trickle_seconds,
                    help="seconds over which a trickle-fault answer's body is spread")
+    g.add_argument("--wedge", action="store_true",
+                   help="start with the engine hung: /health sends 200's head and then a byte every "
+                        "--wedge-trickle-seconds, /generate, /server_info and the load routes never answer; "
+                        "POST /standin/wedge {\"wedged\": true|false} switches it at run time")
+    g.add_argument("--wedge-trickle-seconds", type=float, default=_D.wedge_trickle_seconds,
+                   help="seconds between the bytes of a wedged server's /health")
 
 
 def _kinds(text: str) -> tuple[str, ...]:

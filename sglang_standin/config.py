@@ -110,6 +110,9 @@ class StandinConfig:
     bad_output_kinds: tuple[str, ...] = BAD_OUTPUT_KINDS  # a "a,b" string is accepted too
     huge_body_ids: int = 3_000_000
     trickle_seconds: float = 10.0
+    # --- the wedge: the engine hangs, the HTTP front answers (see wedge.py); switchable at run time
+    wedge: bool = False
+    wedge_trickle_seconds: float = 2.0
 
     def __post_init__(self) -> None:
         if self.tokenizer_path is None:
@@ -162,7 +165,8 @@ def _validate(cfg: StandinConfig) -> None:
         "max_queued_requests must be >= 0",
     )
     for name in ("load_seconds", "warmup_seconds", "health_latency", "step_base",
-                 "step_per_request", "prefill_per_token", "slow_seconds", "trickle_seconds"):
+                 "step_per_request", "prefill_per_token", "slow_seconds", "trickle_seconds",
+                 "wedge_trickle_seconds"):
         value = getattr(cfg, name)
         _check(math.isfinite(value) and value >= 0, f"{name} must be a finite number >= 0")
     _check(cfg.output_len_median > 0, "output_len_median must be > 0")

@@ -47,7 +47,9 @@ async def generate(request: Request) -> Response:
         log.error("Exception in /generate (real SGLang answers 500 too): %s", exc)
         return errors.internal_error()
     plans = [plan(sub, state.cfg) for sub in call.items]
-    return await _schedule_and_answer(state, call, plans, started)
+    if not await _unwedged(request, state, plans):
+        return Response(status_code=499)
+    return await _schedule_and_answer(request, state, call, plans, started)
 
 
 def plan(sub: SubRequest, cfg: StandinConfig) -> Planned:
@@ -59,8 +61,16 @@ def plan(sub: SubRequest, cfg: StandinConfig) -> Planned:
                    finish=finish, bad_kind=bad_output_kind(sub.input_ids, cfg))
 
 
-async def _schedule_and_answer(state: StandinState, call: GenerateCall, plans: list[Planned],
-                               started: float) -> Response:
+async def _unwedged(request: Request, state: StandinState, plans: list[Planned]) -> bool:
+    """Hold the request while the engine is wedged (noted in the stats); False if its client left."""
+    if state.wedge.wedged:
+        for p in plans:
+            state.stats.note_wedged(p.key)
+    return await state.wedge.hold(request)
+
+
+async def _schedule_and_answer(request: Request, state: StandinState, call: GenerateCall,
+                               plans: list[Planned], started: float) -> Response:
     first = [state.stats.note_attempt(p.key) == 1 for p in plans]
     if any(f and p.fault == "http500_first" for p, f in zip(plans, first)):
         log.error("Injected fault: HTTP 500 on the first request for this prompt")
@@ -82,6 +92,8 @@ async def _schedule_and_answer(state: StandinState, call: GenerateCall, plans: l
     lifecycle.inflight += 1
     try:
         outcomes = await asyncio.gather(*(job.outcome for job in jobs))
+        if not await _unwedged(request, state, plans):  # generated, but a wedged engine never answers
+            return Response(status_code=499)
     finally:
         lifecycle.inflight -= 1
     load = Load(state.engine.running_count, state.engine.waiting_count)

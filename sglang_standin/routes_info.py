@@ -31,6 +31,8 @@ async def health(request: Request) -> Response:
     state = _state(request)
     if not state.lifecycle.healthy:
         return Response(status_code=503)
+    if state.wedge.wedged:
+        return state.wedge.health()
     await asyncio.sleep(state.cfg.health_latency)
     return Response(status_code=200)
 

@@ -66,9 +66,10 @@ class StandinServer(uvicorn.Server):
         self._drain_task = self._loop.create_task(self._drain())
 
     async def _drain(self) -> None:
-        """Keep serving (like SGLang) until no request is being generated."""
-        engine, lifecycle = self.state.engine, self.state.lifecycle
-        while lifecycle.inflight or engine.running_count or engine.waiting_count:
+        """Keep serving (like SGLang) until no request is being generated (a wedged engine never
+        finishes them: it exits at once)."""
+        engine, lifecycle, wedge = self.state.engine, self.state.lifecycle, self.state.wedge
+        while (lifecycle.inflight or engine.running_count or engine.waiting_count) and not wedge.wedged:
             await asyncio.sleep(_DRAIN_POLL_SECONDS)
         self.should_exit = True  # uvicorn then closes connections; exit code 0
 

@@ -16,6 +16,7 @@ from sglang_standin.auth import ApiKeyMiddleware
 from sglang_standin.config import StandinConfig
 from sglang_standin.generate import generate
 from sglang_standin.state import StandinState
+from sglang_standin.wedge import held, switch
 
 
 async def _http_error(request: Request, exc: Exception) -> Response:
@@ -32,15 +33,16 @@ def routes() -> list[Route]:
         Route("/ping", info.ping, methods=["GET"]),
         Route("/model_info", info.model_info, methods=["GET"]),
         Route("/get_model_info", info.model_info, methods=["GET"]),
-        Route("/server_info", info.server_info, methods=["GET"]),
-        Route("/get_server_info", info.server_info, methods=["GET"]),
-        Route("/get_load", loads.get_load, methods=["GET"]),
-        Route("/v1/loads", loads.v1_loads, methods=["GET"]),
+        Route("/server_info", held(info.server_info), methods=["GET"]),
+        Route("/get_server_info", held(info.server_info), methods=["GET"]),
+        Route("/get_load", held(loads.get_load), methods=["GET"]),
+        Route("/v1/loads", held(loads.v1_loads), methods=["GET"]),
         Route("/v1/models", info.list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", info.get_model, methods=["GET"]),
         Route("/flush_cache", info.flush_cache, methods=["GET", "POST"]),
         Route("/abort_request", info.abort_request, methods=["POST"]),
         Route("/standin/stats", info.standin_stats, methods=["GET"]),
+        Route("/standin/wedge", switch, methods=["POST"]),
     ]
 
 

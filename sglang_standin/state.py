@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from sglang_standin.batching import Engine
 from sglang_standin.config import StandinConfig
 from sglang_standin.stats import Stats
+from sglang_standin.wedge import Wedge
 
 
 class Lifecycle:
@@ -46,6 +47,7 @@ class StandinState:
     stats: Stats = field(default_factory=Stats)
     lifecycle: Lifecycle | None = None
     engine: Engine | None = None
+    wedge: Wedge | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
     def __post_init__(self) -> None:
@@ -53,3 +55,5 @@ class StandinState:
             self.lifecycle = Lifecycle(self.cfg.warmup_seconds)
         if self.engine is None:
             self.engine = Engine(self.cfg, self.stats)
+        if self.wedge is None:
+            self.wedge = Wedge(self.cfg.wedge, self.cfg.wedge_trickle_seconds)

@@ -2,8 +2,8 @@
 
 Tests use them to prove retries really reached the server (attempts vs
 generations per prompt) and benchmarks to measure how busy the "GPU" was
-(busy_seconds over the window first_start..last_end). `bad_outputs` and
-`trickled` say which prompts got those delivery faults, keyed like
+(busy_seconds over the window first_start..last_end). `bad_outputs`,
+`trickled` and `wedged` say which prompts got those faults, keyed like
 `attempts` (the rid when the request gave one, else the prompt's sha256).
 """
 
@@ -22,6 +22,7 @@ class Stats:
         self.generations: dict[str, int] = defaultdict(int)
         self.bad_outputs: dict[str, list[str]] = defaultdict(list)
         self.trickled: dict[str, int] = defaultdict(int)
+        self.wedged: dict[str, int] = defaultdict(int)
         self.tokens_generated = 0
         self.first_start: float | None = None
         self.last_end: float | None = None
@@ -48,6 +49,10 @@ class Stats:
     def note_trickle(self, key: str) -> None:
         """An answer for `key` was sent with the trickle fault."""
         self.trickled[key] += 1
+
+    def note_wedged(self, key: str) -> None:
+        """A request for `key` was held by the wedge fault."""
+        self.wedged[key] += 1
 
     def note_started(self) -> None:
         """A request entered the running batch."""
@@ -81,6 +86,7 @@ class Stats:
             "attempts": dict(self.attempts),
             "bad_outputs": {k: list(v) for k, v in self.bad_outputs.items()},
             "trickled": dict(self.trickled),
+            "wedged": dict(self.wedged),
             "tokens_generated": self.tokens_generated,
             "busy_seconds": self.busy_seconds(),
             "first_start": self.first_start,

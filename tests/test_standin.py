@@ -463,6 +463,30 @@ def test_trickle_sends_the_body_slowly_so_a_per_read_timeout_never_fires() -> No
         assert s.stats()["trickled"] == {"slow-1": 1}
 
 
+def test_a_wedged_engine_keeps_the_port_answering_but_never_finishes_health_or_generate() -> None:
+    # given a stand-in started wedged, trickling /health a byte every 0.2 s
+    with standin(*INSTANT, "--health-latency", "0", "--wedge", "--wedge-trickle-seconds", "0.2") as s:
+        timeout = httpx.Timeout(connect=5, read=1.0, write=5, pool=5)
+        with httpx.Client(base_url=s.url, timeout=timeout, trust_env=False) as client:
+            # when /health is read for a while, then its head is 200 and bytes keep coming, within any
+            # per-read timeout, with no end
+            with client.stream("GET", "/health") as r:
+                assert r.status_code == 200
+                pieces = r.iter_raw()
+                assert [next(pieces) for _ in range(5)] == [b"\n"] * 5
+            # and /generate and the scheduler's routes never answer, while the info routes still do
+            for method, path in (("POST", "/generate"), ("GET", "/server_info"), ("GET", "/get_load")):
+                with pytest.raises(httpx.ReadTimeout):
+                    client.request(method, path, json={"input_ids": [5, 6, 7], "rid": "held-1"})
+            assert client.get("/model_info").status_code == 200
+            # when it heals, then health and generation answer again, and the held request was noted
+            assert client.post("/standin/wedge", json={"wedged": False}).json() == {"wedged": False}
+            assert client.get("/health").status_code == 200
+            assert client.post("/generate", json={"input_ids": [5, 6, 7], "rid": "after"}).status_code == 200
+        assert s.stats()["wedged"] == {"held-1": 1}
+        assert "held-1" not in s.stats()["generations"]  # its client left before the engine came back
+
+
 # --------------------------------------------------------------------------- load reporting
 LOAD_KEYS = {"dp_rank", "num_running_reqs", "num_waiting_reqs", "num_used_tokens",
              "max_total_num_tokens", "token_usage", "gen_throughput", "cache_hit_rate",

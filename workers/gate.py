@@ -2,9 +2,10 @@
 
 A consumer bootstep that reconciles, four times a second, the queues this worker
 takes prompts from with the state of its servers and of its output storage:
-none while every bound server is down or the shard writer's last write failed
-(the prompts stay safely in Redis for other workers; the samples already made
-wait in the writer), the general queue plus one queue per model its healthy
+none while every bound server is down, the shard writer's last write failed
+or Redis refuses writes (`workers/redis_writes.py`) (the prompts stay safely
+in Redis for other workers; the samples already made wait in the writer),
+the general queue plus one queue per model its healthy
 servers serve otherwise.
 Reconciling on a timer, rather than reacting to one event, also repairs the
 consumer Celery re-creates after a broker reconnect.
@@ -55,6 +56,9 @@ class HealthGate(bootsteps.StartStopStep):
         """Why nothing should be consumed now, or None."""
         if lifeline.broken():
             return f"this worker cannot work on ({lifeline.broken()})"
+        refused = self.runtime.writes.refused
+        if refused is not None:
+            return f"Redis refuses writes ({refused.cause})"
         if not self.runtime.shards.storage.up:
             return f"storage failing ({self.runtime.shards.storage.last_error})"
         if not self.runtime.pool.any_usable():

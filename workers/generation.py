@@ -35,8 +35,8 @@ from .runtime import Runtime
 from .servers import NoServer, ServerBinding
 from .specs import cached_spec
 from .shards import BadSample, StorageUnavailable
-from .sglang_client import (Generation, ServerRefused, ServerRejected, ServerUnavailable, TransientError,
-                            generate)
+from .sglang_client import (Generation, ServerCut, ServerRefused, ServerRejected, ServerUnavailable,
+                            TransientError, generate)
 from .turns import turn_columns
 from .verify import Verdict, think_positions, verify
 
@@ -56,6 +56,7 @@ class Attempts:
     transient: int = 0
     unavailable: int = 0
     refused: int = 0
+    cut: int = 0  # requests ended because their server was marked down: not attempts
     last_bad_output: dict | None = None  # the excerpt, when the last failure was a bad answer
     resampled: bool = False
     servers: list[str] = field(default_factory=list)
@@ -210,7 +211,9 @@ def _generation(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int
 
     Every way round the loop spends a budget or shrinks the choice of servers:
     transient failures and bad answers `max_attempts`, connection failures
-    `max_unavailable`, and a refusal of our credentials refuses that server.
+    `max_unavailable`, a refusal of our credentials refuses that server, and a
+    cut follows its server's going down; no usable server gives the prompt back
+    to the queue.
     """
     s = rt.settings
     while True:
@@ -237,6 +240,8 @@ def _generation(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int
                               str(exc))) from exc
         except ServerRefused as exc:
             _refused(rt, spec, binding, exc, tries)
+        except ServerCut as exc:
+            _cut(rt, spec, exc, tries)
         except ServerUnavailable as exc:
             rt.monitor.suspect(binding, str(exc))
             tries.last_bad_output = None
@@ -258,6 +263,17 @@ def _refused(rt: Runtime, spec: RunSpec, binding: ServerBinding, exc: ServerRefu
     rt.monitor.refuse(binding, credentials_refusal(exc.status, "/generate", rt.settings.sglang_api_key is not None))
     tries.refused += 1
     if not rt.pool.usable(spec.served_model) or tries.refused >= len(rt.pool.bindings):
+        raise GiveBack(f"{exc}; no other usable server")
+
+
+def _cut(rt: Runtime, spec: RunSpec, exc: ServerCut, tries: Attempts) -> None:
+    """The server was marked down while this request waited there (a wedged engine): the request
+    was no attempt (it is taken off the prompt's list and spends no budget), and the prompt goes
+    to another server at once, or back to the queue when none is usable."""
+    tries.servers.pop()
+    tries.cut += 1
+    log.info("%s; trying another server", exc)
+    if not rt.pool.usable(spec.served_model):
         raise GiveBack(f"{exc}; no other usable server")
 
 

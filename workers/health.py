@@ -15,6 +15,18 @@ capacity afresh, and every round reads each usable server's live load
 model gateway is probed with `GET /readiness` (its `/health` answers 200 with
 no worker behind it), and its worker list is read again each round: when the
 healthy workers change, so does its capacity.
+
+A wedged server (its engine hung, its HTTP front still answering: `/health`
+sends its head and then a byte now and then) is marked down within
+`health_interval x health_failures + health_timeout` (plus a scheduling
+delay) where `health_timeout <= health_interval`, as by default: every
+request of this thread ends within `health_timeout` in all
+(`workers/deadlines.deadline_client`, not per read), rounds start every
+`health_interval` however long the last one took (back to back if it took
+longer, so with a longer timeout the bound is `health_timeout` per failure),
+and a server's load is read only after a good probe. On that
+transition to down, `cut` ends the requests still in flight there, so their
+prompts go to another server instead of waiting out `FLEET_REQUEST_TIMEOUT`.
 """
 from __future__ import annotations
 
@@ -26,24 +38,28 @@ from typing import Callable
 import httpx
 
 from . import lifeline
+from .deadlines import deadline_client
 from .preflight import preflight as preflight_server
 from .server_load import gateway_capacity, gateway_load, gateway_workers, server_load
 from .servers import DOWN, HEALTHY, LOADING, REFUSED, WARMING, ServerBinding, ServerPool
 from .settings import Settings
 
 Preflight = Callable[[httpx.Client, ServerBinding], "int | None"]  # returns the server's capacity
+Cut = Callable[[ServerBinding, str], int]  # ends the requests in flight on a server; how many
 
 log = logging.getLogger(__name__)
 
 
 class HealthMonitor:
     def __init__(self, pool: ServerPool, settings: Settings, headers: dict[str, str],
-                 after_round: Callable[[], None] | None = None, preflight: Preflight = preflight_server):
+                 after_round: Callable[[], None] | None = None, preflight: Preflight = preflight_server,
+                 cut: Cut | None = None):
         self.pool = pool
         self.after_round = after_round
         self.preflight = preflight
+        self.cut = cut
         self.settings = settings
-        self.client = httpx.Client(timeout=settings.health_timeout, headers=headers)
+        self.client = deadline_client(settings.health_timeout, headers)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=lifeline.guarded("health monitor", self._run), name="fleet-health",
@@ -82,6 +98,7 @@ class HealthMonitor:
 
     def _run(self) -> None:
         while not self._stop.is_set():
+            started = time.monotonic()
             self.check_all()
             if self.after_round:
                 try:
@@ -89,14 +106,14 @@ class HealthMonitor:
                     self._heartbeat.ok()
                 except Exception as exc:  # Redis restarting: the next round writes again
                     self._heartbeat.failed(exc)
-            self._wake.wait(self.settings.health_interval)
+            self._wake.wait(max(0.0, started + self.settings.health_interval - time.monotonic()))
             self._wake.clear()
 
     def check(self, binding: ServerBinding) -> None:
         observed, detail = self._probe(binding)
         binding.checked_at = time.time()
         self.observe(binding, observed, detail)
-        if binding.usable:
+        if binding.usable and observed == HEALTHY:  # a failing server's load read would only wait too
             self._read_load(binding)
 
     def _read_load(self, binding: ServerBinding) -> None:
@@ -175,7 +192,7 @@ class HealthMonitor:
         except httpx.ConnectError as exc:
             return LOADING, f"connection refused ({exc.__class__.__name__}): loading or dead"
         except httpx.TimeoutException:
-            return DOWN, f"/health did not answer within {self.settings.health_timeout:.0f}s"
+            return DOWN, f"/health did not answer in full within {self.settings.health_timeout:.0f}s"
         except httpx.HTTPError as exc:
             return DOWN, f"/health failed: {exc!r}"
         if response.status_code == 200:
@@ -188,5 +205,12 @@ class HealthMonitor:
         if state == binding.state or (binding.state == REFUSED and state == HEALTHY):
             return
         log.warning("server %s: %s -> %s (%s)", binding.url, binding.state, state, why)
+        was = binding.state
         binding.state = state
         self.pool.changed()
+        if was == HEALTHY and state == DOWN and self.cut is not None:
+            # Only DOWN: a 503 (WARMING) is also a server draining after SIGTERM, which finishes them.
+            cut = self.cut(binding, why)
+            if cut:
+                log.warning("server %s: %d requests in flight there cut; their prompts go to another "
+                            "server or back to the queue", binding.url, cut)

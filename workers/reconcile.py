@@ -38,12 +38,17 @@ import pyarrow.parquet as pq
 import redis
 
 from contract.ledger import Ledger
+from contract.write_refusal import refusal
 from contract.names import PromptState
 from contract.schema import Sample, is_shard
 
 from . import deliveries, metrics
 
 log = logging.getLogger(__name__)
+
+
+class LedgerRefused(OSError):
+    """Redis refuses writes: a shard written now could not be noted, so it waits like a storage outage."""
 
 
 class ShardBook:
@@ -57,6 +62,9 @@ class ShardBook:
         try:
             Ledger(self.client, run).writing([row.id for row in rows], shard)
         except redis.RedisError as exc:
+            found = refusal(exc)
+            if found is not None:  # no shard without its entries: the writer holds the group and retries
+                raise LedgerRefused(found.line()) from exc
             log.warning("could not note %d samples of run %s as being written to %s (%r); a crash "
                         "before they are marked done would generate them again", len(rows), run, shard, exc)
 

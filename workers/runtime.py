@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import socket
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import redis
 
@@ -19,6 +19,7 @@ from . import metrics
 from .health import HealthMonitor
 from .server_auth import ServerCredentials
 from .reconcile import ShardBook
+from .redis_writes import RedisWrites
 from .servers import ServerPool
 from .settings import Settings
 from .sglang_client import Client, make_client
@@ -36,6 +37,7 @@ class Runtime:
     http: Client
     redis: redis.Redis
     shards: ShardWriter
+    writes: RedisWrites = field(default_factory=RedisWrites)
 
     def close(self) -> None:
         self.monitor.stop()
@@ -71,14 +73,22 @@ def _build(s: Settings, worker: str) -> Runtime:
     pool = ServerPool(s.server_urls, s.max_inflight_per_server)
     client = redis_for(s.redis_url)
     shards = ShardWriter(s.output_dir, worker, s.group_rows, s.shard_max_wait, book=ShardBook(client))
-    monitor = HealthMonitor(pool, s, headers, after_round=lambda: heartbeats.publish(
-        client, worker, pool.snapshot(), ttl=3 * s.health_interval + s.health_timeout,
-        storage=shards.storage.snapshot()))
-    runtime = Runtime(
-        settings=s, worker=worker, pool=pool, monitor=monitor,
-        http=make_client(s.pool_size, s.connect_timeout, s.request_timeout, key, s.server_urls),
-        redis=client, shards=shards,
-    )
+    http = make_client(s.pool_size, s.connect_timeout, s.request_timeout, key, s.server_urls)
+    writes = RedisWrites()
+
+    def heartbeat() -> None:  # also the probe of whether Redis takes writes (workers/redis_writes.py)
+        try:
+            heartbeats.publish(client, worker, pool.snapshot(), ttl=3 * s.health_interval + s.health_timeout,
+                               storage=shards.storage.snapshot())
+        except Exception as exc:
+            writes.failed(exc)
+            raise
+        writes.accepted()
+
+    monitor = HealthMonitor(pool, s, headers, after_round=heartbeat,
+                            cut=lambda binding, why: http.cut(binding.url, why))
+    runtime = Runtime(settings=s, worker=worker, pool=pool, monitor=monitor, http=http, redis=client,
+                      shards=shards, writes=writes)
     monitor.client.auth = ServerCredentials(s.server_urls)  # bindings hold redacted URLs
     log.warning("worker %s bound to %s; broker %s; shards to %s; %d threads, at most %d in flight per server",
                 worker, ", ".join(b.url for b in pool.bindings), redact_url(s.redis_url), s.output_dir,

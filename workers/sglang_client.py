@@ -1,9 +1,12 @@
 """One call to SGLang's native `POST /generate`, and what its failures mean.
 
-Failures fall in five classes, each handled differently by the task:
+Failures fall in six classes, each handled differently by the task:
 - `ServerUnavailable`: the server could not be reached or died mid-request.
   Not the prompt's fault: another server (or the queue) takes it, and it does
   not spend the prompt's retry budget.
+- `ServerCut`: the health monitor marked the server down (a wedged engine)
+  while the request waited there, and `Client.cut` ended it. Not an attempt
+  at all: another server (or the queue) takes the prompt at once.
 - `ServerRefused`: HTTP 401/403, the server refusing this worker's
   credentials (`SGLANG_API_KEY`). The server is refused at once; the prompt
   goes elsewhere or back to the queue, its budget untouched.
@@ -61,6 +64,10 @@ class GenerateError(Exception):
 
 
 class ServerUnavailable(GenerateError):
+    pass
+
+
+class ServerCut(ServerUnavailable):
     pass
 
 
@@ -134,6 +141,7 @@ class Client:
         self._basic = basic_by_origin(server_urls)
         self._pools: dict[Origin, HTTPConnectionPool] = {}
         self._lock = threading.Lock()
+        self._watches: dict[Origin, set[Watch]] = {}  # the requests in flight, by server
 
     def route(self, url: str) -> tuple[HTTPConnectionPool, str, dict[str, str]]:
         """The pool, path and headers of a request to `url` (a binding's URL, maybe redacted)."""
@@ -151,6 +159,26 @@ class Client:
         pool = self._pools[key] = cls(host, port, maxsize=self._size, block=False, retries=False,
                                       timeout=self._timeout)
         return pool
+
+    def watch(self, url: str, deadline: float) -> Watch:
+        """A new request's deadline, listed under its server until `unwatch`, so `cut` finds it."""
+        watch = Watch(_WATCHDOG, deadline)
+        key = _split(url)[0]
+        with self._lock:
+            self._watches.setdefault(key, set()).add(watch)
+        return watch
+
+    def unwatch(self, url: str, watch: Watch) -> None:
+        with self._lock:
+            self._watches.get(_split(url)[0], set()).discard(watch)
+
+    def cut(self, url: str, why: str) -> int:
+        """End every request in flight to `url`'s server now (it was marked down); how many."""
+        with self._lock:
+            watches = list(self._watches.get(_split(url)[0], ()))
+        for watch in watches:
+            watch.cut(why)
+        return len(watches)
 
     def close(self) -> None:
         with self._lock:
@@ -190,7 +218,7 @@ def send(client: Client, url: str, payload: bytes, *, timeout: float, max_bytes:
     between chunks, so neither a trickling nor a silent server can hold it)."""
     deadline = time.monotonic() + timeout
     pool, path, headers = client.route(url)
-    watch = _current.watch = Watch(_WATCHDOG, deadline)
+    watch = _current.watch = client.watch(url, deadline)
     response, reusable = None, False
     try:
         response = pool.urlopen("POST", path, body=payload, headers=headers, retries=False, redirect=False,
@@ -204,6 +232,7 @@ def send(client: Client, url: str, payload: bytes, *, timeout: float, max_bytes:
         raise _late(url, timeout, watch) or ServerUnavailable(f"{url}: {exc.__class__.__name__}: {exc}") from exc
     finally:
         _current.watch = None
+        client.unwatch(url, watch)
         in_time = watch.disarm()
         if response is not None:
             if not (in_time and reusable):
@@ -227,10 +256,12 @@ def _read(response: urllib3.HTTPResponse, url: str, deadline: float, timeout: fl
                                  f"({size} bytes so far; FLEET_REQUEST_TIMEOUT)")
 
 
-def _late(url: str, timeout: float, watch: Watch) -> TransientError | None:
-    """The deadline's error, if the watchdog cut this request."""
+def _late(url: str, timeout: float, watch: Watch) -> GenerateError | None:
+    """The deadline's error, if the watchdog shut this request; the cut's, if its server was marked down."""
     if watch.disarm():
         return None
+    if watch.cut_because is not None:
+        return ServerCut(f"{url}: cut, the server was marked down ({watch.cut_because})")
     return TransientError(f"{url}: no complete answer within {timeout:.0f}s (FLEET_REQUEST_TIMEOUT)")
 
 

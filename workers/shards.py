@@ -260,10 +260,10 @@ class ShardWriter:
 
     def _write_group(self, run: str, pending: _Pending, table) -> None:
         name = self._name()
-        if self.book:
-            self.book.writing(run, pending.rows, name)
         started = time.monotonic()
         try:
+            if self.book:  # raises OSError when Redis refuses the note: held like a storage outage
+                self.book.writing(run, pending.rows, name)
             path = self._write(run, table, name)
         except OSError as exc:  # storage, not the rows
             self._unwritten(run, pending, name)
@@ -327,10 +327,12 @@ class ShardWriter:
                 folder = self.root / run
                 folder.mkdir(parents=True, exist_ok=True)
                 probe = folder / f".probe-{secrets.token_hex(6)}"
-                with open(probe, "xb") as sink:
-                    sink.write(b"probe")
-                    os.fsync(sink.fileno())
-                probe.unlink()
+                try:
+                    with open(probe, "xb") as sink:
+                        sink.write(b"probe")
+                        os.fsync(sink.fileno())
+                finally:  # a full disk fails the close: the probe's name must not stay either
+                    _discard(probe)
         except OSError as exc:
             self.storage.failed(exc)
             with self._lock:

@@ -104,6 +104,9 @@ def _generate(self, run: str, prompt_id: str, max_new_tokens: int | None) -> str
         STARTED.take_back(rt.redis, run, prompt_id, rt.worker)
         raise Reject(str(exc), requeue=True) from exc
     except Exception as exc:
+        if rt.writes.failed(exc):  # Redis takes no writes now: neither the prompt's fault nor a crash
+            _take_back_if_possible(rt, run, prompt_id)
+            raise Reject(f"Redis refuses writes: {exc}", requeue=True) from exc
         # Its worker did not die: not a delivery to count (a crash is counted as a crash).
         STARTED.take_back(rt.redis, run, prompt_id, rt.worker)
         if HANDING_BACK.is_set():
@@ -115,6 +118,14 @@ def _generate(self, run: str, prompt_id: str, max_new_tokens: int | None) -> str
         deliveries.clear(rt.redis, run, prompt_id)
         return _bury_worker_error(rt, run, prompt_id, raw, max_new_tokens, crashes,
                                   f"{crashes} crashes; last: {exc!r}", traceback.format_exc()[-4000:])
+
+
+def _take_back_if_possible(rt: Runtime, run: str, prompt_id: str) -> None:
+    """Undo this delivery's note, where Redis lets us (a refused undo leaves one delivery counted)."""
+    try:
+        STARTED.take_back(rt.redis, run, prompt_id, rt.worker)
+    except Exception as exc:  # the same refusal, most likely
+        log.warning("prompt %s: its delivery stays noted (%r)", prompt_id, exc)
 
 
 @contextmanager

@@ -7,7 +7,10 @@ long before the client's read timeout (30 s here) could end it. Given an answer
 past the size cap, then the call returns what fits, marked incomplete, and never
 reuses that connection. A server that cuts the answer off or is not there is
 `ServerUnavailable`. Credentials in a server's URL go to that server only, as
-Basic auth; the others get the API key's bearer header.
+Basic auth; the others get the API key's bearer header. A call waiting on a
+server that the health monitor marks down is cut at once (`ServerCut`), and
+only the calls to that server. The health monitor's own client ends each call
+(head, or a body that trickles forever) within its whole-call timeout.
 """
 from __future__ import annotations
 
@@ -20,8 +23,10 @@ import time
 import pytest
 
 from contract.connections import redact_url
-from workers.deadlines import DeadlineWatchdog, Watch
-from workers.sglang_client import ServerUnavailable, TransientError, make_client, send
+import httpx
+
+from workers.deadlines import DeadlineWatchdog, Watch, deadline_client
+from workers.sglang_client import ServerCut, ServerUnavailable, TransientError, make_client, send
 
 READ_TIMEOUT = 30.0  # far beyond every deadline below: only the watchdog can end those calls early
 ANSWER = json.dumps({"output_ids": [1, 2, 3], "meta_info": {}}).encode()
@@ -59,8 +64,8 @@ class Scripted:
                     if not line:
                         return
                     head += line
-                length = int(next(v for k, _, v in (h.partition(b":") for h in head.split(b"\r\n"))
-                                  if k.lower() == b"content-length"))
+                length = int(next((v for k, _, v in (h.partition(b":") for h in head.split(b"\r\n"))
+                                   if k.lower() == b"content-length"), b"0"))
                 reader.read(length)
                 self.heads.append(head)
                 self.behave(conn, head)
@@ -196,3 +201,62 @@ def test_the_watchdog_shuts_only_the_sockets_past_their_deadline():
     for pair in (late, on_time):
         for s in pair:
             s.close()
+
+
+def test_a_call_waiting_on_a_server_marked_down_is_cut_at_once_and_only_there(serve):
+    wedged, fine = serve(lambda conn, head: time.sleep(3600)), serve(answer)
+    c = client()
+    outcome: dict[str, BaseException] = {}
+
+    def waiting() -> None:
+        try:
+            call(c, wedged.url, timeout=3600)
+        except BaseException as exc:  # noqa: BLE001 (the test reads it)
+            outcome["error"] = exc
+
+    thread = threading.Thread(target=waiting)
+    thread.start()
+    while not wedged.heads:  # the request reached the server and waits for its answer
+        time.sleep(0.01)
+    assert c.cut(fine.url, "down") == 0
+    assert c.cut(wedged.url, "/health did not answer in full within 2s") == 1
+    thread.join(10)
+    assert not thread.is_alive()
+    assert isinstance(outcome["error"], ServerCut) and "marked down" in str(outcome["error"])
+    assert call(c, fine.url).status == 200 and c.cut(wedged.url, "down") == 0
+
+
+def test_a_watch_cut_before_it_is_armed_shuts_its_socket_when_armed():
+    dog = DeadlineWatchdog(tick=3600)
+    pair = socket.socketpair()
+    watch = Watch(dog, deadline=3600.0)
+    watch.cut("down")
+    watch.arm(pair[0])
+    assert pair[0].recv(1) == b""
+    assert watch.disarm() is False
+    for s in pair:
+        s.close()
+
+
+def health_like(conn: socket.socket, _) -> None:
+    """200's head at once, then a byte every 0.2 s for ever: each read returns well within any timeout."""
+    conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n")
+    while True:
+        conn.sendall(b"1\r\n\n\r\n")
+        time.sleep(0.2)
+
+
+def slow_head(conn: socket.socket, _) -> None:
+    for byte in b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n":
+        conn.sendall(bytes([byte]))
+        time.sleep(0.2)
+
+
+@pytest.mark.parametrize("behave", [health_like, slow_head, lambda conn, head: time.sleep(3600)],
+                         ids=["body trickling", "head trickling", "silent"])
+def test_the_health_client_ends_each_call_within_its_whole_timeout(serve, behave):
+    server = serve(behave)
+    started = time.monotonic()
+    with pytest.raises(httpx.TimeoutException):
+        deadline_client(1.0, {}).get(f"{server.url}/health")
+    assert time.monotonic() - started < 10.0  # not the for ever the server would hold it

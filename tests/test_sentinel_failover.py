@@ -4,8 +4,11 @@ A real topology (a primary, a replica, three Sentinels; `sentinel_topology.py`),
 real workers, real producer commands and the SGLang stand-in, which counts the
 generations of each prompt. In each case, mid-run: every prompt ends stored
 with its exact tokens or dead-lettered with its reason, the export holds each
-id once, and only a prompt that was in flight at the failover (started, its
-row not yet in a shard) may be generated a second time.
+id once, and only a prompt that was in flight at the failover may be generated
+a second time: one started before it was settled (stored or dead-lettered)
+and before the failover ended. A failover ends when the old primary is
+demoted: until then it still answers the clients it has, and a message it
+hands out there (which the new primary still holds) is delivered twice.
 """
 from __future__ import annotations
 
@@ -28,9 +31,9 @@ from conftest import Fleet, messages_of, render, varied_prompts, wait_until, wri
 from sentinel_topology import MASTER, Topology
 from test_flower import start_flower, worker_online
 
-N = 80
-MAX_NEW_TOKENS = 512
-STANDIN = ("--step-base", "0.02", "--max-running-requests", "64")
+N = 120
+MAX_NEW_TOKENS = 512  # some prompts hit it: dead letters (truncated) beside the stored samples
+STANDIN = ("--step-base", "0.05", "--max-running-requests", "64")
 WORKER = {"FLEET_LEASE_SECONDS": "8", "FLEET_RESTORE_INTERVAL": "1"}
 
 
@@ -73,6 +76,7 @@ def _mid_run(fleet: SentinelFleet, tmp_path: Path) -> tuple[str, list[dict]]:
     fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", records)),
                    "--max-new-tokens", str(MAX_NEW_TOKENS))
     wait_until(lambda: fleet.states().get("done", 0) >= N // 4, 120, "a quarter stored", fleet)
+    assert fleet.states().get("queued", 0) >= N // 2  # mid-run: most of the work is still ahead
     return url, records
 
 
@@ -102,9 +106,14 @@ def _each_prompt_in_one_place(fleet: SentinelFleet, tokenizer, tmp_path: Path, u
     assert again <= in_flight, f"generated again though not in flight at the failover: {sorted(again - in_flight)}"
 
 
-def _in_flight(url: str, before: set[str]) -> set[str]:
-    """Prompts whose generation had started by now and whose row was not in a shard `before`."""
-    return set(_generations(url)) - before
+def _settled(fleet: SentinelFleet) -> set[str]:
+    """Prompts stored (a row in a shard) or dead-lettered by now."""
+    return {row["id"] for row in fleet.rows()} | {d["id"] for d in fleet.dead_letters()}
+
+
+def _in_flight(url: str, settled_before: set[str]) -> set[str]:
+    """Prompts whose generation had started by now and that were not settled before the fault."""
+    return set(_generations(url)) - settled_before
 
 
 def test_a_primary_killed_mid_run_loses_nothing_and_runs_nothing_twice(sfleet, topology, tokenizer, tmp_path):
@@ -112,10 +121,10 @@ def test_a_primary_killed_mid_run_loses_nothing_and_runs_nothing_twice(sfleet, t
 
     # When the primary is SIGKILLed and Sentinel promotes the replica
     old = topology.primary_port()
-    stored_before = {row["id"] for row in sfleet.rows()}
+    settled_before = _settled(sfleet)
     topology.servers[old].kill()
     topology.wait_switched(old)
-    in_flight = _in_flight(url, stored_before)
+    in_flight = _in_flight(url, settled_before)
 
     # Then
     _each_prompt_in_one_place(sfleet, tokenizer, tmp_path, url, records, in_flight)
@@ -127,14 +136,14 @@ def test_a_primary_frozen_past_down_after_comes_back_as_a_replica_and_its_stale_
 
     # When the primary is frozen (SIGSTOP) until Sentinel has promoted the replica, then resumed
     old = topology.primary_port()
-    stored_before = {row["id"] for row in sfleet.rows()}
+    settled_before = _settled(sfleet)
     topology.servers[old].signal(signal.SIGSTOP)
     new = topology.wait_switched(old)
-    in_flight = _in_flight(url, stored_before)
     topology.servers[old].signal(signal.SIGCONT)
 
     # Then it comes back as the new primary's replica (its own writes of the moment discarded)...
     topology.wait_replica(old, new)
+    in_flight = _in_flight(url, settled_before)  # the failover lasts until the old primary is demoted
     # ...and the run ends with every prompt in one place
     _each_prompt_in_one_place(sfleet, tokenizer, tmp_path, url, records, in_flight)
 
@@ -144,13 +153,13 @@ def test_a_clean_sentinel_failover_loses_nothing_and_runs_nothing_twice(sfleet, 
 
     # When an operator asks the Sentinels for a failover
     old = topology.primary_port()
-    stored_before = {row["id"] for row in sfleet.rows()}
+    settled_before = _settled(sfleet)
     topology.failover()
     new = topology.wait_switched(old)
-    in_flight = _in_flight(url, stored_before)
 
     # Then the old primary follows the new one, and every prompt ends in one place
     topology.wait_replica(old, new)
+    in_flight = _in_flight(url, settled_before)  # the failover lasts until the old primary is demoted
     _each_prompt_in_one_place(sfleet, tokenizer, tmp_path, url, records, in_flight)
 
 

@@ -77,7 +77,10 @@ def redis_for(url: str, max_connections: int = 64) -> redis.Redis:
 
 def client_for(url: str, retry: Retry, max_connections: int = 64) -> redis.Redis:
     """A new client on `url` (either form) with the fleet's timeouts and `retry`."""
-    options = dict(SOCKET, retry=retry, retry_on_error=[redis.ConnectionError, redis.TimeoutError],
+    # READONLY: a primary demoted under us (a managed Redis's DNS name moves on failover); the retry
+    # reconnects (behind Sentinel, redis-py already turns it into a ConnectionError)
+    options = dict(SOCKET, retry=retry, retry_on_error=[redis.ConnectionError, redis.TimeoutError,
+                                                        redis.exceptions.ReadOnlyError],
                    max_connections=max_connections, timeout=60)
     if not is_sentinel(url):
         return redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(url, **options))

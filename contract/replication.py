@@ -51,9 +51,19 @@ class Primary(NamedTuple):
 
 
 def primary(client: redis.Redis) -> Primary:
-    """Who the primary is (its replication id) and how many replicas it has now."""
-    info = client.info("replication")
+    """Who the primary is (its replication id) and how many replicas it has now. A Redis that
+    refuses INFO (an ACL without it) is taken as one without replicas, and said so once."""
+    try:
+        info = client.info("replication")
+    except redis.ResponseError as exc:
+        if not _refused:
+            _refused.append(exc)
+            log.warning("Redis refuses INFO (%s): writes are not confirmed on a replica", exc)
+        return Primary("", 0)
     return Primary(str(info.get("master_replid", "")), int(info.get("connected_slaves", 0)))
+
+
+_refused: list[Exception] = []
 
 
 @contextmanager

@@ -67,15 +67,15 @@ def _generations(url: str) -> Counter:
 
 
 def _mid_run(fleet: SentinelFleet, tmp_path: Path) -> tuple[str, list[dict]]:
-    """Given a stand-in, two workers and N prompts enqueued through the Sentinels, when a
-    quarter of them are stored."""
+    """Given a stand-in, two workers and N prompts enqueued through the Sentinels, when the
+    first samples are stored and most of the run is still ahead."""
     _, url = fleet.standin(*STANDIN)
     fleet.worker("w1", [url], **WORKER)
     fleet.worker("w2", [url], **WORKER)
     records = varied_prompts(N)
     fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", records)),
                    "--max-new-tokens", str(MAX_NEW_TOKENS))
-    wait_until(lambda: fleet.states().get("done", 0) >= N // 4, 120, "a quarter stored", fleet)
+    wait_until(lambda: fleet.states().get("done", 0) >= 1, 120, "the first samples stored", fleet)
     assert fleet.states().get("queued", 0) >= N // 2  # mid-run: most of the work is still ahead
     return url, records
 

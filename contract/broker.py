@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ssl
 
+from .connections import SENTINEL_SOCKET, SOCKET, is_sentinel, kombu_sentinel_url, sentinel_master
 from .keys import DEFAULT_QUEUE
 
 SERIALIZATION = dict(
@@ -23,6 +24,11 @@ SERIALIZATION = dict(
     task_create_missing_queues=True,
 )
 TRANSPORT = {"body_encoding": "utf-8"}
+# The broker's connections get the same deadlines as the fleet's own clients (connections.SOCKET):
+# a frozen Redis ends a call with a timeout, and the consumer reconnects, instead of waiting forever.
+BROKER_SOCKET = {"socket_timeout": SOCKET["socket_timeout"],
+                 "socket_connect_timeout": SOCKET["socket_connect_timeout"],
+                 "socket_keepalive": True, "retry_on_timeout": True}
 
 
 def ssl_options(redis_url: str) -> dict | None:
@@ -32,18 +38,28 @@ def ssl_options(redis_url: str) -> dict | None:
     return None
 
 
+def broker_url(redis_url: str) -> tuple[str, dict]:
+    """The URL kombu gets, and the transport options that go with it: behind Sentinel, the
+    master's name (`FLEET_SENTINEL_MASTER`) and deadlines for the Sentinels' own answers."""
+    if not is_sentinel(redis_url):
+        return redis_url, dict(BROKER_SOCKET)
+    return kombu_sentinel_url(redis_url), {**BROKER_SOCKET, "master_name": sentinel_master(),
+                                           "sentinel_kwargs": dict(SENTINEL_SOCKET)}
+
+
 def celery_app(redis_url: str, name: str = "fleet-producer", queue: str = DEFAULT_QUEUE,
                transport: dict | None = None, **conf):
     """A Celery app on `redis_url` with the fleet's shared settings (and `conf` on top)."""
     from celery import Celery
 
-    app = Celery(name, broker=redis_url, set_as_current=False)
+    url, connection = broker_url(redis_url)
+    app = Celery(name, broker=url, set_as_current=False)
     use_ssl = ssl_options(redis_url)
     if use_ssl:
         app.conf.broker_use_ssl = use_ssl
+    # broker_channel_error_retry: a READONLY or NOREPLICAS reply (a primary demoted under the
+    # worker) restarts the consumer on a new connection instead of stopping the worker.
     app.conf.update(**SERIALIZATION, task_default_queue=queue,
-                    broker_transport_options={**TRANSPORT, **(transport or {})},
-                    broker_connection_retry_on_startup=True,
-                    broker_channel_error_retry=True,  # a refused write (OOM, READONLY) restarts the consumer
-                    **conf)
+                    broker_transport_options={**TRANSPORT, **connection, **(transport or {})},
+                    broker_connection_retry_on_startup=True, broker_channel_error_retry=True, **conf)
     return app

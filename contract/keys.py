@@ -11,6 +11,7 @@ from __future__ import annotations
 RUNS = "fleet:runs"                  # set: every run's name
 WORKER_PREFIX = "fleet:worker:"      # string per worker: its heartbeat (JSON, expires)
 AUDIT_LOCK = "fleet:audit:lock"      # string: the worker running the lost-message audit
+REPLICATED = "fleet:replicated"      # counter: a write whose replication confirms every earlier one (replication.py)
 WORKERS = "fleet:workers"            # sorted set: worker -> time of its last heartbeat
 TASK_NAME = "fleet.generate"         # the one Celery task
 DEFAULT_QUEUE = "fleet.generate"     # queue prefix (FLEET_QUEUE_PREFIX)

@@ -24,7 +24,9 @@ for every QoS append, ack and fanout publish, building a new client object) and
 `kombu/transport/virtual/base.py` (`QoS._delivered`, an OrderedDict of
 delivery tag -> message; `QoS._dirty`, the tags acked but not yet flushed, the
 way kombu lets other threads ack; `Channel.close` -> `QoS.restore_unacked_once`
--> `restore_unacked`, guarded by `restore_at_shutdown`). Delivery tags are
+-> `restore_unacked`, guarded by `restore_at_shutdown`). `SentinelChannel`
+(`sentinel://`) subclasses that `Channel` and overrides only how its pool is
+found, so all of the above holds for it too. Delivery tags are
 global in Redis (uuids in the `unacked` hash and `unacked_index` set, shared
 by every channel), so any client can renew, acknowledge or expire any tag.
 """
@@ -233,6 +235,10 @@ def _kombu_redis_problems() -> list[str]:
             problems.append(f"kombu.transport.redis.QoS.{name} is gone")
     if not _has_parameters(getattr(channel, "_create_client", None), "asynchronous") or "pool" not in dir(channel):
         problems.append("kombu.transport.redis.Channel._create_client(asynchronous) or .pool is gone")
+    sentinel = getattr(kredis, "SentinelChannel", None)  # `sentinel://`: the same channel, its pool found by Sentinel
+    if not (isinstance(sentinel, type) and issubclass(sentinel, channel)
+            and sentinel._create_client is channel._create_client and sentinel.QoS is channel.QoS):
+        problems.append("kombu.transport.redis.SentinelChannel no longer shares Channel's client and QoS")
     if not hasattr(kredis.QoS, "restore_at_shutdown"):
         problems.append("kombu.transport.redis.QoS.restore_at_shutdown is gone")
     return problems

@@ -49,10 +49,10 @@ def _probe_redis(url: str) -> None:
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
-    from contract.connections import redact_url
+    from contract.connections import client_for, redact_url
 
     try:
-        probe = redis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=10, retry=Retry(NoBackoff(), 0))
+        probe = client_for(url, retry=Retry(NoBackoff(), 0), max_connections=1)
         try:
             probe.ping()
         finally:
@@ -144,6 +144,7 @@ def enqueue(
     from contract.names import VERIFY_RULES
 
     from contract.chat import ChatTokenizer
+    from contract.replication import FailedOver
     from .enqueue import RunMismatch, enqueue_file, new_spec, prepare_run
 
     if turns not in ("last", "all"):
@@ -167,9 +168,14 @@ def enqueue(
     with Progress(TextColumn("enqueue"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
                   console=err, transient=True) as bar:
         task = bar.add_task("read", total=size)
-        summary = enqueue_file(prompts, spec, chat, client, celery_app, settings.queue_prefix,
-                               max_prompt_tokens, on_progress=lambda pos: bar.update(task, completed=pos),
-                               max_queue_depth=max_queued, max_line_bytes=max_line_bytes)
+        try:
+            summary = enqueue_file(prompts, spec, chat, client, celery_app, settings.queue_prefix,
+                                   max_prompt_tokens, on_progress=lambda pos: bar.update(task, completed=pos),
+                                   max_queue_depth=max_queued, max_line_bytes=max_line_bytes)
+        except FailedOver as exc:
+            err.print(f"[red]{escape(str(exc))}[/red]: run the same enqueue again; it publishes only "
+                      "what the new primary lacks")
+            raise typer.Exit(3)
     _print_enqueue_summary(summary, spec.thinking)
     if summary.rejected:
         raise typer.Exit(1)

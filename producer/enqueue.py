@@ -48,6 +48,7 @@ from contract.kombu_redis import queue_depth
 from contract.ledger import AGAIN, NEW, Entry, Ledger
 from contract.names import PromptState, Thinking
 from contract.publish import publish_prompts
+from contract.replication import replicated
 from contract.spec import RunSpec, load_spec, save_spec
 
 from contract.chat import ChatTokenizer
@@ -271,19 +272,22 @@ def _publish(ready: list[tuple[Prompt, list[int]]], spec: RunSpec, app, queue: s
              call: str, summary: EnqueueSummary) -> None:
     """Record the prompts (with their token ids), then publish those the ledger did not have:
     a crash in between leaves queued prompts without a message, which the workers' audit
-    republishes; a prompt another producer (or an earlier line) queued first is skipped."""
+    republishes; a prompt another producer (or an earlier line) queued first is skipped.
+    They count as published once a replica has both (`replicated`); a failover meanwhile
+    stops the call (`FailedOver`): a re-run skips what the new primary has."""
     if not ready:
         return
-    if spec.turns == ALL:  # the conversation first, so no worker finds its turn 0 without it
-        ConversationLedger(ledger.client, spec.name).register(
-            [(p.conversation, p.turns, p.shape) for p, _ in ready])
-    outcomes = ledger.enqueue([(p.id, pack_ids(ids)) for p, ids in ready], call)
-    new = []
-    for (prompt, ids), outcome in zip(ready, outcomes):
-        if outcome == NEW:
-            new.append((prompt, ids))
-        else:
-            summary.skip(prompt, outcome)
-    publish_prompts(app, spec.name, queue, [(p.id, len(ids), None) for p, ids in new])
+    with replicated(ledger.client):  # counted below only once a replica has entries and messages
+        if spec.turns == ALL:  # the conversation first, so no worker finds its turn 0 without it
+            ConversationLedger(ledger.client, spec.name).register(
+                [(p.conversation, p.turns, p.shape) for p, _ in ready])
+        outcomes = ledger.enqueue([(p.id, pack_ids(ids)) for p, ids in ready], call)
+        new = []
+        for (prompt, ids), outcome in zip(ready, outcomes):
+            if outcome == NEW:
+                new.append((prompt, ids))
+            else:
+                summary.skip(prompt, outcome)
+        publish_prompts(app, spec.name, queue, [(p.id, len(ids), None) for p, ids in new])
     summary.published += len(new)
     summary.prompt_tokens += sum(len(ids) for _, ids in new)

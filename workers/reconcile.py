@@ -40,6 +40,7 @@ import redis
 from contract.ledger import Ledger
 from contract.write_refusal import refusal
 from contract.names import PromptState
+from contract.replication import replicated
 from contract.schema import Sample, is_shard
 
 from . import deliveries, metrics
@@ -78,8 +79,10 @@ class ShardBook:
 
     def mark_done(self, run: str, rows: list[Sample], shard: Path) -> None:
         """The group is durable in `shard`: mark it done and forget its deliveries, one round
-        trip (raises if Redis fails: its tasks then fail, and their redeliveries find the entries)."""
-        with self.client.pipeline(transaction=False) as pipe:
+        trip (raises if Redis fails: its tasks then fail, and their redeliveries find the entries).
+        Returns once a replica has the done marks (`replicated`), so no task is acknowledged
+        for a prompt a failover could turn back to queued."""
+        with replicated(self.client), self.client.pipeline(transaction=False) as pipe:
             Ledger(self.client, run).mark_stored([(row.id, row.output_len) for row in rows], shard, pipe)
             deliveries.clear(pipe, run, *(row.id for row in rows))
             found = Ledger.found(pipe.execute()[:-1])
@@ -108,7 +111,8 @@ def reconciled(ledger: Ledger, output_dir: str, prompt_id: str, shard: str) -> s
         log.info("prompt %s: its sample was being written to %s, which does not hold it; generating it",
                  prompt_id, shard)
         return None
-    found = ledger.mark_done(prompt_id, output_len, shard=path)
+    with replicated(ledger.client):  # then the delivery is acknowledged
+        found = ledger.mark_done(prompt_id, output_len, shard=path)
     if found in (PromptState.QUEUED, PromptState.DEAD):
         metrics.PROMPTS.labels(ledger.run, "stored").inc()
         metrics.RECONCILED.inc()

@@ -1,0 +1,51 @@
+"""`replicated`: writes are reported only once a replica has them (a primary and a replica, real)."""
+from __future__ import annotations
+
+import redis
+
+from contract.keys import REPLICATED
+from contract.replication import confirm, primary, replicated
+from producer.local import start_redis, wait_for
+
+
+def test_a_primary_without_replicas_writes_no_barrier_and_waits_for_nothing(client):
+    with replicated(client):
+        client.set("k", "v")
+    assert client.get(REPLICATED) is None and client.get("k") == b"v"
+
+
+def test_writes_on_any_connection_are_on_the_replica_when_the_call_returns(server, tmp_path):
+    # Given a primary with one replica
+    process, url = start_redis(tmp_path)
+    try:
+        primary_client = redis.Redis.from_url(url)
+        replica = redis.Redis.from_url(server)
+        replica.replicaof("127.0.0.1", primary_client.connection_pool.connection_kwargs["port"])
+        wait_for(lambda: primary(primary_client).replicas == 1 and
+                 replica.info("replication")["master_link_status"] == "up", 20, "the replica")
+        other = redis.Redis.from_url(url)  # another client, another connection (kombu's, say)
+
+        # When writes on two connections are confirmed
+        for n in range(50):
+            with replicated(primary_client):
+                primary_client.set(f"ledger:{n}", n)
+                other.lpush("queue", n)
+
+            # Then the replica has both the moment the call returns
+            assert replica.get(f"ledger:{n}") == str(n).encode()
+            assert replica.llen("queue") == n + 1
+    finally:
+        redis.Redis.from_url(server).replicaof("NO", "ONE")
+        process.stop()
+
+
+def test_a_primary_that_lost_its_replicas_is_trusted_alone_only_after_a_while(client):
+    # Given a call that began while the primary had a replica, which has none now
+    before = primary(client)._replace(replicas=1)
+    client.set("k", "v")
+
+    # When it is confirmed with a short alone-after
+    confirm(client, before, wait_ms=50, alone_after=0.3)
+
+    # Then it returned (after the barrier was sent at least once)
+    assert int(client.get(REPLICATED)) >= 2

@@ -23,6 +23,8 @@ class Stats:
         self.bad_outputs: dict[str, list[str]] = defaultdict(list)
         self.trickled: dict[str, int] = defaultdict(int)
         self.tokens_generated = 0
+        self.prompt_tokens = 0  # /metrics sglang:prompt_tokens_total
+        self.cached_tokens = 0  # /metrics sglang:cached_tokens_total
         self.first_start: float | None = None
         self.last_end: float | None = None
         self._busy_total = 0.0
@@ -59,6 +61,11 @@ class Stats:
         self.tokens_generated += tokens
         self.last_end = time.time()
 
+    def note_prompt(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """A scheduled request finished: count its prompt as SGLang's metrics do, on finish."""
+        self.prompt_tokens += prompt_tokens
+        self.cached_tokens += cached_tokens
+
     def set_busy(self, busy: bool) -> None:
         """Track time with at least one running request (monotonic clock)."""
         now = time.monotonic()
@@ -82,6 +89,8 @@ class Stats:
             "bad_outputs": {k: list(v) for k, v in self.bad_outputs.items()},
             "trickled": dict(self.trickled),
             "tokens_generated": self.tokens_generated,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "busy_seconds": self.busy_seconds(),
             "first_start": self.first_start,
             "last_end": self.last_end,

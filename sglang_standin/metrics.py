@@ -7,8 +7,8 @@ tokenizer manager adds to when a request finishes (so they equal the sums of
 `prompt_tokens` and `cached_tokens` over the answers of scheduled requests),
 `sglang:num_running_reqs` and `sglang:num_queue_reqs` are the scheduler's
 gauges. The hit share is rate(cached) / rate(prompt), not SGLang's
-`sglang:cache_hit_rate` gauge, which decode logging resets to 0
-(/work/shared/research/cache_routing_turn3.md, section 2). Real SGLang serves
+`sglang:cache_hit_rate` gauge: that is the last prefill batch's, and decode
+logging resets it to 0 (sglang issues #5625, #12459). Real SGLang serves
 these only with `--enable-metrics`; the stand-in always does.
 
 Values are read from the server's `Stats` and `Engine` at scrape time (a

@@ -5,6 +5,7 @@ generations per prompt) and benchmarks to measure how busy the "GPU" was
 (busy_seconds over the window first_start..last_end). `bad_outputs` and
 `trickled` say which prompts got those delivery faults, keyed like
 `attempts` (the rid when the request gave one, else the prompt's sha256).
+`prompt_tokens` and `cached_tokens` are the two /metrics counters (`metrics`).
 """
 
 from __future__ import annotations

@@ -564,11 +564,17 @@ def test_prompts_sharing_a_prefix_report_cached_tokens_and_metrics_add_them_up()
                              "sampling_params": {"max_new_tokens": 6}}).json()
         turn = system + [11, 12] + first["output_ids"] + [14, 15]
         third = s.generate({"input_ids": turn, "sampling_params": {"max_new_tokens": 6}}).json()
-        answers = [first, second, third]
+        streamed = s.generate({"input_ids": system + [16], "stream": True,
+                               "sampling_params": {"max_new_tokens": 6}})
+        chunks = [json.loads(c[len("data: "):]) for c in streamed.text.split("\n\n")
+                  if c and c != "data: [DONE]"]
+        answers = [first, second, third, chunks[-1]]
         # then each answer says how much of its prompt the server had cached: nothing, the
-        # system prompt, and the first prompt with all its answer but the last token
+        # system prompt, the first prompt with all its answer but the last token, and in a
+        # stream the system prompt from the first chunk on
         assert [a["meta_info"]["cached_tokens"] for a in answers] == [
-            0, 300, 302 + len(first["output_ids"]) - 1]
+            0, 300, 302 + len(first["output_ids"]) - 1, 300]
+        assert {c["meta_info"]["cached_tokens"] for c in chunks} == {300}
         # and the server's counters are the sums over its answers, labelled by model
         series = _scraped(s)
         labels = {"model_name": "m1"}

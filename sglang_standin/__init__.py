@@ -31,6 +31,15 @@ sends 200's head and then a byte every `--wedge-trickle-seconds`,
 Load as SGLang reports it: `/v1/loads`, `/get_load`, `num_running_reqs` and
 `num_waiting_reqs` in meta_info (see `routes_load`). `--api-key` guards every
 route but /health* and /metrics* (see `auth`).
+
+Prefix cache (`prefix_cache`), as SGLang's radix cache: `--prefix-cache-tokens N`
+bounds it (least recently used leaves evicted; 0 or `--disable-radix-cache`
+turns it off); a prompt is cached after its prefill step, prompt and output
+(all but the last token) when it finishes. Every answer's
+`meta_info.cached_tokens` is the prompt's hit when it was scheduled, and
+`--prefill-per-token` is charged for the other prompt tokens only. `/metrics`
+(`metrics`) serves `sglang:prompt_tokens_total`, `sglang:cached_tokens_total`,
+`sglang:num_running_reqs` and `sglang:num_queue_reqs`, labelled `model_name`.
 """
 
 from sglang_standin.config import FAULT_NAMES, StandinConfig

@@ -3,8 +3,10 @@
 Like SGLang's scheduler: at most `max_running_requests` run together, the
 rest wait in FIFO order; every decode step yields one token for each running
 request and costs `step_base + step_per_request * batch` seconds, plus
-`prefill_per_token * prompt_len` for requests admitted since the last step.
-One asyncio task drives the steps.
+`prefill_per_token` for each uncached prompt token of the requests admitted
+since the last step. One asyncio task drives the steps. The server's prefix
+cache (`prefix_cache`) is consulted at admission and fed where SGLang feeds
+it: the prompt after its prefill step, prompt and output when it finishes.
 
 Cost per step is O(admissions + completions), not O(batch): a request's
 progress is `step - start_step`, and completions come off a heap keyed by
@@ -21,9 +23,10 @@ import itertools
 import logging
 from collections import deque
 from dataclasses import dataclass
-from typing import Iterable
+from typing import Iterable, Sequence
 
 from sglang_standin.config import StandinConfig
+from sglang_standin.prefix_cache import PrefixCache
 from sglang_standin.stats import Stats
 
 log = logging.getLogger("sglang_standin")
@@ -37,18 +40,23 @@ class Outcome:
 
     produced: int
     aborted: str | None = None  # None, "running" or "waiting"
+    cached: int = 0  # prompt tokens found in the prefix cache (meta_info.cached_tokens)
 
 
 class Job:
-    """One sub-request as the scheduler sees it: a prompt length and a target."""
+    """One sub-request as the scheduler sees it: its prompt and the output it will produce."""
 
-    __slots__ = ("rid", "prompt_len", "target", "delay", "state", "start_step",
-                 "outcome", "timer", "seq")
+    __slots__ = ("rid", "prompt_ids", "output_ids", "prompt_len", "target", "cached", "delay",
+                 "state", "start_step", "outcome", "timer", "seq")
 
-    def __init__(self, rid: str, prompt_len: int, target: int, delay: float = 0.0) -> None:
+    def __init__(self, rid: str, prompt_ids: Sequence[int], output_ids: Sequence[int],
+                 delay: float = 0.0) -> None:
         self.rid = rid
-        self.prompt_len = prompt_len
-        self.target = target  # tokens to produce before finishing
+        self.prompt_ids = prompt_ids
+        self.output_ids = output_ids
+        self.prompt_len = len(prompt_ids)
+        self.target = len(output_ids)  # tokens to produce before finishing
+        self.cached = 0  # set on admission from the prefix cache
         self.delay = delay  # seconds before it even reaches the scheduler (slow fault)
         self.state = "new"  # new -> delayed -> waiting -> running -> done
         self.start_step = 0
@@ -63,6 +71,7 @@ class Engine:
     def __init__(self, cfg: StandinConfig, stats: Stats) -> None:
         self._cfg = cfg
         self._stats = stats
+        self.cache = PrefixCache(cfg.prefix_cache_tokens)
         self.step = 0
         self._running: set[Job] = set()
         self._waiting: deque[Job] = deque()
@@ -70,6 +79,7 @@ class Engine:
         self._heap: list[tuple[int, int, Job]] = []
         self._by_rid: dict[str, set[Job]] = {}
         self._prefill_tokens = 0
+        self._prefill_jobs: list[Job] = []  # admitted, prefill not yet stepped
         self._in_step = False
         self._wake = asyncio.Event()
         self._progress: asyncio.Future[None] | None = None
@@ -83,6 +93,11 @@ class Engine:
     @property
     def waiting_count(self) -> int:
         return len(self._waiting)
+
+    @property
+    def pending_prefill_tokens(self) -> int:
+        """Uncached prompt tokens of admitted requests that the next step's cost charges for."""
+        return self._prefill_tokens
 
     def token_counts(self) -> tuple[int, int]:
         """(tokens held by running requests, prompt tokens still waiting), for load reports."""
@@ -161,6 +176,7 @@ class Engine:
         job.timer = None
         if self._cfg.instant:
             job.state = "running"
+            job.cached = self.cache.cached_prompt_tokens(job.prompt_ids)
             self._stats.note_started()
             self._finish(job, job.target, None)
         elif len(self._running) < self._cfg.max_running_requests and not self._waiting:
@@ -173,6 +189,7 @@ class Engine:
 
     def _admit(self, job: Job) -> None:
         job.state = "running"
+        job.cached = self.cache.cached_prompt_tokens(job.prompt_ids)
         # Admitted during a step in flight: it starts with the next step.
         job.start_step = self.step + (1 if self._in_step else 0)
         self._running.add(job)
@@ -181,7 +198,8 @@ class Engine:
         if job.target <= 0:
             self._finish(job, 0, None)
             return
-        self._prefill_tokens += job.prompt_len
+        self._prefill_tokens += job.prompt_len - job.cached
+        self._prefill_jobs.append(job)
         heapq.heappush(self._heap, (job.start_step + job.target, job.seq, job))
 
     def _finish(self, job: Job, produced: int, aborted: str | None) -> None:
@@ -198,11 +216,14 @@ class Engine:
                 del self._by_rid[job.rid]
         if was_running:
             self._running.discard(job)
+            if produced > 0:  # SGLang caches the committed KV: all but the last token
+                self.cache.insert([*job.prompt_ids, *job.output_ids[:produced - 1]])
             self._stats.note_finished(produced)
+            self._stats.note_prompt(job.prompt_len, job.cached)
             if not self._running:
                 self._stats.set_busy(False)
         if not job.outcome.done():
-            job.outcome.set_result(Outcome(produced, aborted))
+            job.outcome.set_result(Outcome(produced, aborted, job.cached))
 
     def _kick(self) -> None:
         if self._task is None or self._task.done():
@@ -228,6 +249,7 @@ class Engine:
             cost = (cfg.step_base + cfg.step_per_request * len(self._running)
                     + cfg.prefill_per_token * self._prefill_tokens)
             self._prefill_tokens = 0
+            prefilled, self._prefill_jobs = self._prefill_jobs, []
             # Sleep to an absolute deadline so timer slack does not add up
             # over thousands of millisecond steps; never bank more than
             # _MAX_LAG of debt (after a stall, continue from now).
@@ -238,6 +260,9 @@ class Engine:
             finally:
                 self._in_step = False
             self.step += 1
+            for job in prefilled:  # SGLang's cache_unfinished_req after the prefill step
+                if job.state == "running":
+                    self.cache.insert(job.prompt_ids)
             self._complete_due()
             if self._progress is not None and not self._progress.done():
                 self._progress.set_result(None)

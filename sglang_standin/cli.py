@@ -78,7 +78,11 @@ def _timing_options(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--step-per-request", type=float, default=_D.step_per_request,
                    help="extra seconds per decode step per running request")
     g.add_argument("--prefill-per-token", type=float, default=_D.prefill_per_token,
-                   help="seconds per prompt token, paid once on admission")
+                   help="seconds per prompt token not in the prefix cache, paid once on admission")
+    g.add_argument("--prefix-cache-tokens", type=int, default=_D.prefix_cache_tokens,
+                   help="size of the radix prefix cache in tokens (LRU leaves evicted); 0 disables")
+    g.add_argument("--disable-radix-cache", dest="prefix_cache_tokens", action="store_const",
+                   const=0, default=argparse.SUPPRESS, help="SGLang's flag: the same as 0 above")
 
 
 def _output_options(g: argparse._ArgumentGroup) -> None:

@@ -79,7 +79,8 @@ class StandinConfig:
     # --- continuous-batching time model (all zero = instant answers)
     step_base: float = 0.002
     step_per_request: float = 0.00002
-    prefill_per_token: float = 0.0000005
+    prefill_per_token: float = 0.0000005  # per prompt token not found in the prefix cache
+    prefix_cache_tokens: int = 1 << 20  # radix prefix cache bound in tokens; 0 disables it
     # --- deterministic outputs
     seed: int = 0
     output_len_median: float = 160.0
@@ -160,6 +161,7 @@ def _validate(cfg: StandinConfig) -> None:
     """Reject settings that would make the stand-in hang or lie."""
     _check(cfg.context_length >= 2, "context_length must be at least 2")
     _check(cfg.max_running_requests >= 1, "max_running_requests must be at least 1")
+    _check(cfg.prefix_cache_tokens >= 0, "prefix_cache_tokens must be >= 0")
     _check(
         cfg.max_queued_requests is None or cfg.max_queued_requests >= 0,
         "max_queued_requests must be >= 0",

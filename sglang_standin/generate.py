@@ -77,7 +77,7 @@ async def _schedule_and_answer(request: Request, state: StandinState, call: Gene
         return errors.internal_error()
     queue_full = any(f and p.fault == "queue_full_first" for p, f in zip(plans, first))
     delay = state.cfg.slow_seconds
-    jobs = [Job(p.sub.rid, len(p.sub.input_ids), len(p.output_ids),
+    jobs = [Job(p.sub.rid, p.sub.input_ids, p.output_ids,
                 delay if p.fault == "slow" else 0.0) for p in plans]
     if queue_full or not state.engine.submit(jobs):
         if call.stream:

@@ -63,8 +63,11 @@ def reasoning_tokens(output_ids: list[int], cfg: StandinConfig) -> int:
 
 
 def result_body(plan: Planned, ids: list[int], finish: dict | None, cfg: StandinConfig,
-                started: float | None, load: Load | None = None) -> dict:
-    """One result object; `started` (perf_counter) None marks a stream chunk."""
+                started: float | None, load: Load | None = None, cached: int = 0) -> dict:
+    """One result object; `started` (perf_counter) None marks a stream chunk.
+
+    `cached` is the prompt's prefix-cache hit when it was scheduled (`prefix_cache`).
+    """
     completion = len(ids) + (1 if plan.fault == "count_mismatch" else 0)
     meta: dict = {
         "id": plan.sub.rid,
@@ -75,7 +78,7 @@ def result_body(plan: Planned, ids: list[int], finish: dict | None, cfg: Standin
         **(load._asdict() if load is not None else {}),
         "reasoning_tokens": reasoning_tokens(ids, cfg),
         "completion_tokens": completion,
-        "cached_tokens": 0,
+        "cached_tokens": cached,
         "cached_tokens_details": None,
         "dp_rank": None,
     }
@@ -95,8 +98,8 @@ def final_body(plan: Planned, outcome: Outcome, cfg: StandinConfig, started: flo
             "response_sent_to_client_ts": time.time()}}
     if outcome.aborted == "running":
         return result_body(plan, plan.output_ids[: outcome.produced], dict(ABORT_FINISH), cfg,
-                           started, load)
-    return result_body(plan, plan.output_ids, plan.finish, cfg, started, load)
+                           started, load, outcome.cached)
+    return result_body(plan, plan.output_ids, plan.finish, cfg, started, load, outcome.cached)
 
 
 def queue_full_stream_body(plan: Planned, started: float) -> dict:

@@ -113,6 +113,10 @@ async def get_model(request: Request) -> Response:
 
 
 async def flush_cache(request: Request) -> Response:
+    """Empties the prefix cache as SGLang resets its radix tree: only when nothing runs or waits."""
+    engine = _state(request).engine
+    if engine.running_count == 0 and engine.waiting_count == 0:
+        engine.cache.clear()
     return PlainTextResponse(FLUSH_MESSAGE)
 
 

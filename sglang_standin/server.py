@@ -15,6 +15,7 @@ from sglang_standin import routes_info as info, routes_load as loads
 from sglang_standin.auth import ApiKeyMiddleware
 from sglang_standin.config import StandinConfig
 from sglang_standin.generate import generate
+from sglang_standin.metrics import metrics, registry_for
 from sglang_standin.state import StandinState
 from sglang_standin.wedge import held, switch
 
@@ -41,6 +42,7 @@ def routes() -> list[Route]:
         Route("/v1/models/{model:path}", info.get_model, methods=["GET"]),
         Route("/flush_cache", info.flush_cache, methods=["GET", "POST"]),
         Route("/abort_request", info.abort_request, methods=["POST"]),
+        Route("/metrics", metrics, methods=["GET"]),
         Route("/standin/stats", info.standin_stats, methods=["GET"]),
         Route("/standin/wedge", switch, methods=["POST"]),
     ]
@@ -58,6 +60,7 @@ def build_app(cfg: StandinConfig, state: StandinState | None = None) -> Starlett
     app = Starlette(routes=routes(), exception_handlers={HTTPException: _http_error},
                     lifespan=lifespan)
     app.state.standin = state
+    app.state.metrics_registry = registry_for(state)
     if cfg.api_key:
         app.add_middleware(ApiKeyMiddleware, api_key=cfg.api_key)
     return app

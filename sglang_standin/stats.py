@@ -5,6 +5,7 @@ generations per prompt) and benchmarks to measure how busy the "GPU" was
 (busy_seconds over the window first_start..last_end). `bad_outputs`,
 `trickled` and `wedged` say which prompts got those faults, keyed like
 `attempts` (the rid when the request gave one, else the prompt's sha256).
+`prompt_tokens` and `cached_tokens` are the two /metrics counters (`metrics`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,8 @@ class Stats:
         self.trickled: dict[str, int] = defaultdict(int)
         self.wedged: dict[str, int] = defaultdict(int)
         self.tokens_generated = 0
+        self.prompt_tokens = 0  # /metrics sglang:prompt_tokens_total
+        self.cached_tokens = 0  # /metrics sglang:cached_tokens_total
         self.first_start: float | None = None
         self.last_end: float | None = None
         self._busy_total = 0.0
@@ -64,6 +67,11 @@ class Stats:
         self.tokens_generated += tokens
         self.last_end = time.time()
 
+    def note_prompt(self, prompt_tokens: int, cached_tokens: int) -> None:
+        """A scheduled request finished: count its prompt as SGLang's metrics do, on finish."""
+        self.prompt_tokens += prompt_tokens
+        self.cached_tokens += cached_tokens
+
     def set_busy(self, busy: bool) -> None:
         """Track time with at least one running request (monotonic clock)."""
         now = time.monotonic()
@@ -88,6 +96,8 @@ class Stats:
             "trickled": dict(self.trickled),
             "wedged": dict(self.wedged),
             "tokens_generated": self.tokens_generated,
+            "prompt_tokens": self.prompt_tokens,
+            "cached_tokens": self.cached_tokens,
             "busy_seconds": self.busy_seconds(),
             "first_start": self.first_start,
             "last_end": self.last_end,

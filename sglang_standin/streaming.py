@@ -71,7 +71,8 @@ async def sse_events(state: StandinState, plans: list[Planned], jobs: list[Job],
                 produced = engine.produced(job)
                 if produced - sent[i] >= plan.sub.sampling.stream_interval:
                     sent[i] = produced
-                    body = result_body(plan, plan.output_ids[:produced], None, cfg, None, load)
+                    body = result_body(plan, plan.output_ids[:produced], None, cfg, None, load,
+                                       job.cached)
                     yield encode(_indexed(body, i, is_single))
             if all(finished):
                 break

@@ -563,4 +563,63 @@ def test_api_key_is_required_everywhere_but_health_and_metrics() -> None:
         # then /health* stays open for probes, as in SGLang
         assert s.http.get("/health").status_code == 200
         assert s.http.get("/health_generate").status_code == 200
-        assert s.http.get("/metrics").status_code == 404  # open path, but no metrics here
+        assert s.http.get("/metrics").status_code == 200  # open, as in SGLang
+
+
+# --------------------------------------------------------------------------- prefix cache
+def _scraped(s: Standin) -> dict[str, dict]:
+    """/metrics parsed: series name -> (labels, value) of its one sample."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    r = s.http.get("/metrics")
+    assert r.status_code == 200 and r.headers["content-type"].startswith("text/plain")
+    return {sample.name: (sample.labels, sample.value)
+            for family in text_string_to_metric_families(r.text) for sample in family.samples}
+
+
+def test_prompts_sharing_a_prefix_report_cached_tokens_and_metrics_add_them_up() -> None:
+    # given a stand-in with the default time model and prefix cache
+    with standin("--health-latency", "0", "--served-model-name", "m1") as s:
+        system = list(range(2000, 2300))  # a 300-token shared system prompt
+        first = s.generate({"input_ids": system + [11, 12],
+                            "sampling_params": {"max_new_tokens": 6}}).json()
+        # when a second prompt shares the system prompt, and a third continues the first's answer
+        second = s.generate({"input_ids": system + [13],
+                             "sampling_params": {"max_new_tokens": 6}}).json()
+        turn = system + [11, 12] + first["output_ids"] + [14, 15]
+        third = s.generate({"input_ids": turn, "sampling_params": {"max_new_tokens": 6}}).json()
+        streamed = s.generate({"input_ids": system + [16], "stream": True,
+                               "sampling_params": {"max_new_tokens": 6}})
+        chunks = [json.loads(c[len("data: "):]) for c in streamed.text.split("\n\n")
+                  if c and c != "data: [DONE]"]
+        answers = [first, second, third, chunks[-1]]
+        # then each answer says how much of its prompt the server had cached: nothing, the
+        # system prompt, the first prompt with all its answer but the last token, and in a
+        # stream the system prompt from the first chunk on
+        assert [a["meta_info"]["cached_tokens"] for a in answers] == [
+            0, 300, 302 + len(first["output_ids"]) - 1, 300]
+        assert {c["meta_info"]["cached_tokens"] for c in chunks} == {300}
+        # and the server's counters are the sums over its answers, labelled by model
+        series = _scraped(s)
+        labels = {"model_name": "m1"}
+        assert series["sglang:prompt_tokens_total"] == (
+            labels, float(sum(a["meta_info"]["prompt_tokens"] for a in answers)))
+        assert series["sglang:cached_tokens_total"] == (
+            labels, float(sum(a["meta_info"]["cached_tokens"] for a in answers)))
+        assert series["sglang:num_running_reqs"] == (labels, 0.0)
+        assert series["sglang:num_queue_reqs"] == (labels, 0.0)
+        # and after /flush_cache on an idle server the same prompt finds nothing cached
+        assert s.http.post("/flush_cache").status_code == 200
+        again = s.generate({"input_ids": system + [13], "sampling_params": {"max_new_tokens": 6}})
+        assert again.json()["meta_info"]["cached_tokens"] == 0
+
+
+def test_disable_radix_cache_reports_no_cached_tokens() -> None:
+    # given a stand-in started with SGLang's --disable-radix-cache
+    with standin(*INSTANT, "--health-latency", "0", "--disable-radix-cache") as s:
+        # when the same prompt is sent twice
+        answers = [s.generate({"input_ids": list(range(3000, 3100))}).json() for _ in range(2)]
+        # then neither found anything cached, and the counter agrees
+        assert [a["meta_info"]["cached_tokens"] for a in answers] == [0, 0]
+        assert _scraped(s)["sglang:cached_tokens_total"][1] == 0.0
+        assert _scraped(s)["sglang:prompt_tokens_total"][1] == 200.0

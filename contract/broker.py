@@ -57,8 +57,8 @@ def celery_app(redis_url: str, name: str = "fleet-producer", queue: str = DEFAUL
     use_ssl = ssl_options(redis_url)
     if use_ssl:
         app.conf.broker_use_ssl = use_ssl
-    # broker_channel_error_retry: a READONLY or NOREPLICAS reply (a primary demoted under the
-    # worker) restarts the consumer on a new connection instead of stopping the worker.
+    # broker_channel_error_retry: a refused write (OOM, READONLY, NOREPLICAS: a full Redis, a primary
+    # demoted under the worker) restarts the consumer on a new connection instead of stopping the worker.
     app.conf.update(**SERIALIZATION, task_default_queue=queue,
                     broker_transport_options={**TRANSPORT, **connection, **(transport or {})},
                     broker_connection_retry_on_startup=True, broker_channel_error_retry=True, **conf)

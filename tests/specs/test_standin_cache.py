@@ -10,6 +10,7 @@ model in instant mode: a finished request's prompt and output are cached.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 
 from sglang_standin.batching import Engine, Job
 from sglang_standin.config import StandinConfig
@@ -127,7 +128,7 @@ def test_generated_tokens_are_cached_all_but_the_last():
 
 
 def test_the_engine_caches_nothing_when_the_cache_is_disabled():
-    cached, stats = _run(INSTANT.replace(prefix_cache_tokens=0), [(SYSTEM, [1, 2]), (SYSTEM, [1])])
+    cached, stats = _run(dataclasses.replace(INSTANT, prefix_cache_tokens=0), [(SYSTEM, [1, 2]), (SYSTEM, [1])])
     assert cached == [0, 0] and stats.cached_tokens == 0 and stats.prompt_tokens == 200
 
 

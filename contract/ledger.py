@@ -13,8 +13,6 @@ runs a script alone) and conditional (each looks at the state it finds):
     dead   -> done     mark_done  a redelivery succeeded after all; the letter goes
     queued -> dead     bury       its dead letter is stored
     dead   -> dead     bury       a redelivered failure replaces its letter
-    done   -> done     claim      export names the canonical shard of a prompt a
-                                  version without shard codes stored
     done   -> done     anything   a stored prompt is never dead-lettered, re-queued or counted twice
 
 A conversation's next turn enters the ledger through `conversation_ledger.py`,
@@ -47,7 +45,7 @@ an integer value 2 to 6 bytes. The value is the state:
     q<call>   queued, by enqueue call <call> (`q` alone: requeued)
     d         dead
     <int>     done; the int is `shard_code` of the shard holding the prompt's
-              canonical copy (0: not known, stored by an older version)
+              canonical copy
 
 A stored sample belongs to the dataset only while its prompt is done AND it
 sits in that shard, so a prompt stored twice counts once, with no set of ids
@@ -58,9 +56,12 @@ was queued by an earlier line of the same call (a duplicate in the file), not
 by another producer, without a set of the file's ids.
 
 The bucket and field are computed here in Python and passed in, each bucket
-as a declared key, so the scripts compute nothing from ids. A run written by
-a version that kept one `state` hash keyed by id is read through it, and each
-script moves the entries it touches into their buckets.
+as a declared key, so the scripts compute nothing from ids.
+
+**One layout.** This module reads only what it writes: a run an older layout
+wrote (one `state` hash keyed by id, counters without counts by state) is
+refused before anything reads its ledger (`contract.spec.load_spec`), never
+converted.
 
 The producer writes a prompt's token ids and marks it queued before it
 publishes the message (so a crash in between leaves a prompt the audit can
@@ -83,36 +84,24 @@ from .names import PromptState
 
 QUEUED, DONE, DEAD = PromptState.QUEUED, PromptState.DONE, PromptState.DEAD
 NEW, AGAIN = "new", "again"  # enqueue outcomes besides the state found
-UNKNOWN_SHARD = 0
 READ_CHUNK = 1000  # prompts per read script call
 
-# Shared by every script. KEYS: legacy state, ids, dead, counters, minutes, shards, writing, then
+# Shared by every script. KEYS: ids, dead, counters, minutes, shards, writing, then
 # one state bucket per prompt (KEYS[B + i] for the i-th prompt of ARGV).
 _READ_PRELUDE = """
-local legacy, ids, dead, counters, minutes, shards = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local writing, B = KEYS[7], 7
-local has_legacy = redis.call('EXISTS', legacy) == 1
-local OLD = {queued = 'q', dead = 'd', done = '0'}
+local ids, dead, counters, minutes, shards, writing = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local B = 6
 local function kind(v)
   if not v then return nil end
   local c = string.sub(v, 1, 1)
   if c == 'q' then return 'queued' elseif c == 'd' then return 'dead' end
   return 'done'
 end
-local function peek(bucket, field, id)
-  local v = redis.call('HGET', bucket, field)
-  if v or not has_legacy then return v end
-  local old = redis.call('HGET', legacy, id)
-  if not old then return false end
-  return OLD[old] or '0'
-end
 """
 
 _PRELUDE = _READ_PRELUDE + """
-local function get(bucket, field, id)
-  local v = peek(bucket, field, id)
-  if v and has_legacy and redis.call('HDEL', legacy, id) == 1 then redis.call('HSET', bucket, field, v) end
-  return v
+local function get(bucket, field)
+  return redis.call('HGET', bucket, field)
 end
 local function count(name, by)
   if redis.call('HINCRBY', counters, name, by) <= 0 and string.sub(name, 1, 7) == 'reason:' then
@@ -134,25 +123,21 @@ local function move(bucket, field, from, to, value)
 end
 """
 
-# ARGV: the prompts' fields, then (for a run an older version kept) their ids. Returns each
-# prompt's raw state (nil: not in the run).
+# ARGV: the prompts' fields. Returns each prompt's raw state (nil: not in the run).
 _READ = _READ_PRELUDE + """
-local n, out = #KEYS - B, {}
-if #ARGV < 2 * n then has_legacy = false end
-for i = 1, n do out[i] = peek(KEYS[B + i], ARGV[i], ARGV[n + i]) end
+local out = {}
+for i = 1, #KEYS - B do out[i] = redis.call('HGET', KEYS[B + i], ARGV[i]) end
 return out
 """
 
 # ARGV: call, then field, id, packed ids, token count per prompt. Returns per prompt
-# 'new', 'again' (queued by this same call) or the state found. A run enqueued first
-# by a version that keeps state counts is `tallied`.
+# 'new', 'again' (queued by this same call) or the state found.
 _ENQUEUE = _PRELUDE + """
-if redis.call('HEXISTS', counters, 'enqueued') == 0 then redis.call('HSET', counters, 'tallied', 1) end
 local mine = 'q' .. ARGV[1]
 local out, fresh, tokens = {}, 0, 0
 for i = 1, (#ARGV - 1) / 4 do
   local a, bucket = 4 * i - 2, KEYS[B + i]
-  local found = get(bucket, ARGV[a], ARGV[a + 1])
+  local found = get(bucket, ARGV[a])
   if not found then
     redis.call('HSET', bucket, ARGV[a], mine)
     redis.call('HSET', ids, ARGV[a + 1], ARGV[a + 2])
@@ -178,7 +163,7 @@ local out = {}
 for i = 1, #ARGV / 3 do
   local a, bucket = 3 * i - 2, KEYS[B + i]
   out[i] = 0
-  if kind(get(bucket, ARGV[a], ARGV[a + 1])) == 'dead' then
+  if kind(get(bucket, ARGV[a])) == 'dead' then
     forget_letter(ARGV[a + 1])
     move(bucket, ARGV[a], 'dead', 'queued', 'q')
     redis.call('HSET', ids, ARGV[a + 1], ARGV[a + 2])
@@ -196,7 +181,7 @@ local moved, tokens = {queued = 0, dead = 0}, 0
 for i = 1, (#ARGV - 2) / 3 do
   local a, bucket = 3 * i, KEYS[B + i]
   local field, id = ARGV[a], ARGV[a + 1]
-  local found = kind(get(bucket, field, id))
+  local found = kind(get(bucket, field))
   redis.call('HDEL', writing, id)
   if found == 'queued' or found == 'dead' then
     forget_letter(id)
@@ -211,7 +196,7 @@ local stored = moved.queued + moved.dead
 if stored > 0 then
   for from, n in pairs(moved) do if n > 0 then count('state:' .. from, -n) end end
   count('state:done', stored)
-  if code ~= '0' then redis.call('HINCRBY', shards, code, stored) end
+  redis.call('HINCRBY', shards, code, stored)
   count('output_tokens', tokens)
   redis.call('HINCRBY', minutes, minute .. ':samples', stored)
   redis.call('HINCRBY', minutes, minute .. ':tokens', tokens)
@@ -222,7 +207,7 @@ return out
 # KEYS[B + 1]: the bucket. ARGV: field, id, reason, letter (JSON with a `reason`), 'forgotten' or ''
 _BURY = _PRELUDE + """
 local bucket, field, id = KEYS[B + 1], ARGV[1], ARGV[2]
-local found = kind(get(bucket, field, id))
+local found = kind(get(bucket, field))
 if not found and ARGV[5] == 'forgotten' then found = 'queued' end  -- counted queued when enqueued
 if found == 'queued' then
   move(bucket, field, 'queued', 'dead', 'd')
@@ -276,24 +261,6 @@ for i = 1, #ARGV do removed = removed + forget_letter(ARGV[i]) end
 return removed
 """
 
-# ARGV: shard code, then field, id per prompt. A done prompt whose canonical shard is
-# unknown gets this one. Returns each prompt's raw state afterwards.
-_CLAIM = _PRELUDE + """
-local out = {}
-for i = 1, (#ARGV - 1) / 2 do
-  local bucket, field = KEYS[B + i], ARGV[2 * i]
-  local v = get(bucket, field, ARGV[2 * i + 1])
-  if v == '0' then
-    redis.call('HSET', bucket, field, ARGV[1])
-    redis.call('HINCRBY', shards, ARGV[1], 1)
-    v = ARGV[1]
-  end
-  out[i] = v
-end
-return out
-"""
-
-
 class Intake(NamedTuple):
     """A delivery's view of its prompt (`Ledger.intake`)."""
     ids: bytes | None           # packed token ids; None once done or dead, or forgotten
@@ -318,16 +285,16 @@ def locate(prompt_id: str) -> tuple[int, bytes]:
 
 def shard_code(shard: str | Path) -> int:
     """The code a done prompt's state holds for the shard of its canonical copy: 4 bytes
-    of BLAKE2b of the shard's file name (not its folder, which may move), never 0."""
+    of BLAKE2b of the shard's file name (not its folder, which may move)."""
     digest = hashlib.blake2b(Path(shard).name.encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "big", signed=True) or 1
+    return int.from_bytes(digest, "big", signed=True)
 
 
 @dataclass(frozen=True)
 class Entry:
     """One prompt's state as the ledger holds it."""
     state: str | None = None   # queued | done | dead; None: not in the run
-    shard: int | None = None   # done: `shard_code` of its canonical copy's shard (0: not known)
+    shard: int | None = None   # done: `shard_code` of its canonical copy's shard
     call: str | None = None    # queued: the enqueue call that queued it ('' if requeued)
 
     @classmethod
@@ -351,15 +318,13 @@ class Tally:
     reasons: dict[str, int] = field(default_factory=dict)  # dead letters by reason
     prompt_tokens: int = 0
     output_tokens: int = 0
-    exact: bool = True  # False: a run enqueued by a version that kept no counts by state
 
     @classmethod
     def from_counters(cls, counters: dict[str, int]) -> "Tally":
         return cls(enqueued=counters.get("enqueued", 0), queued=counters.get("state:queued", 0),
                    done=counters.get("state:done", 0), dead=counters.get("state:dead", 0),
                    reasons={k[7:]: v for k, v in sorted(counters.items()) if k.startswith("reason:") and v > 0},
-                   prompt_tokens=counters.get("prompt_tokens", 0), output_tokens=counters.get("output_tokens", 0),
-                   exact="tallied" in counters or not counters)
+                   prompt_tokens=counters.get("prompt_tokens", 0), output_tokens=counters.get("output_tokens", 0))
 
     def by_state(self) -> dict[str, int]:
         return {str(s): n for s, n in ((QUEUED, self.queued), (DONE, self.done), (DEAD, self.dead)) if n}
@@ -379,11 +344,10 @@ class Ledger:
         """Each prompt's state as stored (`Entry.decode` reads it; a done prompt's is
         `b"%d" % shard_code(shard)`), one script call per `READ_CHUNK` prompts."""
         found: list[bytes | None] = []
-        legacy = prompt_ids and self.client.exists(self.keys.legacy_state)  # then the ids are needed too
         for start in range(0, len(prompt_ids), READ_CHUNK):
             chunk = prompt_ids[start:start + READ_CHUNK]
             buckets, fields = self._locate(chunk)
-            found += self._script(_READ, buckets, fields + chunk if legacy else fields)
+            found += self._script(_READ, buckets, fields)
         return found
 
     def states(self, prompt_ids: list[str]) -> list[str | None]:
@@ -438,9 +402,6 @@ class Ledger:
                     pipe.hvals(key)
                 for values in pipe.execute():
                     yield from values
-        legacy = {b"queued": b"q", b"dead": b"d", b"done": b"0"}
-        for _, raw in self.client.hscan_iter(self.keys.legacy_state, count=1000):
-            yield legacy.get(raw, b"0")
 
     def recent(self, minutes: int = 5) -> tuple[int, int, float]:
         """Samples and output tokens stored in the current minute and the `minutes - 1`
@@ -486,20 +447,20 @@ class Ledger:
         result = self._script(_REQUEUE, buckets, args, pipe)
         return result if pipe is not None else [pid for pid, moved in zip(payloads, result) if moved]
 
-    def mark_done(self, prompt_id: str, output_tokens: int, shard: str | Path | None = None,
+    def mark_done(self, prompt_id: str, output_tokens: int, shard: str | Path,
                   pipe: redis.client.Pipeline | None = None):
         """The prompt's sample is durable in `shard` (its canonical copy, unless the prompt
         was done already); returns the state it was in (done: nothing changed)."""
         found = self.mark_stored([(prompt_id, output_tokens)], shard, pipe)
         return found[0] if found else None
 
-    def mark_stored(self, samples: list[tuple[str, int]], shard: str | Path | None = None,
+    def mark_stored(self, samples: list[tuple[str, int]], shard: str | Path,
                     pipe: redis.client.Pipeline | None = None):
         """A group's samples, (prompt id, output tokens) each, are durable in `shard`: one
         script call per `READ_CHUNK` of them (a group commit's whole ledger step). Returns
         the state each prompt was in, as `mark_done` does; on `pipe`, nothing (the pipeline
         returns each call's list of raw states)."""
-        code = shard_code(shard) if shard is not None else UNKNOWN_SHARD
+        code = shard_code(shard)
         minute = int(time.time() // 60)
         found: list = []
         for start in range(0, len(samples), READ_CHUNK):
@@ -523,17 +484,6 @@ class Ledger:
     def purge(self, prompt_ids: list[str]) -> int:
         """Delete dead letters; their prompts stay dead. Returns how many were deleted."""
         return int(self._script(_PURGE, [], list(prompt_ids))) if prompt_ids else 0
-
-    def claim(self, prompt_ids: list[str], shard: str | Path) -> list[Entry]:
-        """Done prompts whose canonical shard is not known (stored by a version that kept
-        none) get `shard`; returns each prompt's entry afterwards."""
-        found: list[Entry] = []
-        for start in range(0, len(prompt_ids), READ_CHUNK):
-            chunk = prompt_ids[start:start + READ_CHUNK]
-            buckets, fields = self._locate(chunk)
-            args = [shard_code(shard)] + [x for pair in zip(fields, chunk) for x in pair]
-            found += [Entry.decode(r) for r in self._script(_CLAIM, buckets, args)]
-        return found
 
     # -- writing entries: a group commit's samples, from just before the write until done --
 
@@ -571,7 +521,7 @@ class Ledger:
 
     def _script(self, source: str, buckets: list[str], args: list,
                 pipe: redis.client.Pipeline | None = None):
-        keys = [self.keys.legacy_state, self.keys.prompts, self.keys.dead, self.keys.counters,
+        keys = [self.keys.prompts, self.keys.dead, self.keys.counters,
                 self.keys.minutes, self.keys.shards, self.keys.writing, *buckets]
         script = _SCRIPTS.get(source) or _SCRIPTS.setdefault(source, self.client.register_script(source))
         return script(keys=keys, args=args, client=self.client if pipe is None else pipe)

@@ -98,10 +98,15 @@ def _run_name(run: str | None) -> str:
 
 
 def _spec(client, run: str | None):
-    from contract.spec import load_spec
+    """The run's spec, or exit 2 saying why not (no such run, or one of an older layout)."""
+    from contract.spec import OlderLayout, load_spec
 
     name = _run_name(run)
-    spec = load_spec(client, name)
+    try:
+        spec = load_spec(client, name)
+    except OlderLayout as exc:
+        err.print(f"[red]{escape(str(exc))}[/red]")
+        raise typer.Exit(2)
     if spec is None:
         err.print(f"[red]no run named {name!r} in Redis[/red] (enqueue one first, or pass --run)")
         raise typer.Exit(2)
@@ -156,10 +161,12 @@ def enqueue(
     chat = ChatTokenizer(tokenizer, trust_remote_code, think_start, think_end)
     spec = new_spec(chat, name, tokenizer, max_new_tokens, temperature, top_p, thinking,
                     served_model, disable_rule, turns, trust_remote_code)
+    from contract.spec import OlderLayout
+
     try:
         spec = prepare_run(client, spec)
-    except RunMismatch as exc:
-        err.print(f"[red]{exc}[/red]")
+    except (RunMismatch, OlderLayout) as exc:
+        err.print(f"[red]{escape(str(exc))}[/red]")
         raise typer.Exit(2)
     celery_app = _publisher(settings)
 

@@ -9,8 +9,7 @@ Invariants, and why they hold:
   left out and counted in the manifest (`duplicates_dropped`, `left_out`). A
   batch of rows costs one script call that reads their entries; nothing holds
   a set of the run's ids (only the ids of the one shard being read, to drop a
-  row written twice into the same shard). A prompt stored by a version that
-  recorded no shard gets the first shard export meets (`Ledger.claim`).
+  row written twice into the same shard).
 - **As fast as reading the shards.** The ledger counts, per shard, the
   prompts whose canonical copy it holds (`Ledger.canonical_rows`): a shard
   with that many rows holds only canonical rows, and (when it fits in a file)
@@ -63,7 +62,7 @@ import pyarrow.parquet as pq
 import redis
 
 from contract.durable import fsync_folder, fsync_path
-from contract.ledger import Entry, Ledger, UNKNOWN_SHARD, shard_code
+from contract.ledger import Entry, Ledger, shard_code
 from contract.names import PromptState
 from contract.schema import arrow_schema, shard_files
 from contract.spec import RunSpec, check_run_name
@@ -209,8 +208,8 @@ def _write_export(spec: RunSpec, client: redis.Redis, output_dir: str, folder: P
         "source": str(Path(output_dir).resolve() / spec.name),
         "index_only": index_only,
         "complete_only": complete_only,
-        "dead_letters": dict(tally.reasons) if tally.exact else None,
-        "ledger": tally.by_state() if tally.exact else None,
+        "dead_letters": dict(tally.reasons),
+        "ledger": tally.by_state(),
         "files": files,
         "tokenizer": spec.tokenizer,
         "tokenizer_fingerprint": spec.tokenizer_fingerprint,
@@ -220,11 +219,6 @@ def _write_export(spec: RunSpec, client: redis.Redis, output_dir: str, folder: P
         "sampling": spec.sampling,
         "run_spec": asdict(spec),
     }
-    if not tally.exact:  # a run enqueued by a version that kept no counts: count them once
-        from contract.deadletters import DeadLetters
-
-        manifest["ledger"] = Ledger(client, spec.name).counts()
-        manifest["dead_letters"] = DeadLetters(client, spec.name).stats()
     _write_atomically(folder / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True).encode())
     fsync_folder(folder)
     return manifest
@@ -325,7 +319,7 @@ def _export_rows(path: Path, ledger: Ledger, writer: "_RollingWriter", share: _S
     for batch in dataset.to_batches(columns=columns, batch_size=BATCH_ROWS, batch_readahead=1):
         ids = batch.column("id").to_pylist()
         share.source_rows += len(ids)
-        keep = [_keep(prompt_id, raw, canonical, seen, share) for prompt_id, raw in zip(ids, _states(ledger, ids, path))]
+        keep = [_keep(prompt_id, raw, canonical, seen, share) for prompt_id, raw in zip(ids, ledger.raw_entries(ids))]
         if share.complete_only:
             keep = _of_complete_conversations(ledger, ids, keep, share)
         keep = pa.array(keep, type=pa.bool_())
@@ -355,15 +349,6 @@ def _of_complete_conversations(ledger: Ledger, ids: list[str], keep: list[bool],
             share.left_out["incomplete_conversation"] += 1
         out.append(kept and whole)
     return out
-
-
-def _states(ledger: Ledger, ids: list[str], path: Path) -> list[bytes | None]:
-    """The ids' stored states; a done prompt whose canonical shard is not known gets this one."""
-    states = ledger.raw_entries(ids)
-    unknown = [i for i, raw in enumerate(states) if raw == b"%d" % UNKNOWN_SHARD]
-    for i, entry in zip(unknown, ledger.claim([ids[i] for i in unknown], path) if unknown else []):
-        states[i] = b"%d" % entry.shard if entry.state == PromptState.DONE else None
-    return states
 
 
 def _keep(prompt_id: str, raw: bytes | None, canonical: bytes, seen: set[str], share: _Share) -> bool:

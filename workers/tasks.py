@@ -49,7 +49,7 @@ from .generation import Buried, DeadLettered, GiveBack, bury, process_prompt
 from .lease import hold_limit
 from .reconcile import reconciled
 from .runtime import Runtime, get_runtime
-from .specs import cached_spec
+from .specs import cached_spec, refusal
 
 log = logging.getLogger(__name__)
 # Set when the SIGTERM grace is over: a task failing then is being cut short, not crashing.
@@ -69,6 +69,8 @@ def generate(self, run: str, prompt_id: str, max_new_tokens: int | None = None) 
 
 def _generate(self, run: str, prompt_id: str, max_new_tokens: int | None) -> str:
     rt = get_runtime(self.app.fleet_settings)
+    if (refused := refusal(rt.settings.redis_url, run)) is not None:
+        return refused  # acknowledged: no version that reads the run's layout is running here
     ledger = Ledger(rt.redis, run)
     raw = None
     try:

@@ -10,7 +10,6 @@ enqueued.
 """
 from __future__ import annotations
 
-import json
 import random
 
 
@@ -47,7 +46,7 @@ def test_enqueue_counts_only_prompts_the_run_does_not_have(client):
     assert enqueue(ledger, "a", "b") == 2
     assert enqueue(ledger, "b", "c") == 1
     tally = ledger.tally()
-    assert (tally.enqueued, tally.queued, tally.prompt_tokens, tally.exact) == (3, 3, 9, True)
+    assert (tally.enqueued, tally.queued, tally.prompt_tokens) == (3, 3, 9)
 
 
 def test_a_done_prompt_is_never_dead_lettered_and_a_second_success_changes_nothing(client):
@@ -169,43 +168,11 @@ def test_finished_prompts_are_kept_in_compact_buckets(client):
 
     # Then no hash keyed by id is left, and every state bucket is a listpack
     keys = RunKeys("r")
-    assert not client.exists(keys.legacy_state) and client.hlen(keys.prompts) == 0
+    assert client.hlen(keys.prompts) == 0
     buckets = list(client.scan_iter(match=keys.state_prefix + "*", count=1000))
     assert 4000 < len(buckets) <= 5000
     assert {client.object("encoding", b) for b in buckets[:500]} == {b"listpack"}
     assert ledger.counts() == {"done": 5000} and ledger.tally().done == 5000
-
-
-def test_a_run_kept_by_an_older_version_is_read_and_moved_into_buckets(client):
-    # Given a run an older version kept in one state hash keyed by id
-    client.hset("fleet:run:old:counters", mapping={"enqueued": 3, "state:queued": 1, "state:done": 1,
-                                                   "state:dead": 1, "reason:aborted": 1, "tallied": 1})
-    client.hset("fleet:run:old:state", mapping={"q": "queued", "d": "dead", "f": "done"})
-    client.hset("fleet:run:old:ids", "q", pack_ids([1]))
-    client.hset("fleet:run:old:dead", "d", letter("d", "aborted").to_json())
-    ledger, store = Ledger(client, "old"), DeadLetters(client, "old")
-
-    # Then it reads as it was, a re-enqueue skips all three, and the transitions go on
-    assert ledger.states(["q", "d", "f", "x"]) == ["queued", "dead", "done", None]
-    assert ledger.counts() == {"queued": 1, "dead": 1, "done": 1}
-    assert ledger.enqueue({p: pack_ids([1]) for p in "qdf"}, 9) == ["queued", "dead", "done"]
-    assert ledger.mark_done("q", 2, "part-1.parquet") == "queued"
-    assert ledger.requeue({"d": pack_ids([1])}) == ["d"]
-    # and export names the canonical shard of the prompt stored without one
-    assert ledger.claim(["f", "q"], "part-2.parquet") == [
-        Entry("done", shard=shard_code("part-2.parquet")), Entry("done", shard=shard_code("part-1.parquet"))]
-    assert not client.exists("fleet:run:old:state")
-    assert ledger.counts() == {"queued": 1, "done": 2}
-    check_invariants(ledger, store, ["q", "d", "f"])
-
-
-def test_a_run_without_state_counts_is_counted_by_a_scan(client):
-    # Given a run a version without state counts enqueued (its counters have no `tallied`)
-    client.hset("fleet:run:old:counters", mapping={"enqueued": 2, "done": 5})
-    client.hset("fleet:run:old:state", mapping={"a": "dead", "b": "done"})
-    client.hset("fleet:run:old:dead", "a", json.dumps(letter("a", "aborted").__dict__))
-    store = DeadLetters(client, "old")
-    assert not store.ledger.tally().exact and store.stats() == {"aborted": 1}
 
 
 def test_any_order_of_transitions_keeps_the_counts_true(client):

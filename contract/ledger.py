@@ -78,188 +78,15 @@ from typing import Iterator, NamedTuple
 
 import redis
 
+from . import deliveries, ledger_scripts as lua
 from .codec import count_ids
 from .keys import STATE_BUCKETS, RunKeys
 from .names import PromptState
+from .scripts import Lua
 
 QUEUED, DONE, DEAD = PromptState.QUEUED, PromptState.DONE, PromptState.DEAD
 NEW, AGAIN = "new", "again"  # enqueue outcomes besides the state found
 READ_CHUNK = 1000  # prompts per read script call
-
-# Shared by every script. KEYS: ids, dead, counters, minutes, shards, writing, then
-# one state bucket per prompt (KEYS[B + i] for the i-th prompt of ARGV).
-_READ_PRELUDE = """
-local ids, dead, counters, minutes, shards, writing = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local B = 6
-local function kind(v)
-  if not v then return nil end
-  local c = string.sub(v, 1, 1)
-  if c == 'q' then return 'queued' elseif c == 'd' then return 'dead' end
-  return 'done'
-end
-"""
-
-_PRELUDE = _READ_PRELUDE + """
-local function get(bucket, field)
-  return redis.call('HGET', bucket, field)
-end
-local function count(name, by)
-  if redis.call('HINCRBY', counters, name, by) <= 0 and string.sub(name, 1, 7) == 'reason:' then
-    redis.call('HDEL', counters, name)
-  end
-end
-local function forget_letter(id)
-  local raw = redis.call('HGET', dead, id)
-  if not raw then return 0 end
-  local ok, letter = pcall(cjson.decode, raw)
-  if ok and type(letter) == 'table' and letter.reason then count('reason:' .. letter.reason, -1) end
-  redis.call('HDEL', dead, id)
-  return 1
-end
-local function move(bucket, field, from, to, value)
-  redis.call('HSET', bucket, field, value)
-  count('state:' .. from, -1)
-  count('state:' .. to, 1)
-end
-"""
-
-# ARGV: the prompts' fields. Returns each prompt's raw state (nil: not in the run).
-_READ = _READ_PRELUDE + """
-local out = {}
-for i = 1, #KEYS - B do out[i] = redis.call('HGET', KEYS[B + i], ARGV[i]) end
-return out
-"""
-
-# ARGV: call, then field, id, packed ids, token count per prompt. Returns per prompt
-# 'new', 'again' (queued by this same call) or the state found.
-_ENQUEUE = _PRELUDE + """
-local mine = 'q' .. ARGV[1]
-local out, fresh, tokens = {}, 0, 0
-for i = 1, (#ARGV - 1) / 4 do
-  local a, bucket = 4 * i - 2, KEYS[B + i]
-  local found = get(bucket, ARGV[a])
-  if not found then
-    redis.call('HSET', bucket, ARGV[a], mine)
-    redis.call('HSET', ids, ARGV[a + 1], ARGV[a + 2])
-    fresh, tokens = fresh + 1, tokens + tonumber(ARGV[a + 3])
-    out[i] = 'new'
-  elseif found == mine then
-    out[i] = 'again'
-  else
-    out[i] = kind(found)
-  end
-end
-if fresh > 0 then
-  count('enqueued', fresh)
-  count('state:queued', fresh)
-  count('prompt_tokens', tokens)
-end
-return out
-"""
-
-# ARGV: field, id, packed ids per prompt. Returns per prompt 1 (moved) or 0.
-_REQUEUE = _PRELUDE + """
-local out = {}
-for i = 1, #ARGV / 3 do
-  local a, bucket = 3 * i - 2, KEYS[B + i]
-  out[i] = 0
-  if kind(get(bucket, ARGV[a])) == 'dead' then
-    forget_letter(ARGV[a + 1])
-    move(bucket, ARGV[a], 'dead', 'queued', 'q')
-    redis.call('HSET', ids, ARGV[a + 1], ARGV[a + 2])
-    out[i] = 1
-  end
-end
-return out
-"""
-
-# ARGV: minute, shard code, then field, id, output tokens per prompt. Returns per prompt the
-# state found ('' if none). Every prompt's writing entry goes: a done prompt needs none.
-_DONE = _PRELUDE + """
-local minute, code, out = ARGV[1], ARGV[2], {}
-local moved, tokens = {queued = 0, dead = 0}, 0
-for i = 1, (#ARGV - 2) / 3 do
-  local a, bucket = 3 * i, KEYS[B + i]
-  local field, id = ARGV[a], ARGV[a + 1]
-  local found = kind(get(bucket, field))
-  redis.call('HDEL', writing, id)
-  if found == 'queued' or found == 'dead' then
-    forget_letter(id)
-    redis.call('HSET', bucket, field, code)
-    redis.call('HDEL', ids, id)
-    moved[found] = moved[found] + 1
-    tokens = tokens + tonumber(ARGV[a + 2])
-  end
-  out[i] = found or ''
-end
-local stored = moved.queued + moved.dead
-if stored > 0 then
-  for from, n in pairs(moved) do if n > 0 then count('state:' .. from, -n) end end
-  count('state:done', stored)
-  redis.call('HINCRBY', shards, code, stored)
-  count('output_tokens', tokens)
-  redis.call('HINCRBY', minutes, minute .. ':samples', stored)
-  redis.call('HINCRBY', minutes, minute .. ':tokens', tokens)
-end
-return out
-"""
-
-# KEYS[B + 1]: the bucket. ARGV: field, id, reason, letter (JSON with a `reason`), 'forgotten' or ''
-_BURY = _PRELUDE + """
-local bucket, field, id = KEYS[B + 1], ARGV[1], ARGV[2]
-local found = kind(get(bucket, field))
-if not found and ARGV[5] == 'forgotten' then found = 'queued' end  -- counted queued when enqueued
-if found == 'queued' then
-  move(bucket, field, 'queued', 'dead', 'd')
-  redis.call('HDEL', ids, id)
-elseif found == 'dead' then
-  forget_letter(id)
-else
-  return found or ''
-end
-redis.call('HSET', dead, id, ARGV[4])
-redis.call('HDEL', writing, id)
-count('reason:' .. ARGV[3], 1)
-return found
-"""
-
-# ARGV: id, then (optional) the worker taking it and the most deliveries noted here. KEYS[B + 1]:
-# the run's deliveries hash (workers/deliveries.py). Returns its packed ids (nil once done or
-# dead), its writing entry (which goes if the prompt has no ids: a done prompt's duplicate, whose
-# worker died before the write), the deliveries noted before this one, and 1 if this one was
-# noted: a prompt with ids and no writing entry has its delivery noted (a line naming the
-# worker) unless as many are noted already (the caller's last-chance and poison rules decide those).
-_INTAKE = _READ_PRELUDE + """
-local raw, shard = redis.call('HGET', ids, ARGV[1]), redis.call('HGET', writing, ARGV[1])
-if shard and not raw then redis.call('HDEL', writing, ARGV[1]) shard = false end
-local held, noted = false, 0
-if raw and not shard and ARGV[2] then
-  held = redis.call('HGET', KEYS[B + 1], ARGV[1])
-  local count = 0
-  if held then for _ in string.gmatch(held, '[^\\n]+') do count = count + 1 end end
-  if count < tonumber(ARGV[3]) then
-    redis.call('HSET', KEYS[B + 1], ARGV[1], held and (held .. '\\n' .. ARGV[2]) or ARGV[2])
-    noted = 1
-  end
-end
-return {raw, shard, held, noted}
-"""
-
-# ARGV: shard file name, then ids. Each writing entry that still names that shard goes.
-_UNWRITTEN = _READ_PRELUDE + """
-local removed = 0
-for i = 2, #ARGV do
-  if redis.call('HGET', writing, ARGV[i]) == ARGV[1] then removed = removed + redis.call('HDEL', writing, ARGV[i]) end
-end
-return removed
-"""
-
-# ARGV: ids. The prompts stay dead.
-_PURGE = _PRELUDE + """
-local removed = 0
-for i = 1, #ARGV do removed = removed + forget_letter(ARGV[i]) end
-return removed
-"""
 
 class Intake(NamedTuple):
     """A delivery's view of its prompt (`Ledger.intake`)."""
@@ -267,14 +94,6 @@ class Intake(NamedTuple):
     writing: str | None         # the shard its sample was being written to, while it has ids
     held_by: list[str]          # the workers it was delivered to before (read when noting)
     noted: bool                 # this delivery is noted, naming the worker
-
-
-def delivery_names(raw: bytes | str | None) -> list[str]:
-    """The workers a prompt was delivered to, from its deliveries entry (one name a line)."""
-    if not raw:
-        return []
-    text = raw.decode() if isinstance(raw, bytes) else raw
-    return [name for name in text.split("\n") if name]
 
 
 def locate(prompt_id: str) -> tuple[int, bytes]:
@@ -346,8 +165,8 @@ class Ledger:
         found: list[bytes | None] = []
         for start in range(0, len(prompt_ids), READ_CHUNK):
             chunk = prompt_ids[start:start + READ_CHUNK]
-            buckets, fields = self._locate(chunk)
-            found += self._script(_READ, buckets, fields)
+            buckets, fields = self.locations(chunk)
+            found += self.call(lua.READ, buckets, each=[(f,) for f in fields])
         return found
 
     def states(self, prompt_ids: list[str]) -> list[str | None]:
@@ -423,9 +242,9 @@ class Ledger:
         items = list(payloads.items()) if isinstance(payloads, dict) else list(payloads)
         if not items:
             return []
-        buckets, fields = self._locate([pid for pid, _ in items])
-        args = [str(call)] + [x for (pid, raw), f in zip(items, fields) for x in (f, pid, raw, count_ids(raw))]
-        result = self._script(_ENQUEUE, buckets, args, pipe)
+        buckets, fields = self.locations([pid for pid, _ in items])
+        each = [(f, pid, raw, count_ids(raw)) for (pid, raw), f in zip(items, fields)]
+        result = self.call(lua.ENQUEUE, buckets, {"call": call}, each, pipe)
         return result if pipe is not None else self.outcomes(result)
 
     @staticmethod
@@ -442,9 +261,9 @@ class Ledger:
         returns the ids that moved (a prompt that is not dead is left as it is)."""
         if not payloads:
             return []
-        buckets, fields = self._locate(list(payloads))
-        args = [x for (pid, raw), f in zip(payloads.items(), fields) for x in (f, pid, raw)]
-        result = self._script(_REQUEUE, buckets, args, pipe)
+        buckets, fields = self.locations(list(payloads))
+        each = [(f, pid, raw) for (pid, raw), f in zip(payloads.items(), fields)]
+        result = self.call(lua.REQUEUE, buckets, each=each, pipe=pipe)
         return result if pipe is not None else [pid for pid, moved in zip(payloads, result) if moved]
 
     def mark_done(self, prompt_id: str, output_tokens: int, shard: str | Path,
@@ -465,9 +284,9 @@ class Ledger:
         found: list = []
         for start in range(0, len(samples), READ_CHUNK):
             chunk = samples[start:start + READ_CHUNK]
-            buckets, fields = self._locate([pid for pid, _ in chunk])
-            args = [minute, code] + [x for (pid, tokens), f in zip(chunk, fields) for x in (f, pid, tokens)]
-            result = self._script(_DONE, buckets, args, pipe)
+            buckets, fields = self.locations([pid for pid, _ in chunk])
+            each = [(f, pid, tokens) for (pid, tokens), f in zip(chunk, fields)]
+            result = self.call(lua.DONE, buckets, {"minute": minute, "code": code}, each, pipe)
             if pipe is None:
                 found += self.found([result])
         return found
@@ -477,13 +296,14 @@ class Ledger:
         prompt gets a letter: a done one (or one the run does not have) is left as it is, unless
         `forgotten`: a prompt whose message is queued but whose ledger entries Redis lost (evicted,
         flushed) is buried as the queued prompt it was."""
-        buckets, fields = self._locate([prompt_id])
-        args = [fields[0], prompt_id, str(reason), letter, "forgotten" if forgotten else ""]
-        return self._script(_BURY, buckets, args).decode() or None
+        buckets, fields = self.locations([prompt_id])
+        head = {"field": fields[0], "id": prompt_id, "reason": str(reason), "letter": letter,
+                "forgotten": "forgotten" if forgotten else ""}
+        return self.call(lua.BURY, buckets, head).decode() or None
 
     def purge(self, prompt_ids: list[str]) -> int:
         """Delete dead letters; their prompts stay dead. Returns how many were deleted."""
-        return int(self._script(_PURGE, [], list(prompt_ids))) if prompt_ids else 0
+        return int(self.call(lua.PURGE, [], each=[(pid,) for pid in prompt_ids])) if prompt_ids else 0
 
     # -- writing entries: a group commit's samples, from just before the write until done --
 
@@ -496,22 +316,24 @@ class Ledger:
     def unwritten(self, prompt_ids: list[str], shard: str) -> int:
         """The write to `shard` did not happen (or the shard does not hold them): drop each
         entry that still names it (another write may have named another since)."""
-        return int(self._script(_UNWRITTEN, [], [shard, *prompt_ids])) if prompt_ids else 0
+        if not prompt_ids:
+            return 0
+        return int(self.call(lua.UNWRITTEN, [], {"shard": shard}, [(pid,) for pid in prompt_ids]))
 
     def intake(self, prompt_id: str, worker: str | None = None, most: int = 0) -> "Intake":
         """What a delivery needs, in one call: the prompt's packed ids (None once done or
         dead, or forgotten) and, while it has ids, the shard its sample was being written to.
         With `worker`, a prompt to be generated (ids, no writing entry) also has its delivery
         noted in the same call (`workers/deliveries.py`), unless `most` are noted already."""
-        args = [prompt_id] if worker is None else [prompt_id, worker, most]
-        raw, shard, held, noted = self._script(_INTAKE, [self.keys.deliveries], args)
-        return Intake(raw, shard.decode() if shard is not None else None, delivery_names(held), bool(noted))
+        head = {"id": prompt_id, "worker": worker or "", "most": most}
+        raw, shard, held, noted = self.call(lua.INTAKE, [self.keys.deliveries], head)
+        return Intake(raw, shard.decode() if shard is not None else None, deliveries.names(held), bool(noted))
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    def _locate(self, prompt_ids: list[str]) -> tuple[list[str], list[bytes]]:
-        """Each prompt's bucket key and field. (Building all 32,768 bucket names up front cost a
-        group commit, which makes a ledger per group, ~10 ms: 2.6% of a busy worker.)"""
+    def locations(self, prompt_ids: list[str]) -> tuple[list[str], list[bytes]]:
+        """Each prompt's bucket key and field (`locate`). (Building all 32,768 bucket names up
+        front cost a group commit, which makes a ledger per group, ~10 ms: 2.6% of a busy worker.)"""
         buckets, fields = [], []
         for prompt_id in prompt_ids:
             bucket, f = locate(prompt_id)
@@ -519,14 +341,10 @@ class Ledger:
             fields.append(f)
         return buckets, fields
 
-    def _script(self, source: str, buckets: list[str], args: list,
-                pipe: redis.client.Pipeline | None = None):
-        keys = [self.keys.prompts, self.keys.dead, self.keys.counters,
-                self.keys.minutes, self.keys.shards, self.keys.writing, *buckets]
-        script = _SCRIPTS.get(source) or _SCRIPTS.setdefault(source, self.client.register_script(source))
-        return script(keys=keys, args=args, client=self.client if pipe is None else pipe)
-
-
-# One Script object per source (its SHA computed once), called with the caller's client, so
-# a pipeline of many transitions loads each script once.
-_SCRIPTS: dict[str, "redis.commands.core.Script"] = {}
+    def call(self, script: Lua, keys: list[str], head: dict | None = None, each: list = (),
+             pipe: redis.client.Pipeline | None = None):
+        """Run one of the ledger's scripts (`ledger_scripts.py`, or the conversation ledger's,
+        which share its prelude): the run's keys the prelude names, then `keys`."""
+        k = self.keys
+        return script(self.client, [k.prompts, k.dead, k.counters, k.minutes, k.shards, k.writing, *keys],
+                      head, each, pipe)

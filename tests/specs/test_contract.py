@@ -14,6 +14,7 @@ import pytest
 from contract import kombu_redis
 from contract.keys import RunKeys, queue_for, task_id
 from contract.names import Reason
+from contract.scripts import Lua
 from contract.spec import BadRunName, OlderLayout, RunSpec, check_run_name, load_spec, run_queues, save_spec
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -68,6 +69,21 @@ def test_a_run_an_older_layout_wrote_is_refused_with_what_to_do(client, shape):
         load_spec(client, "old")
     # and the queues a worker consumes and audits leave it out, the other run still there
     assert run_queues(client, "q") == {"new": "q"} and load_spec(client, "new") == new
+
+
+def test_a_script_reads_its_arguments_by_name(client):
+    # Given a script of two single arguments and a record of two per prompt
+    echo = Lua("""
+local out = {a.run, a.call}
+for _, p in ipairs(prompts) do out[#out + 1] = p.id .. '=' .. p.tokens end
+return out
+""", head=("run", "call"), each=("id", "tokens"))
+
+    # When it is called with the single ones by name, in another order, then it reads each by its name
+    assert echo(client, [], {"call": "c1", "run": "r"}, [("p1", 3), ("p2", 4)]) == [b"r", b"c1", b"p1=3", b"p2=4"]
+    # and a record of the wrong width is refused before anything is sent
+    with pytest.raises(ValueError, match="has 1 values"):
+        echo.argv({}, [("p1",)])
 
 
 def test_every_reason_code_is_documented_in_the_readme():

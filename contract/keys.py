@@ -32,12 +32,16 @@ class RunKeys:
     def __init__(self, run: str):
         base = f"fleet:run:{run}"
         self.spec = base                    # string: the run's spec (JSON)
-        # The ledger (ledger.py) owns the state buckets, dead, counters, minutes, shards, writing and prompts:
+        # The ledger (ledger.py) owns the state buckets, dead, dead_reasons, counters, minutes, shards, writing
+        # and prompts:
         # only its scripts change them, each a prompt's whole transition in one atomic step.
         # Each prompt's state lives in one of STATE_BUCKETS small hashes, `<base>:s:<n>`,
         # under 8 bytes of a hash of its id (`ledger.py` says how, and why it is compact).
         self.state_prefix = f"{base}:s:"
         self.dead = f"{base}:dead"          # hash: prompt id -> dead letter JSON, while dead
+        # hash: prompt id -> its dead letter's reason, beside it: what the counts by reason need,
+        # read by the ledger's scripts without decoding a letter
+        self.dead_reasons = f"{base}:dead:reasons"
         # hash: enqueued, prompt_tokens, output_tokens, state:queued|done|dead, reason:CODE
         # (dead letters by reason), and the conversations' counts (conversation_ledger.py)
         self.counters = f"{base}:counters"

@@ -86,7 +86,7 @@ from .scripts import Lua
 
 QUEUED, DONE, DEAD = PromptState.QUEUED, PromptState.DONE, PromptState.DEAD
 NEW, AGAIN = "new", "again"  # enqueue outcomes besides the state found
-READ_CHUNK = 1000  # prompts per read script call
+READ_CHUNK = 1000  # prompts per script call (a call runs alone on Redis: it stays short)
 
 class Intake(NamedTuple):
     """A delivery's view of its prompt (`Ledger.intake`)."""
@@ -162,12 +162,7 @@ class Ledger:
     def raw_entries(self, prompt_ids: list[str]) -> list[bytes | None]:
         """Each prompt's state as stored (`Entry.decode` reads it; a done prompt's is
         `b"%d" % shard_code(shard)`), one script call per `READ_CHUNK` prompts."""
-        found: list[bytes | None] = []
-        for start in range(0, len(prompt_ids), READ_CHUNK):
-            chunk = prompt_ids[start:start + READ_CHUNK]
-            buckets, fields = self.locations(chunk)
-            found += self.call(lua.READ, buckets, each=[(f,) for f in fields])
-        return found
+        return [raw for reply in self._in_chunks(lua.READ, prompt_ids, [()] * len(prompt_ids)) for raw in reply]
 
     def states(self, prompt_ids: list[str]) -> list[str | None]:
         return [e.state for e in self.entries(prompt_ids)]
@@ -233,63 +228,54 @@ class Ledger:
 
     # -- transitions ------------------------------------------------------------------------
 
+    # On a pipeline (`pipe`), a transition returns None, and the pipeline's replies hold what it
+    # would have returned, one reply per `READ_CHUNK` of prompts (`outcomes` and `found` read them).
+
     def enqueue(self, payloads: dict[str, bytes] | list[tuple[str, bytes]], call: int | str = "",
-                pipe: redis.client.Pipeline | None = None):
-        """New prompts become queued with their packed ids, by enqueue call `call`. Returns,
-        per (id, packed ids) in order, NEW, AGAIN (queued earlier by this same call, in this
-        list or before) or the state it found (left as it is). On `pipe`, the pipeline
-        returns it raw (`outcomes` reads it)."""
+                pipe: redis.client.Pipeline | None = None) -> list[str] | None:
+        """New prompts become queued with their packed ids, by enqueue call `call`, one script
+        call per `READ_CHUNK` of them. Returns, per (id, packed ids) in order, NEW, AGAIN
+        (queued earlier by this same call, in this list or before) or the state it found (left
+        as it is)."""
         items = list(payloads.items()) if isinstance(payloads, dict) else list(payloads)
-        if not items:
-            return []
-        buckets, fields = self.locations([pid for pid, _ in items])
-        each = [(f, pid, raw, count_ids(raw)) for (pid, raw), f in zip(items, fields)]
-        result = self.call(lua.ENQUEUE, buckets, {"call": call}, each, pipe)
-        return result if pipe is not None else self.outcomes(result)
+        records = [(pid, raw, count_ids(raw)) for pid, raw in items]
+        replies = self._in_chunks(lua.ENQUEUE, [pid for pid, _ in items], records, {"call": call}, pipe)
+        return None if pipe is not None else self.outcomes(replies)
 
     @staticmethod
-    def outcomes(raw: list[bytes]) -> list[str]:
-        return [r.decode() for r in raw]
+    def outcomes(replies: list[list[bytes]]) -> list[str]:
+        """What `enqueue` found, from its calls' replies."""
+        return [r.decode() for reply in replies for r in reply]
 
     @staticmethod
     def found(replies: list[list[bytes]]) -> list[str | None]:
-        """The states `mark_stored` found, from its calls' replies on a pipeline."""
+        """The states `mark_stored` found, from its calls' replies."""
         return [r.decode() or None for reply in replies for r in reply]
 
-    def requeue(self, payloads: dict[str, bytes], pipe: redis.client.Pipeline | None = None):
+    def requeue(self, payloads: dict[str, bytes], pipe: redis.client.Pipeline | None = None) -> list[str] | None:
         """Dead prompts become queued again with their packed ids, and lose their letters;
         returns the ids that moved (a prompt that is not dead is left as it is)."""
-        if not payloads:
-            return []
-        buckets, fields = self.locations(list(payloads))
-        each = [(f, pid, raw) for (pid, raw), f in zip(payloads.items(), fields)]
-        result = self.call(lua.REQUEUE, buckets, each=each, pipe=pipe)
-        return result if pipe is not None else [pid for pid, moved in zip(payloads, result) if moved]
+        replies = self._in_chunks(lua.REQUEUE, list(payloads), list(payloads.items()), pipe=pipe)
+        if pipe is not None:
+            return None
+        return [pid for pid, moved in zip(payloads, (m for reply in replies for m in reply)) if moved]
 
     def mark_done(self, prompt_id: str, output_tokens: int, shard: str | Path,
-                  pipe: redis.client.Pipeline | None = None):
+                  pipe: redis.client.Pipeline | None = None) -> str | None:
         """The prompt's sample is durable in `shard` (its canonical copy, unless the prompt
-        was done already); returns the state it was in (done: nothing changed)."""
+        was done already); returns the state it was in (done: nothing changed; None: not in
+        the run, or on `pipe`)."""
         found = self.mark_stored([(prompt_id, output_tokens)], shard, pipe)
-        return found[0] if found else None
+        return None if found is None else found[0]
 
     def mark_stored(self, samples: list[tuple[str, int]], shard: str | Path,
-                    pipe: redis.client.Pipeline | None = None):
+                    pipe: redis.client.Pipeline | None = None) -> list[str | None] | None:
         """A group's samples, (prompt id, output tokens) each, are durable in `shard`: one
         script call per `READ_CHUNK` of them (a group commit's whole ledger step). Returns
-        the state each prompt was in, as `mark_done` does; on `pipe`, nothing (the pipeline
-        returns each call's list of raw states)."""
-        code = shard_code(shard)
-        minute = int(time.time() // 60)
-        found: list = []
-        for start in range(0, len(samples), READ_CHUNK):
-            chunk = samples[start:start + READ_CHUNK]
-            buckets, fields = self.locations([pid for pid, _ in chunk])
-            each = [(f, pid, tokens) for (pid, tokens), f in zip(chunk, fields)]
-            result = self.call(lua.DONE, buckets, {"minute": minute, "code": code}, each, pipe)
-            if pipe is None:
-                found += self.found([result])
-        return found
+        the state each prompt was in, as `mark_done` does."""
+        head = {"minute": int(time.time() // 60), "code": shard_code(shard)}
+        replies = self._in_chunks(lua.DONE, [pid for pid, _ in samples], samples, head, pipe)
+        return None if pipe is not None else self.found(replies)
 
     def bury(self, prompt_id: str, reason: str, letter: str, forgotten: bool = False) -> str | None:
         """Store the prompt's dead letter; returns the state it was in. Only a queued or dead
@@ -331,6 +317,19 @@ class Ledger:
 
     # -- plumbing ---------------------------------------------------------------------------
 
+    def _in_chunks(self, script: Lua, prompt_ids: list[str], records: list[tuple], head: dict | None = None,
+                   pipe: redis.client.Pipeline | None = None) -> list:
+        """`script` over the prompts, one call per `READ_CHUNK` of them, each prompt's record
+        its field followed by its entry of `records`; returns each call's reply (none on `pipe`)."""
+        replies = []
+        for start in range(0, len(prompt_ids), READ_CHUNK):
+            buckets, fields = self.locations(prompt_ids[start:start + READ_CHUNK])
+            each = [(f, *record) for f, record in zip(fields, records[start:start + READ_CHUNK])]
+            reply = self.call(script, buckets, head, each, pipe)
+            if pipe is None:
+                replies.append(reply)
+        return replies
+
     def locations(self, prompt_ids: list[str]) -> tuple[list[str], list[bytes]]:
         """Each prompt's bucket key and field (`locate`). (Building all 32,768 bucket names up
         front cost a group commit, which makes a ledger per group, ~10 ms: 2.6% of a busy worker.)"""
@@ -346,5 +345,5 @@ class Ledger:
         """Run one of the ledger's scripts (`ledger_scripts.py`, or the conversation ledger's,
         which share its prelude): the run's keys the prelude names, then `keys`."""
         k = self.keys
-        return script(self.client, [k.prompts, k.dead, k.counters, k.minutes, k.shards, k.writing, *keys],
-                      head, each, pipe)
+        own = [k.prompts, k.dead, k.dead_reasons, k.counters, k.minutes, k.shards, k.writing]
+        return script(self.client, own + keys, head, each, pipe)

@@ -10,6 +10,10 @@ one home, here, also for the conversation ledger's scripts, which share it:
     bury(p, from, reason, letter)   -> dead, with its letter: a queued, dead or new prompt
     forget_letter(id)               a dead prompt's letter goes, and its reason's count
 
+A letter's reason is kept beside it (`RunKeys.dead_reasons`), so that
+forgetting a letter costs two small hash reads, never decoding the letter
+(its prompt ids and traceback) on Redis's one thread.
+
 `p` is a prompt's record: its bucket key (`p.key`), its field there
 (`p.field`), its id and, when queued, its packed ids and token count. Counts
 are added up while a script runs (`add`) and written once when it ends
@@ -20,11 +24,11 @@ from __future__ import annotations
 from .deliveries import LUA as DELIVERIES
 from .scripts import Lua
 
-# KEYS of every ledger script: these six (as `Ledger.call` passes them), then one state
+# KEYS of every ledger script: these seven (as `Ledger.call` passes them), then one state
 # bucket per prompt (KEYS[B + i], the i-th record's `key`).
 PRELUDE = """
-local ids, dead, counters, minutes, shards, writing = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local B = 6
+local ids, dead, reasons, counters, minutes, shards = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
+local writing, B = KEYS[7], 7
 local function kind(v)
   if not v then return nil end
   local c = string.sub(v, 1, 1)
@@ -42,12 +46,12 @@ local function flush()
   end
 end
 local function forget_letter(id)
-  local raw = redis.call('HGET', dead, id)
-  if not raw then return 0 end
-  local ok, letter = pcall(cjson.decode, raw)
-  if ok and type(letter) == 'table' and letter.reason then add('reason:' .. letter.reason, -1) end
-  redis.call('HDEL', dead, id)
-  return 1
+  local reason = redis.call('HGET', reasons, id)
+  if reason then
+    add('reason:' .. reason, -1)
+    redis.call('HDEL', reasons, id)
+  end
+  return redis.call('HDEL', dead, id)
 end
 local function queue(p, value, from)
   redis.call('HSET', p.key, p.field, value)
@@ -65,6 +69,7 @@ local function bury(p, from, reason, letter)
   if from then add('state:' .. from, -1) else add('enqueued', 1) end
   redis.call('HSET', p.key, p.field, 'd')
   redis.call('HSET', dead, p.id, letter)
+  redis.call('HSET', reasons, p.id, reason)
   redis.call('HDEL', writing, p.id)
   add('state:dead', 1)
   add('reason:' .. reason, 1)

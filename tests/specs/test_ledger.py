@@ -10,6 +10,7 @@ enqueued.
 """
 from __future__ import annotations
 
+import json
 import random
 
 
@@ -110,7 +111,7 @@ def test_transitions_on_a_pipeline_are_the_same_scripts(client):
         ledger.enqueue({"a": pack_ids([1]), "b": pack_ids([1, 2])}, 1, pipe)
         ledger.mark_done("b", 4, "part-1.parquet", pipe)
         (outcomes, found) = pipe.execute()
-    assert (Ledger.outcomes(outcomes), found) == ([NEW, NEW], [b"queued"])
+    assert (Ledger.outcomes([outcomes]), found) == ([NEW, NEW], [b"queued"])
     store.put(letter("a"))
     with client.pipeline(transaction=False) as pipe:
         ledger.requeue({"a": pack_ids([1]), "b": pack_ids([1])}, pipe)
@@ -279,3 +280,49 @@ def test_an_intake_notes_the_delivery_of_a_prompt_to_generate_until_as_many_as_a
     # and an intake without a worker only reads
     assert ledger.intake("a") == (pack_ids([1, 2, 3]), None, [], False) and held("a") == ["w1"]
     check_invariants(ledger, store, ["a", "d", "w"])
+
+
+def test_a_letter_is_forgotten_by_the_reason_the_ledger_kept_not_by_decoding_it(client):
+    # Given a dead prompt whose stored letter is not JSON at all (the ledger never reads it)
+    ledger, store = Ledger(client, "r"), DeadLetters(client, "r")
+    enqueue(ledger, "a", "b")
+    assert ledger.bury("a", "aborted", "not json {") == "queued"
+    assert ledger.bury("b", "truncated", letter("b", "truncated").to_json()) == "queued"
+
+    # When one is stored after all and the other's letter is replaced by one of another reason
+    assert ledger.mark_done("a", 1, "part-1.parquet") == "dead"
+    assert store.put(letter("b", "aborted")) == "dead"
+
+    # Then the counts by reason follow the reasons given, each letter counted once
+    assert ledger.tally().reasons == {"aborted": 1}
+    assert not client.hexists(RunKeys("r").dead_reasons, "a")
+    check_invariants(ledger, store, ["a", "b"])
+
+
+def test_enqueue_sends_a_script_call_per_chunk_of_prompts(client):
+    # Given 2,500 new prompts
+    ledger = Ledger(client, "r")
+    pids = [f"p{i}" for i in range(2500)]
+    client.config_resetstat()
+
+    # When they are enqueued in one call
+    outcomes = ledger.enqueue({p: pack_ids([1]) for p in pids}, 1)
+
+    # Then each is queued, by three script calls of at most READ_CHUNK (1,000) prompts each
+    assert outcomes == [NEW] * 2500 and ledger.tally().queued == 2500
+    stats = client.info("commandstats")
+    assert sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("eval", "evalsha")) == 3
+
+
+def test_a_letter_with_a_field_this_version_does_not_know_is_still_listed(client, caplog):
+    # Given two letters a newer version wrote, with a field this one does not know
+    ledger, store = Ledger(client, "r"), DeadLetters(client, "r")
+    enqueue(ledger, "a", "b")
+    for pid in ("a", "b"):
+        ledger.bury(pid, "aborted", json.dumps({**letter(pid, "aborted").__dict__, "hint": "retry later"}))
+
+    # When they are listed, then both are, without the field, and a warning names it once
+    with caplog.at_level("WARNING", logger="contract.deadletters"):
+        assert sorted(d.id for d in store) == ["a", "b"] and store.get("a").reason == "aborted"
+    assert [r.getMessage() for r in caplog.records] == [
+        "dead letters hold fields this version does not know, left out: hint"]

@@ -54,7 +54,7 @@ class RunKeys:
         # just before its group's write until it is done or dead (ledger.py: writing entries)
         self.writing = f"{base}:writing"
         # hash: prompt id -> packed token ids (codec.py), while not done or dead
-        self.prompts = f"{base}:ids"
+        self.token_ids = f"{base}:ids"
         # A run of conversations (`enqueue --turns all`; `conversation_ledger.py` owns these):
         # hash: conversation id -> its number of turns, kept for the run's life
         self.conversation_turns = f"{base}:conv:turns"

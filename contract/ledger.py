@@ -8,7 +8,7 @@ runs a script alone) and conditional (each looks at the state it finds):
 
     (none) -> queued   enqueue    a prompt the run does not have yet
     dead   -> queued   requeue    a dead letter replayed; the letter goes
-    queued -> done     mark_done  its sample is durable in a shard (mark_stored: a
+    queued -> done     mark_done  its sample is durable in a shard (mark_group_done: a
                                   whole group's, in one call)
     dead   -> done     mark_done  a redelivery succeeded after all; the letter goes
     queued -> dead     bury       its dead letter is stored
@@ -170,10 +170,6 @@ class Ledger:
     def state(self, prompt_id: str) -> str | None:
         return self.states([prompt_id])[0]
 
-    def stored(self, prompt_ids: list[str]) -> list[bool]:
-        """Whether each prompt's sample belongs to the dataset (its state is done)."""
-        return [state == DONE for state in self.states(prompt_ids)]
-
     def canonical_rows(self, shard: str | Path) -> int:
         """How many prompts name `shard` as the holder of their canonical copy. A shard of
         that many rows holds only canonical rows: each such prompt has a row in it, so its
@@ -182,7 +178,7 @@ class Ledger:
 
     def pending_ids(self) -> set[str]:
         """Prompts whose ids are still held: queued, in flight, or lost in transit."""
-        return {k.decode() for k in self.client.hkeys(self.keys.prompts)}
+        return {k.decode() for k in self.client.hkeys(self.keys.token_ids)}
 
     def letter(self, prompt_id: str) -> bytes | None:
         """A dead prompt's dead letter (JSON), while it has one."""
@@ -249,7 +245,7 @@ class Ledger:
 
     @staticmethod
     def found(replies: list[list[bytes]]) -> list[str | None]:
-        """The states `mark_stored` found, from its calls' replies."""
+        """The states `mark_group_done` found, from its calls' replies."""
         return [r.decode() or None for reply in replies for r in reply]
 
     def requeue(self, payloads: dict[str, bytes], pipe: redis.client.Pipeline | None = None) -> list[str] | None:
@@ -265,11 +261,11 @@ class Ledger:
         """The prompt's sample is durable in `shard` (its canonical copy, unless the prompt
         was done already); returns the state it was in (done: nothing changed; None: not in
         the run, or on `pipe`)."""
-        found = self.mark_stored([(prompt_id, output_tokens)], shard, pipe)
+        found = self.mark_group_done([(prompt_id, output_tokens)], shard, pipe)
         return None if found is None else found[0]
 
-    def mark_stored(self, samples: list[tuple[str, int]], shard: str | Path,
-                    pipe: redis.client.Pipeline | None = None) -> list[str | None] | None:
+    def mark_group_done(self, samples: list[tuple[str, int]], shard: str | Path,
+                        pipe: redis.client.Pipeline | None = None) -> list[str | None] | None:
         """A group's samples, (prompt id, output tokens) each, are durable in `shard`: one
         script call per `READ_CHUNK` of them (a group commit's whole ledger step). Returns
         the state each prompt was in, as `mark_done` does."""
@@ -295,7 +291,7 @@ class Ledger:
 
     def writing(self, prompt_ids: list[str], shard: str) -> None:
         """These prompts' samples are about to be written to the shard file named `shard`
-        (its final name): one call. `mark_stored` and `bury` delete the entries."""
+        (its final name): one call. `mark_group_done` and `bury` delete the entries."""
         if prompt_ids:
             self.client.hset(self.keys.writing, mapping=dict.fromkeys(prompt_ids, shard))
 
@@ -345,5 +341,5 @@ class Ledger:
         """Run one of the ledger's scripts (`ledger_scripts.py`, or the conversation ledger's,
         which share its prelude): the run's keys the prelude names, then `keys`."""
         k = self.keys
-        own = [k.prompts, k.dead, k.dead_reasons, k.counters, k.minutes, k.shards, k.writing]
+        own = [k.token_ids, k.dead, k.dead_reasons, k.counters, k.minutes, k.shards, k.writing]
         return script(self.client, own + keys, head, each, pipe)

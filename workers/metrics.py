@@ -63,6 +63,7 @@ class FleetCollector:
 
     def _depths(self):
         from contract.deadletters import DeadLetters
+        from contract.kombu_redis import queue_depth
         from contract.spec import run_queues
 
         queue = GaugeMetricFamily("fleet_queue_depth", "Prompts waiting in the queue.", labels=["queue"])
@@ -73,7 +74,7 @@ class FleetCollector:
             for run in queues:
                 dead.add_metric([run], DeadLetters(client, run).count())
             for name in sorted({prefix, *queues.values()}):
-                queue.add_metric([name], client.llen(name))
+                queue.add_metric([name], queue_depth(client, name))
         except Exception as exc:  # Redis restarting: report what we have
             log.debug("queue depth unavailable: %r", exc)
         yield queue

@@ -34,7 +34,7 @@ def test_a_run_name_that_could_escape_or_collide_is_refused(name):
 
 def test_the_key_layout_is_pinned():
     keys = RunKeys("r")
-    assert (keys.spec, keys.state_bucket(7), keys.dead, keys.prompts) == (
+    assert (keys.spec, keys.state_bucket(7), keys.dead, keys.token_ids) == (
         "fleet:run:r", "fleet:run:r:s:7", "fleet:run:r:dead", "fleet:run:r:ids")
     assert queue_for("fleet.generate", None) == "fleet.generate"
     assert queue_for("fleet.generate", "m") == "fleet.generate@m"

@@ -169,7 +169,7 @@ def test_finished_prompts_are_kept_in_compact_buckets(client):
 
     # Then no hash keyed by id is left, and every state bucket is a listpack
     keys = RunKeys("r")
-    assert client.hlen(keys.prompts) == 0
+    assert client.hlen(keys.token_ids) == 0
     buckets = list(client.scan_iter(match=keys.state_prefix + "*", count=1000))
     assert 4000 < len(buckets) <= 5000
     assert {client.object("encoding", b) for b in buckets[:500]} == {b"listpack"}
@@ -204,7 +204,7 @@ def test_any_order_of_transitions_keeps_the_counts_true(client):
         else:  # a group is stored, and its entries go
             group = rng.sample(pids, 3)
             before = ledger.states(group)
-            ledger.mark_stored([(p, 3) for p in group], f"part-{rng.randrange(3)}.parquet")
+            ledger.mark_group_done([(p, 3) for p in group], f"part-{rng.randrange(3)}.parquet")
             assert ledger.states(group) == [("done" if s else None) for s in before]
             assert client.hmget(RunKeys("r").writing, group) == [None] * 3
         check_invariants(ledger, store, pids)
@@ -218,7 +218,7 @@ def test_a_group_is_marked_done_in_one_call_each_prompt_along_the_table(client):
     ledger.mark_done("f", 1, "part-0.parquet")
 
     # When one group holding all four is marked stored in shard 1
-    found = ledger.mark_stored([("q", 5), ("d", 7), ("f", 9), ("x", 11)], "/out/r/part-1.parquet")
+    found = ledger.mark_group_done([("q", 5), ("d", 7), ("f", 9), ("x", 11)], "/out/r/part-1.parquet")
 
     # Then each moved as mark_done would move it, alone, and is counted once
     assert found == ["queued", "dead", "done", None]
@@ -245,7 +245,7 @@ def test_a_writing_entry_lasts_from_before_the_write_until_its_prompt_is_done_or
     assert ledger.intake("a")[:2] == (pack_ids([1, 2, 3]), None) and ledger.intake("b")[1] == "part-B.parquet"
 
     # When "b" is stored and "c" dead-lettered, their entries go with their pending state
-    ledger.mark_stored([("b", 2)], "part-B.parquet")
+    ledger.mark_group_done([("b", 2)], "part-B.parquet")
     store.put(letter("c"))
     assert ledger.intake("b")[:2] == (None, None) and ledger.intake("c")[:2] == (None, None)
     assert not client.exists(RunKeys("r").writing)

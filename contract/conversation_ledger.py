@@ -37,7 +37,7 @@ import redis
 from .codec import pack_ids
 from .conversations import SEPARATOR, turn_id
 from .keys import RunKeys
-from .ledger import Ledger
+from .ledger import READ_CHUNK, Ledger
 from .ledger_scripts import PRELUDE
 from .scripts import Lua, lua_string
 
@@ -160,13 +160,13 @@ class ConversationLedger:
 
     # -- transitions ------------------------------------------------------------------------
 
-    def register(self, conversations: list[tuple[str, int, list[dict]]],
-                 pipe: redis.client.Pipeline | None = None):
-        """(id, turns, skeleton) of new conversations, each at turn 0; one the run has is left alone."""
-        if not conversations:
-            return []
+    def register(self, conversations: list[tuple[str, int, list[dict]]]) -> list[int]:
+        """(id, turns, skeleton) of new conversations, each at turn 0, one script call per
+        `READ_CHUNK` of them; returns per conversation 1 (registered) or 0 (the run had it:
+        left alone)."""
         each = [(cid, n, json.dumps(shape, ensure_ascii=False)) for cid, n, shape in conversations]
-        return self.ledger.call(_REGISTER, self._own(), each=each, pipe=pipe)
+        return [registered for start in range(0, len(each), READ_CHUNK)
+                for registered in self.ledger.call(_REGISTER, self._own(), each=each[start:start + READ_CHUNK])]
 
     def advance(self, conversation: str, turn: int, answer: dict, turns: int,
                 next_ids: list[int] | None = None, letter: tuple[str, str] | None = None) -> str:

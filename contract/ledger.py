@@ -3,13 +3,14 @@
 The ledger holds, per run, each prompt's state, the token ids of those still
 to do, the dead letters, the counts and the per-minute rates (the keys of
 `RunKeys` but the spec and the crash counts). Nothing else writes them: every
-change of a prompt's state is one Lua script below, so it is atomic (Redis
-runs a script alone) and conditional (each looks at the state it finds):
+change of a prompt's state is one Lua script (`ledger_scripts.py`), so it is
+atomic (Redis runs a script alone) and conditional (each looks at the state it
+finds):
 
     (none) -> queued   enqueue    a prompt the run does not have yet
     dead   -> queued   requeue    a dead letter replayed; the letter goes
-    queued -> done     mark_done  its sample is durable in a shard (mark_group_done: a
-                                  whole group's, in one call)
+    queued -> done     mark_done  its sample is durable in a shard (mark_group_done:
+                                  a whole group's, in one call)
     dead   -> done     mark_done  a redelivery succeeded after all; the letter goes
     queued -> dead     bury       its dead letter is stored
     dead   -> dead     bury       a redelivered failure replaces its letter
@@ -87,6 +88,7 @@ from .scripts import Lua
 QUEUED, DONE, DEAD = PromptState.QUEUED, PromptState.DONE, PromptState.DEAD
 NEW, AGAIN = "new", "again"  # enqueue outcomes besides the state found
 READ_CHUNK = 1000  # prompts per script call (a call runs alone on Redis: it stays short)
+
 
 class Intake(NamedTuple):
     """A delivery's view of its prompt (`Ledger.intake`)."""
@@ -285,7 +287,8 @@ class Ledger:
 
     def purge(self, prompt_ids: list[str]) -> int:
         """Delete dead letters; their prompts stay dead. Returns how many were deleted."""
-        return int(self.call(lua.PURGE, [], each=[(pid,) for pid in prompt_ids])) if prompt_ids else 0
+        return sum(int(self.call(lua.PURGE, [], each=[(pid,) for pid in prompt_ids[start:start + READ_CHUNK]]))
+                   for start in range(0, len(prompt_ids), READ_CHUNK))
 
     # -- writing entries: a group commit's samples, from just before the write until done --
 

@@ -1,8 +1,8 @@
 """Where a run stands, read from Redis: what the `status` command prints.
 
 Counts come from the counts the ledger's transitions keep (O(1), however
-large the run), rates from the per-minute counters the workers keep, server health and
-the output storage's state from the workers' own heartbeats (each worker's
+large the run), rates from the per-minute counters the workers keep, server
+health and the output storage's state from the workers' own heartbeats (each worker's
 view of the servers it is bound to and of `OUTPUT_DIR`, found through the
 workers' registry, never a scan of the keyspace), and the queue depth from
 the broker. So `status` sends the same few commands whatever the run's size
@@ -17,7 +17,7 @@ import redis
 from contract import heartbeats
 from contract.keys import queue_for
 from contract.kombu_redis import queue_depth
-from contract.ledger import Ledger
+from contract.ledger import Ledger, Tally
 from contract.spec import RunSpec
 
 RATE_MINUTES = 5
@@ -25,7 +25,8 @@ RATE_MINUTES = 5
 
 def collect_status(client: redis.Redis, spec: RunSpec, queue_prefix: str) -> dict:
     ledger = Ledger(client, spec.name)
-    tally = ledger.tally()
+    counters = ledger.counters()
+    tally = Tally.from_counters(counters)
     queue = queue_for(queue_prefix, spec.served_model)
     done, dead, pending = tally.done, tally.dead, tally.queued  # pending: queued, in flight or lost in transit
     waiting = queue_depth(client, queue)
@@ -50,7 +51,7 @@ def collect_status(client: redis.Redis, spec: RunSpec, queue_prefix: str) -> dic
         "eta_s": round(pending / rate) if rate and pending else (0 if not pending else None),
         "workers": _workers(client),
         "finished": pending == 0,
-        **_conversations(spec, ledger.counters(), done, dead, pending),
+        **_conversations(spec, counters, done, dead, pending),
     }
 
 

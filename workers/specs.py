@@ -31,7 +31,8 @@ def cached_spec(url: str, run: str) -> RunSpec:
 
 def refusal(url: str, run: str) -> str | None:
     """Why this worker does not take the run's prompts (an older layout wrote it), logged
-    once per run; None for any other run (one it takes, or one without a spec)."""
+    once per run; None for any other run (one it takes, one without a spec or with an
+    unreadable one)."""
     try:
         _cached_spec(url, run)
     except OlderLayout as exc:
@@ -39,4 +40,6 @@ def refusal(url: str, run: str) -> str | None:
             _REFUSED.add(run)
             log.error("%s", exc)
         return f"refused: {exc}"
+    except ValueError:  # a spec that cannot be read: said where the spec is used, as before
+        return None
     return None

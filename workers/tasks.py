@@ -69,11 +69,11 @@ def generate(self, run: str, prompt_id: str, max_new_tokens: int | None = None) 
 
 def _generate(self, run: str, prompt_id: str, max_new_tokens: int | None) -> str:
     rt = get_runtime(self.app.fleet_settings)
-    if (refused := refusal(rt.settings.redis_url, run)) is not None:
-        return refused  # acknowledged: no version that reads the run's layout is running here
     ledger = Ledger(rt.redis, run)
     raw = None
     try:
+        if (refused := refusal(rt.settings.redis_url, run)) is not None:
+            return refused  # acknowledged, not generated: this version does not read the run's ledger
         intake = ledger.intake(prompt_id, rt.worker, rt.settings.max_deliveries)
         if intake.noted:  # the common case: ids read and this delivery noted, one round trip
             STARTED.counted(run, prompt_id)

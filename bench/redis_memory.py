@@ -59,7 +59,7 @@ def run_redis_memory(lab: Lab, opts: RedisOptions, log) -> dict:
     queue = SharedSettings().queue_prefix
     keys = RunKeys("rm")
     usage = {name: int(client.memory_usage(key, samples=0) or 0) for name, key in
-             (("queue", queue), ("ledger_prompts", keys.prompts))}
+             (("queue", queue), ("ledger_prompts", keys.token_ids))}
     usage["ledger_state"] = sum(int(client.memory_usage(key, samples=0) or 0)
                                 for key in client.scan_iter(match=keys.state_prefix + "*", count=1000))
     first = client.lindex(queue, 0)

@@ -4,7 +4,7 @@ A primary and one replica on loopback (real `redis-server` processes). Timed,
 with and without `replicated` around them, alternating: one SET (the
 confirmation's own cost), one enqueue batch (the
 ledger's enqueue script and the publish of its messages, `BATCH` prompts) and
-one group commit's ledger step (`mark_stored` and the deliveries' clear, as
+one group commit's ledger step (`mark_group_done` and the deliveries' clear, as
 `ShardBook.stored` sends them, `GROUP` samples). Prints the median and p90
 milliseconds per call of each, and the difference.
 """
@@ -84,7 +84,7 @@ def _commit(client, n: int, wait: bool) -> None:
     ids = [f"c{n}-{wait}-{i}" for i in range(GROUP)]
     ledger.enqueue([(pid, pack_ids([1, 2, 3])) for pid in ids])
     with _maybe(client, wait), client.pipeline(transaction=False) as pipe:
-        ledger.mark_stored([(pid, 100) for pid in ids], f"/tmp/shard-{n}.parquet", pipe)
+        ledger.mark_group_done([(pid, 100) for pid in ids], f"/tmp/shard-{n}.parquet", pipe)
         deliveries.clear(pipe, ledger.run, *ids)
         pipe.execute()
 

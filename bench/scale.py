@@ -121,7 +121,7 @@ def _fill(lab: Lab, run: str, n: int, shard_rows: int, batch: int = 2000) -> dic
     encodings = Counter(client.object("encoding", b).decode() for b in buckets[::max(1, len(buckets) // 500)])
     return {"fill_s": seconds, "used_memory_growth": after - before, "bytes_per_finished": (after - before) / n,
             "state_buckets": len(buckets), "bucket_encodings_sampled": dict(encodings),
-            "ids_hash_len": int(client.hlen(keys.prompts)), "tally": ledger.tally().by_state()}
+            "ids_hash_len": int(client.hlen(keys.token_ids)), "tally": ledger.tally().by_state()}
 
 
 def _bury(lab: Lab, run: str, count: int) -> int:

@@ -120,20 +120,41 @@ def redact_url(url: str) -> str:
     would read part of it as a path or a query; an `@` in a query makes it hide
     too much, never too little.
     """
+    return _split(url)[0]
+
+
+def redact_text(text: str, url: str) -> str:
+    """`text` (an error message that may quote `url` or its parts) with every secret that
+    `redact_url` hides starred, as written in the URL and percent-decoded."""
+    from urllib.parse import unquote
+
+    secrets = _split(url)[1]
+    for secret in sorted({s for raw in secrets for s in (raw, unquote(raw)) if s}, key=len, reverse=True):
+        text = text.replace(secret, "***")
+    return text
+
+
+def _split(url: str) -> tuple[str, list[str]]:
+    """(the URL redacted, the secrets it hid): the one reading of a URL's secrets."""
     scheme, sep, rest = url.partition("://")
     if not sep:
         scheme, rest = "", url
+    secrets: list[str] = []
     head, question, query = rest.partition("?")
     if question:
-        rest = head + "?" + "&".join(_redact_param(pair) for pair in query.split("&"))
+        rest = head + "?" + "&".join(_redact_param(pair, secrets) for pair in query.split("&"))
     userinfo, at, host = rest.rpartition("@")
     if at:
-        user, colon, _ = userinfo.partition(":")
+        user, colon, password = userinfo.partition(":")
         safe_user = colon and user and not any(c in user for c in "/?#")
+        secrets += ([password] if colon else []) + ([] if safe_user else [userinfo])
         rest = (f"{user}:***@" if safe_user else "***@") + host
-    return (f"{scheme}://" if sep else "") + rest
+    return (f"{scheme}://" if sep else "") + rest, secrets
 
 
-def _redact_param(pair: str) -> str:
-    name, eq, _ = pair.partition("=")
-    return f"{name}=***" if eq and any(s in name.lower() for s in SECRET_PARAMS) else pair
+def _redact_param(pair: str, secrets: list[str]) -> str:
+    name, eq, value = pair.partition("=")
+    if eq and any(s in name.lower() for s in SECRET_PARAMS):
+        secrets.append(value)
+        return f"{name}=***"
+    return pair

@@ -34,67 +34,66 @@ from dataclasses import dataclass
 
 import redis
 
-from .codec import count_ids, pack_ids
+from .codec import pack_ids
+from .conversations import SEPARATOR, turn_id
 from .keys import RunKeys
-from .ledger import _PRELUDE, Ledger
-from .conversations import turn_id
+from .ledger import READ_CHUNK, Ledger
+from .ledger_scripts import PRELUDE
+from .scripts import Lua, lua_string
 
 QUEUED_NEXT, BURIED_NEXT, COMPLETE = "queued", "buried", "complete"
 
-# KEYS[B+1..B+4] (after the ledger's own): turns, shapes, at, answers. ARGV: conversation id, turns, skeleton JSON per
-# conversation. Returns per conversation 1 (registered) or 0 (the run has it).
-_REGISTER = _PRELUDE + """
+# KEYS[B+1..B+4] (after the ledger's own): turns, shapes, at, answers. Per conversation 1
+# (registered) or 0 (the run has it).
+_REGISTER = Lua("""
 local turns, shapes, at = KEYS[B + 1], KEYS[B + 2], KEYS[B + 3]
-local out, fresh, total = {}, 0, 0
-for i = 1, #ARGV / 3 do
-  local a = 3 * i - 2
+local out = {}
+for i, c in ipairs(conversations) do
   out[i] = 0
-  if redis.call('HSETNX', turns, ARGV[a], ARGV[a + 1]) == 1 then
-    redis.call('HSET', shapes, ARGV[a], ARGV[a + 2])
-    redis.call('HSET', at, ARGV[a], 0)
-    fresh, total, out[i] = fresh + 1, total + tonumber(ARGV[a + 1]), 1
+  if redis.call('HSETNX', turns, c.conversation, c.turns) == 1 then
+    redis.call('HSET', shapes, c.conversation, c.shape)
+    redis.call('HSET', at, c.conversation, 0)
+    add('conversations', 1)
+    add('conversation_turns', tonumber(c.turns))
+    out[i] = 1
   end
 end
-if fresh > 0 then count('conversations', fresh) count('conversation_turns', total) end
+flush()
 return out
-"""
+""", prelude=PRELUDE, each=("conversation", "turns", "shape"), records="conversations")
 
 # KEYS[B+1..B+4]: turns, shapes, at, answers; KEYS[B+5]: turn k's bucket; KEYS[B+6]: turn k+1's.
-# ARGV: conversation, k, field k, id k, answer JSON, mode ('last' | 'queue' | 'bury'),
-# then field k+1, id k+1, and the packed ids and token count ('queue') or reason and letter ('bury').
-_ADVANCE = _PRELUDE + """
+# `a.mode`: 'last' (turn k is the last), 'queue' (turn k+1 with `next_ids`) or 'bury' (turn k+1
+# with its `reason` and `letter`).
+_ADVANCE = Lua(f"""
 local shapes, at, answers = KEYS[B + 2], KEYS[B + 3], KEYS[B + 4]
-local conv, k, mode = ARGV[1], ARGV[2], ARGV[6]
-if redis.call('HGET', at, conv) ~= k then return 'stale' end
-local found = kind(get(KEYS[B + 5], ARGV[3], ARGV[4]))
+if redis.call('HGET', at, a.conversation) ~= a.turn then return 'stale' end
+local found = kind(state({{key = KEYS[B + 5], field = a.field}}))
 if found ~= 'done' then return found or '' end
-if mode == 'last' then
-  local fields = {}
-  for i = 0, tonumber(k) - 1 do fields[#fields + 1] = conv .. '#' .. i end
+if a.mode == 'last' then
+  local fields = {{}}
+  for i = 0, tonumber(a.turn) - 1 do fields[#fields + 1] = a.conversation .. {lua_string(SEPARATOR)} .. i end
   if #fields > 0 then redis.call('HDEL', answers, unpack(fields)) end
-  redis.call('HDEL', shapes, conv)
-  redis.call('HDEL', at, conv)
-  count('conversations_complete', 1)
+  redis.call('HDEL', shapes, a.conversation)
+  redis.call('HDEL', at, a.conversation)
+  add('conversations_complete', 1)
+  flush()
   return 'complete'
 end
-redis.call('HSET', answers, ARGV[4], ARGV[5])
-redis.call('HSET', at, conv, tonumber(k) + 1)
-local bucket, field, id = KEYS[B + 6], ARGV[7], ARGV[8]
-if get(bucket, field, id) then return 'had' end
-count('enqueued', 1)
-if mode == 'queue' then
-  redis.call('HSET', bucket, field, 'q')
-  redis.call('HSET', ids, id, ARGV[9])
-  count('state:queued', 1)
-  count('prompt_tokens', tonumber(ARGV[10]))
+redis.call('HSET', answers, a.id, a.answer)
+redis.call('HSET', at, a.conversation, tonumber(a.turn) + 1)
+local following = {{key = KEYS[B + 6], field = a.next_field, id = a.next_id, ids = a.next_ids, tokens = a.next_tokens}}
+if state(following) then return 'had' end
+if a.mode == 'queue' then
+  queue(following, 'q', nil)
+  flush()
   return 'queued'
 end
-redis.call('HSET', bucket, field, 'd')
-redis.call('HSET', dead, id, ARGV[10])
-count('state:dead', 1)
-count('reason:' .. ARGV[9], 1)
+bury(following, nil, a.reason, a.letter)
+flush()
 return 'buried'
-"""
+""", prelude=PRELUDE, head=("conversation", "turn", "field", "id", "answer", "mode",
+                             "next_field", "next_id", "next_ids", "next_tokens", "reason", "letter"))
 
 
 @dataclass(frozen=True)
@@ -161,13 +160,13 @@ class ConversationLedger:
 
     # -- transitions ------------------------------------------------------------------------
 
-    def register(self, conversations: list[tuple[str, int, list[dict]]],
-                 pipe: redis.client.Pipeline | None = None):
-        """(id, turns, skeleton) of new conversations, each at turn 0; one the run has is left alone."""
-        if not conversations:
-            return []
-        args = [x for cid, n, shape in conversations for x in (cid, n, json.dumps(shape, ensure_ascii=False))]
-        return self.ledger._script(_REGISTER, self._own(), args, pipe)
+    def register(self, conversations: list[tuple[str, int, list[dict]]]) -> list[int]:
+        """(id, turns, skeleton) of new conversations, each at turn 0, one script call per
+        `READ_CHUNK` of them; returns per conversation 1 (registered) or 0 (the run had it:
+        left alone)."""
+        each = [(cid, n, json.dumps(shape, ensure_ascii=False)) for cid, n, shape in conversations]
+        return [registered for start in range(0, len(each), READ_CHUNK)
+                for registered in self.ledger.call(_REGISTER, self._own(), each=each[start:start + READ_CHUNK])]
 
     def advance(self, conversation: str, turn: int, answer: dict, turns: int,
                 next_ids: list[int] | None = None, letter: tuple[str, str] | None = None) -> str:
@@ -176,21 +175,15 @@ class ConversationLedger:
         Returns QUEUED_NEXT, BURIED_NEXT, COMPLETE, or what stopped it ('stale': not at that
         turn; 'had': the next turn existed; a state of turn `turn` other than done)."""
         this = turn_id(conversation, turn)
-        args = [conversation, str(turn), None, this, json.dumps(answer, ensure_ascii=False)]
-        buckets = [this]
+        head = {"conversation": conversation, "turn": turn, "id": this,
+                "answer": json.dumps(answer, ensure_ascii=False)}
         if turn + 1 >= turns:
-            args.append("last")
+            head["mode"] = "last"
+        elif letter is None:
+            head.update(mode="queue", next_id=turn_id(conversation, turn + 1), next_ids=pack_ids(next_ids),
+                        next_tokens=len(next_ids))
         else:
-            following = turn_id(conversation, turn + 1)
-            buckets.append(following)
-            if letter is None:
-                args += ["queue", None, following, pack_ids(next_ids), None]
-            else:
-                args += ["bury", None, following, letter[0], letter[1]]
-        names, fields = self.ledger._locate(buckets)
-        args[2] = fields[0]
-        if len(fields) > 1:
-            args[6] = fields[1]
-            if letter is None:
-                args[9] = count_ids(args[8])
-        return self.ledger._script(_ADVANCE, self._own() + names, args).decode()
+            head.update(mode="bury", next_id=turn_id(conversation, turn + 1), reason=letter[0], letter=letter[1])
+        buckets, fields = self.ledger.locations([this] + ([head["next_id"]] if "next_id" in head else []))
+        head.update(zip(("field", "next_field"), fields))
+        return self.ledger.call(_ADVANCE, self._own() + buckets, head).decode()

@@ -19,14 +19,18 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Iterable, Iterator
 
 import redis
 
 from .keys import RunKeys
 from .ledger import Ledger
+
+log = logging.getLogger(__name__)
+_UNKNOWN_WARNED: set[str] = set()  # fields of letters this process has warned about
 
 
 @dataclass
@@ -50,7 +54,15 @@ class DeadLetter:
 
     @classmethod
     def from_json(cls, raw: bytes | str) -> "DeadLetter":
-        return cls(**json.loads(raw))
+        """A letter as stored; fields this version does not know (a newer worker wrote them)
+        are left out, with a warning the first time each is met, so the letter is still listed."""
+        data = json.loads(raw)
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known - _UNKNOWN_WARNED)
+        if unknown:
+            _UNKNOWN_WARNED.update(unknown)
+            log.warning("dead letters hold fields this version does not know, left out: %s", ", ".join(unknown))
+        return cls(**{k: v for k, v in data.items() if k in known})
 
     def summary(self) -> dict:
         """The listing's view: everything but the payload."""
@@ -108,10 +120,8 @@ class DeadLetters:
         return sorted(found, key=lambda letter: letter.id)
 
     def stats(self) -> dict[str, int]:
-        """Dead letters by reason, from the ledger's counts (a scan for a run enqueued by
-        a version that kept none)."""
-        tally = self.ledger.tally()
-        return dict(tally.reasons) if tally.exact else self.scan_stats()
+        """Dead letters by reason, from the ledger's counts."""
+        return dict(self.ledger.tally().reasons)
 
     def scan_stats(self) -> dict[str, int]:
         """The same, counted letter by letter: a slow check of `stats`."""

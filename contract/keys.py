@@ -1,9 +1,8 @@
 """Every Redis key name the fleet uses, in one place.
 
-The producer and the workers agree on these names, and so does any version of
-the fleet that reads a run another version wrote: a key whose bytes change
-meaning gets a new name (`RunKeys.prompts` is `:ids` since ids were packed in
-three bytes). kombu's own keys (`unacked`, `unacked_index`, the queues'
+The producer and the workers agree on these names. A run records the layout
+of its keys (`LAYOUT`, in its spec): a version reads only runs of its own
+layout and refuses the others (`contract.spec.load_spec`). kombu's own keys (`unacked`, `unacked_index`, the queues'
 priority lists) are named by kombu and read only through `kombu_redis`.
 """
 from __future__ import annotations
@@ -22,6 +21,10 @@ DEFAULT_QUEUE = "fleet.generate"     # queue prefix (FLEET_QUEUE_PREFIX)
 # by re-enqueueing appended lines, so its size is never known up front; another count
 # would be another key name.
 STATE_BUCKETS = 1 << 15
+# The layout of a run's keys and values that this version writes and reads, recorded in
+# each run's spec (`RunSpec.layout`; a spec without it is layout 0). Raised whenever a key
+# changes meaning, so that no version reads bytes another one wrote.
+LAYOUT = 1
 
 
 class RunKeys:
@@ -30,18 +33,18 @@ class RunKeys:
     def __init__(self, run: str):
         base = f"fleet:run:{run}"
         self.spec = base                    # string: the run's spec (JSON)
-        # The ledger (ledger.py) owns the state buckets, dead, counters, minutes, shards, writing and prompts:
+        # The ledger (ledger.py) owns the state buckets, dead, dead_reasons, counters, minutes, shards, writing
+        # and prompts:
         # only its scripts change them, each a prompt's whole transition in one atomic step.
         # Each prompt's state lives in one of STATE_BUCKETS small hashes, `<base>:s:<n>`,
         # under 8 bytes of a hash of its id (`ledger.py` says how, and why it is compact).
         self.state_prefix = f"{base}:s:"
-        # hash: prompt id -> queued | done | dead, as versions before the buckets kept it;
-        # only read, and emptied prompt by prompt into the buckets (`ledger.py`).
-        self.legacy_state = f"{base}:state"
         self.dead = f"{base}:dead"          # hash: prompt id -> dead letter JSON, while dead
+        # hash: prompt id -> its dead letter's reason, beside it: what the counts by reason need,
+        # read by the ledger's scripts without decoding a letter
+        self.dead_reasons = f"{base}:dead:reasons"
         # hash: enqueued, prompt_tokens, output_tokens, state:queued|done|dead, reason:CODE
-        # (dead letters by reason), tallied (the state counts are complete); `done` was kept
-        # by versions before the state counts (samples stored, duplicates included).
+        # (dead letters by reason), and the conversations' counts (conversation_ledger.py)
         self.counters = f"{base}:counters"
         self.crashes = f"{base}:crashes"    # hash: prompt id -> unexpected task failures
         # hash: prompt id -> the workers it was delivered to, one name a line, while unfinished
@@ -51,9 +54,8 @@ class RunKeys:
         # hash: prompt id -> the file name of the shard its sample is being written to, from
         # just before its group's write until it is done or dead (ledger.py: writing entries)
         self.writing = f"{base}:writing"
-        # hash: prompt id -> packed token ids (codec.py), while not done or dead. Named
-        # `ids`, not `prompts` as when it held int32: no version reads the other's bytes.
-        self.prompts = f"{base}:ids"
+        # hash: prompt id -> packed token ids (codec.py), while not done or dead
+        self.token_ids = f"{base}:ids"
         # A run of conversations (`enqueue --turns all`; `conversation_ledger.py` owns these):
         # hash: conversation id -> its number of turns, kept for the run's life
         self.conversation_turns = f"{base}:conv:turns"

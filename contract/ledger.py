@@ -3,18 +3,17 @@
 The ledger holds, per run, each prompt's state, the token ids of those still
 to do, the dead letters, the counts and the per-minute rates (the keys of
 `RunKeys` but the spec and the crash counts). Nothing else writes them: every
-change of a prompt's state is one Lua script below, so it is atomic (Redis
-runs a script alone) and conditional (each looks at the state it finds):
+change of a prompt's state is one Lua script (`ledger_scripts.py`), so it is
+atomic (Redis runs a script alone) and conditional (each looks at the state it
+finds):
 
     (none) -> queued   enqueue    a prompt the run does not have yet
     dead   -> queued   requeue    a dead letter replayed; the letter goes
-    queued -> done     mark_done  its sample is durable in a shard (mark_stored: a
-                                  whole group's, in one call)
+    queued -> done     mark_done  its sample is durable in a shard (mark_group_done:
+                                  a whole group's, in one call)
     dead   -> done     mark_done  a redelivery succeeded after all; the letter goes
     queued -> dead     bury       its dead letter is stored
     dead   -> dead     bury       a redelivered failure replaces its letter
-    done   -> done     claim      export names the canonical shard of a prompt a
-                                  version without shard codes stored
     done   -> done     anything   a stored prompt is never dead-lettered, re-queued or counted twice
 
 A conversation's next turn enters the ledger through `conversation_ledger.py`,
@@ -47,7 +46,7 @@ an integer value 2 to 6 bytes. The value is the state:
     q<call>   queued, by enqueue call <call> (`q` alone: requeued)
     d         dead
     <int>     done; the int is `shard_code` of the shard holding the prompt's
-              canonical copy (0: not known, stored by an older version)
+              canonical copy
 
 A stored sample belongs to the dataset only while its prompt is done AND it
 sits in that shard, so a prompt stored twice counts once, with no set of ids
@@ -58,9 +57,12 @@ was queued by an earlier line of the same call (a duplicate in the file), not
 by another producer, without a set of the file's ids.
 
 The bucket and field are computed here in Python and passed in, each bucket
-as a declared key, so the scripts compute nothing from ids. A run written by
-a version that kept one `state` hash keyed by id is read through it, and each
-script moves the entries it touches into their buckets.
+as a declared key, so the scripts compute nothing from ids.
+
+**One layout.** This module reads only what it writes: a run an older layout
+wrote (one `state` hash keyed by id, counters without counts by state) is
+refused before anything reads its ledger (`contract.spec.load_spec`), never
+converted.
 
 The producer writes a prompt's token ids and marks it queued before it
 publishes the message (so a crash in between leaves a prompt the audit can
@@ -77,221 +79,15 @@ from typing import Iterator, NamedTuple
 
 import redis
 
+from . import deliveries, ledger_scripts as lua
 from .codec import count_ids
 from .keys import STATE_BUCKETS, RunKeys
 from .names import PromptState
+from .scripts import Lua
 
 QUEUED, DONE, DEAD = PromptState.QUEUED, PromptState.DONE, PromptState.DEAD
 NEW, AGAIN = "new", "again"  # enqueue outcomes besides the state found
-UNKNOWN_SHARD = 0
-READ_CHUNK = 1000  # prompts per read script call
-
-# Shared by every script. KEYS: legacy state, ids, dead, counters, minutes, shards, writing, then
-# one state bucket per prompt (KEYS[B + i] for the i-th prompt of ARGV).
-_READ_PRELUDE = """
-local legacy, ids, dead, counters, minutes, shards = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local writing, B = KEYS[7], 7
-local has_legacy = redis.call('EXISTS', legacy) == 1
-local OLD = {queued = 'q', dead = 'd', done = '0'}
-local function kind(v)
-  if not v then return nil end
-  local c = string.sub(v, 1, 1)
-  if c == 'q' then return 'queued' elseif c == 'd' then return 'dead' end
-  return 'done'
-end
-local function peek(bucket, field, id)
-  local v = redis.call('HGET', bucket, field)
-  if v or not has_legacy then return v end
-  local old = redis.call('HGET', legacy, id)
-  if not old then return false end
-  return OLD[old] or '0'
-end
-"""
-
-_PRELUDE = _READ_PRELUDE + """
-local function get(bucket, field, id)
-  local v = peek(bucket, field, id)
-  if v and has_legacy and redis.call('HDEL', legacy, id) == 1 then redis.call('HSET', bucket, field, v) end
-  return v
-end
-local function count(name, by)
-  if redis.call('HINCRBY', counters, name, by) <= 0 and string.sub(name, 1, 7) == 'reason:' then
-    redis.call('HDEL', counters, name)
-  end
-end
-local function forget_letter(id)
-  local raw = redis.call('HGET', dead, id)
-  if not raw then return 0 end
-  local ok, letter = pcall(cjson.decode, raw)
-  if ok and type(letter) == 'table' and letter.reason then count('reason:' .. letter.reason, -1) end
-  redis.call('HDEL', dead, id)
-  return 1
-end
-local function move(bucket, field, from, to, value)
-  redis.call('HSET', bucket, field, value)
-  count('state:' .. from, -1)
-  count('state:' .. to, 1)
-end
-"""
-
-# ARGV: the prompts' fields, then (for a run an older version kept) their ids. Returns each
-# prompt's raw state (nil: not in the run).
-_READ = _READ_PRELUDE + """
-local n, out = #KEYS - B, {}
-if #ARGV < 2 * n then has_legacy = false end
-for i = 1, n do out[i] = peek(KEYS[B + i], ARGV[i], ARGV[n + i]) end
-return out
-"""
-
-# ARGV: call, then field, id, packed ids, token count per prompt. Returns per prompt
-# 'new', 'again' (queued by this same call) or the state found. A run enqueued first
-# by a version that keeps state counts is `tallied`.
-_ENQUEUE = _PRELUDE + """
-if redis.call('HEXISTS', counters, 'enqueued') == 0 then redis.call('HSET', counters, 'tallied', 1) end
-local mine = 'q' .. ARGV[1]
-local out, fresh, tokens = {}, 0, 0
-for i = 1, (#ARGV - 1) / 4 do
-  local a, bucket = 4 * i - 2, KEYS[B + i]
-  local found = get(bucket, ARGV[a], ARGV[a + 1])
-  if not found then
-    redis.call('HSET', bucket, ARGV[a], mine)
-    redis.call('HSET', ids, ARGV[a + 1], ARGV[a + 2])
-    fresh, tokens = fresh + 1, tokens + tonumber(ARGV[a + 3])
-    out[i] = 'new'
-  elseif found == mine then
-    out[i] = 'again'
-  else
-    out[i] = kind(found)
-  end
-end
-if fresh > 0 then
-  count('enqueued', fresh)
-  count('state:queued', fresh)
-  count('prompt_tokens', tokens)
-end
-return out
-"""
-
-# ARGV: field, id, packed ids per prompt. Returns per prompt 1 (moved) or 0.
-_REQUEUE = _PRELUDE + """
-local out = {}
-for i = 1, #ARGV / 3 do
-  local a, bucket = 3 * i - 2, KEYS[B + i]
-  out[i] = 0
-  if kind(get(bucket, ARGV[a], ARGV[a + 1])) == 'dead' then
-    forget_letter(ARGV[a + 1])
-    move(bucket, ARGV[a], 'dead', 'queued', 'q')
-    redis.call('HSET', ids, ARGV[a + 1], ARGV[a + 2])
-    out[i] = 1
-  end
-end
-return out
-"""
-
-# ARGV: minute, shard code, then field, id, output tokens per prompt. Returns per prompt the
-# state found ('' if none). Every prompt's writing entry goes: a done prompt needs none.
-_DONE = _PRELUDE + """
-local minute, code, out = ARGV[1], ARGV[2], {}
-local moved, tokens = {queued = 0, dead = 0}, 0
-for i = 1, (#ARGV - 2) / 3 do
-  local a, bucket = 3 * i, KEYS[B + i]
-  local field, id = ARGV[a], ARGV[a + 1]
-  local found = kind(get(bucket, field, id))
-  redis.call('HDEL', writing, id)
-  if found == 'queued' or found == 'dead' then
-    forget_letter(id)
-    redis.call('HSET', bucket, field, code)
-    redis.call('HDEL', ids, id)
-    moved[found] = moved[found] + 1
-    tokens = tokens + tonumber(ARGV[a + 2])
-  end
-  out[i] = found or ''
-end
-local stored = moved.queued + moved.dead
-if stored > 0 then
-  for from, n in pairs(moved) do if n > 0 then count('state:' .. from, -n) end end
-  count('state:done', stored)
-  if code ~= '0' then redis.call('HINCRBY', shards, code, stored) end
-  count('output_tokens', tokens)
-  redis.call('HINCRBY', minutes, minute .. ':samples', stored)
-  redis.call('HINCRBY', minutes, minute .. ':tokens', tokens)
-end
-return out
-"""
-
-# KEYS[B + 1]: the bucket. ARGV: field, id, reason, letter (JSON with a `reason`), 'forgotten' or ''
-_BURY = _PRELUDE + """
-local bucket, field, id = KEYS[B + 1], ARGV[1], ARGV[2]
-local found = kind(get(bucket, field, id))
-if not found and ARGV[5] == 'forgotten' then found = 'queued' end  -- counted queued when enqueued
-if found == 'queued' then
-  move(bucket, field, 'queued', 'dead', 'd')
-  redis.call('HDEL', ids, id)
-elseif found == 'dead' then
-  forget_letter(id)
-else
-  return found or ''
-end
-redis.call('HSET', dead, id, ARGV[4])
-redis.call('HDEL', writing, id)
-count('reason:' .. ARGV[3], 1)
-return found
-"""
-
-# ARGV: id, then (optional) the worker taking it and the most deliveries noted here. KEYS[B + 1]:
-# the run's deliveries hash (workers/deliveries.py). Returns its packed ids (nil once done or
-# dead), its writing entry (which goes if the prompt has no ids: a done prompt's duplicate, whose
-# worker died before the write), the deliveries noted before this one, and 1 if this one was
-# noted: a prompt with ids and no writing entry has its delivery noted (a line naming the
-# worker) unless as many are noted already (the caller's last-chance and poison rules decide those).
-_INTAKE = _READ_PRELUDE + """
-local raw, shard = redis.call('HGET', ids, ARGV[1]), redis.call('HGET', writing, ARGV[1])
-if shard and not raw then redis.call('HDEL', writing, ARGV[1]) shard = false end
-local held, noted = false, 0
-if raw and not shard and ARGV[2] then
-  held = redis.call('HGET', KEYS[B + 1], ARGV[1])
-  local count = 0
-  if held then for _ in string.gmatch(held, '[^\\n]+') do count = count + 1 end end
-  if count < tonumber(ARGV[3]) then
-    redis.call('HSET', KEYS[B + 1], ARGV[1], held and (held .. '\\n' .. ARGV[2]) or ARGV[2])
-    noted = 1
-  end
-end
-return {raw, shard, held, noted}
-"""
-
-# ARGV: shard file name, then ids. Each writing entry that still names that shard goes.
-_UNWRITTEN = _READ_PRELUDE + """
-local removed = 0
-for i = 2, #ARGV do
-  if redis.call('HGET', writing, ARGV[i]) == ARGV[1] then removed = removed + redis.call('HDEL', writing, ARGV[i]) end
-end
-return removed
-"""
-
-# ARGV: ids. The prompts stay dead.
-_PURGE = _PRELUDE + """
-local removed = 0
-for i = 1, #ARGV do removed = removed + forget_letter(ARGV[i]) end
-return removed
-"""
-
-# ARGV: shard code, then field, id per prompt. A done prompt whose canonical shard is
-# unknown gets this one. Returns each prompt's raw state afterwards.
-_CLAIM = _PRELUDE + """
-local out = {}
-for i = 1, (#ARGV - 1) / 2 do
-  local bucket, field = KEYS[B + i], ARGV[2 * i]
-  local v = get(bucket, field, ARGV[2 * i + 1])
-  if v == '0' then
-    redis.call('HSET', bucket, field, ARGV[1])
-    redis.call('HINCRBY', shards, ARGV[1], 1)
-    v = ARGV[1]
-  end
-  out[i] = v
-end
-return out
-"""
+READ_CHUNK = 1000  # prompts per script call (a call runs alone on Redis: it stays short)
 
 
 class Intake(NamedTuple):
@@ -302,14 +98,6 @@ class Intake(NamedTuple):
     noted: bool                 # this delivery is noted, naming the worker
 
 
-def delivery_names(raw: bytes | str | None) -> list[str]:
-    """The workers a prompt was delivered to, from its deliveries entry (one name a line)."""
-    if not raw:
-        return []
-    text = raw.decode() if isinstance(raw, bytes) else raw
-    return [name for name in text.split("\n") if name]
-
-
 def locate(prompt_id: str) -> tuple[int, bytes]:
     """A prompt's state bucket (15 bits) and field (64 bits), from BLAKE2b of its id."""
     digest = hashlib.blake2b(prompt_id.encode("utf-8", "surrogatepass"), digest_size=10).digest()
@@ -318,16 +106,16 @@ def locate(prompt_id: str) -> tuple[int, bytes]:
 
 def shard_code(shard: str | Path) -> int:
     """The code a done prompt's state holds for the shard of its canonical copy: 4 bytes
-    of BLAKE2b of the shard's file name (not its folder, which may move), never 0."""
+    of BLAKE2b of the shard's file name (not its folder, which may move)."""
     digest = hashlib.blake2b(Path(shard).name.encode(), digest_size=4).digest()
-    return int.from_bytes(digest, "big", signed=True) or 1
+    return int.from_bytes(digest, "big", signed=True)
 
 
 @dataclass(frozen=True)
 class Entry:
     """One prompt's state as the ledger holds it."""
     state: str | None = None   # queued | done | dead; None: not in the run
-    shard: int | None = None   # done: `shard_code` of its canonical copy's shard (0: not known)
+    shard: int | None = None   # done: `shard_code` of its canonical copy's shard
     call: str | None = None    # queued: the enqueue call that queued it ('' if requeued)
 
     @classmethod
@@ -351,15 +139,13 @@ class Tally:
     reasons: dict[str, int] = field(default_factory=dict)  # dead letters by reason
     prompt_tokens: int = 0
     output_tokens: int = 0
-    exact: bool = True  # False: a run enqueued by a version that kept no counts by state
 
     @classmethod
     def from_counters(cls, counters: dict[str, int]) -> "Tally":
         return cls(enqueued=counters.get("enqueued", 0), queued=counters.get("state:queued", 0),
                    done=counters.get("state:done", 0), dead=counters.get("state:dead", 0),
                    reasons={k[7:]: v for k, v in sorted(counters.items()) if k.startswith("reason:") and v > 0},
-                   prompt_tokens=counters.get("prompt_tokens", 0), output_tokens=counters.get("output_tokens", 0),
-                   exact="tallied" in counters or not counters)
+                   prompt_tokens=counters.get("prompt_tokens", 0), output_tokens=counters.get("output_tokens", 0))
 
     def by_state(self) -> dict[str, int]:
         return {str(s): n for s, n in ((QUEUED, self.queued), (DONE, self.done), (DEAD, self.dead)) if n}
@@ -378,23 +164,13 @@ class Ledger:
     def raw_entries(self, prompt_ids: list[str]) -> list[bytes | None]:
         """Each prompt's state as stored (`Entry.decode` reads it; a done prompt's is
         `b"%d" % shard_code(shard)`), one script call per `READ_CHUNK` prompts."""
-        found: list[bytes | None] = []
-        legacy = prompt_ids and self.client.exists(self.keys.legacy_state)  # then the ids are needed too
-        for start in range(0, len(prompt_ids), READ_CHUNK):
-            chunk = prompt_ids[start:start + READ_CHUNK]
-            buckets, fields = self._locate(chunk)
-            found += self._script(_READ, buckets, fields + chunk if legacy else fields)
-        return found
+        return [raw for reply in self._in_chunks(lua.READ, prompt_ids, [()] * len(prompt_ids)) for raw in reply]
 
     def states(self, prompt_ids: list[str]) -> list[str | None]:
         return [e.state for e in self.entries(prompt_ids)]
 
     def state(self, prompt_id: str) -> str | None:
         return self.states([prompt_id])[0]
-
-    def stored(self, prompt_ids: list[str]) -> list[bool]:
-        """Whether each prompt's sample belongs to the dataset (its state is done)."""
-        return [state == DONE for state in self.states(prompt_ids)]
 
     def canonical_rows(self, shard: str | Path) -> int:
         """How many prompts name `shard` as the holder of their canonical copy. A shard of
@@ -404,7 +180,7 @@ class Ledger:
 
     def pending_ids(self) -> set[str]:
         """Prompts whose ids are still held: queued, in flight, or lost in transit."""
-        return {k.decode() for k in self.client.hkeys(self.keys.prompts)}
+        return {k.decode() for k in self.client.hkeys(self.keys.token_ids)}
 
     def letter(self, prompt_id: str) -> bytes | None:
         """A dead prompt's dead letter (JSON), while it has one."""
@@ -438,9 +214,6 @@ class Ledger:
                     pipe.hvals(key)
                 for values in pipe.execute():
                     yield from values
-        legacy = {b"queued": b"q", b"dead": b"d", b"done": b"0"}
-        for _, raw in self.client.hscan_iter(self.keys.legacy_state, count=1000):
-            yield legacy.get(raw, b"0")
 
     def recent(self, minutes: int = 5) -> tuple[int, int, float]:
         """Samples and output tokens stored in the current minute and the `minutes - 1`
@@ -453,115 +226,112 @@ class Ledger:
 
     # -- transitions ------------------------------------------------------------------------
 
+    # On a pipeline (`pipe`), a transition returns None, and the pipeline's replies hold what it
+    # would have returned, one reply per `READ_CHUNK` of prompts (`outcomes` and `found` read them).
+
     def enqueue(self, payloads: dict[str, bytes] | list[tuple[str, bytes]], call: int | str = "",
-                pipe: redis.client.Pipeline | None = None):
-        """New prompts become queued with their packed ids, by enqueue call `call`. Returns,
-        per (id, packed ids) in order, NEW, AGAIN (queued earlier by this same call, in this
-        list or before) or the state it found (left as it is). On `pipe`, the pipeline
-        returns it raw (`outcomes` reads it)."""
+                pipe: redis.client.Pipeline | None = None) -> list[str] | None:
+        """New prompts become queued with their packed ids, by enqueue call `call`, one script
+        call per `READ_CHUNK` of them. Returns, per (id, packed ids) in order, NEW, AGAIN
+        (queued earlier by this same call, in this list or before) or the state it found (left
+        as it is)."""
         items = list(payloads.items()) if isinstance(payloads, dict) else list(payloads)
-        if not items:
-            return []
-        buckets, fields = self._locate([pid for pid, _ in items])
-        args = [str(call)] + [x for (pid, raw), f in zip(items, fields) for x in (f, pid, raw, count_ids(raw))]
-        result = self._script(_ENQUEUE, buckets, args, pipe)
-        return result if pipe is not None else self.outcomes(result)
+        records = [(pid, raw, count_ids(raw)) for pid, raw in items]
+        replies = self._in_chunks(lua.ENQUEUE, [pid for pid, _ in items], records, {"call": call}, pipe)
+        return None if pipe is not None else self.outcomes(replies)
 
     @staticmethod
-    def outcomes(raw: list[bytes]) -> list[str]:
-        return [r.decode() for r in raw]
+    def outcomes(replies: list[list[bytes]]) -> list[str]:
+        """What `enqueue` found, from its calls' replies."""
+        return [r.decode() for reply in replies for r in reply]
 
     @staticmethod
     def found(replies: list[list[bytes]]) -> list[str | None]:
-        """The states `mark_stored` found, from its calls' replies on a pipeline."""
+        """The states `mark_group_done` found, from its calls' replies."""
         return [r.decode() or None for reply in replies for r in reply]
 
-    def requeue(self, payloads: dict[str, bytes], pipe: redis.client.Pipeline | None = None):
+    def requeue(self, payloads: dict[str, bytes], pipe: redis.client.Pipeline | None = None) -> list[str] | None:
         """Dead prompts become queued again with their packed ids, and lose their letters;
         returns the ids that moved (a prompt that is not dead is left as it is)."""
-        if not payloads:
-            return []
-        buckets, fields = self._locate(list(payloads))
-        args = [x for (pid, raw), f in zip(payloads.items(), fields) for x in (f, pid, raw)]
-        result = self._script(_REQUEUE, buckets, args, pipe)
-        return result if pipe is not None else [pid for pid, moved in zip(payloads, result) if moved]
+        replies = self._in_chunks(lua.REQUEUE, list(payloads), list(payloads.items()), pipe=pipe)
+        if pipe is not None:
+            return None
+        return [pid for pid, moved in zip(payloads, (m for reply in replies for m in reply)) if moved]
 
-    def mark_done(self, prompt_id: str, output_tokens: int, shard: str | Path | None = None,
-                  pipe: redis.client.Pipeline | None = None):
+    def mark_done(self, prompt_id: str, output_tokens: int, shard: str | Path,
+                  pipe: redis.client.Pipeline | None = None) -> str | None:
         """The prompt's sample is durable in `shard` (its canonical copy, unless the prompt
-        was done already); returns the state it was in (done: nothing changed)."""
-        found = self.mark_stored([(prompt_id, output_tokens)], shard, pipe)
-        return found[0] if found else None
+        was done already); returns the state it was in (done: nothing changed; None: not in
+        the run, or on `pipe`)."""
+        found = self.mark_group_done([(prompt_id, output_tokens)], shard, pipe)
+        return None if found is None else found[0]
 
-    def mark_stored(self, samples: list[tuple[str, int]], shard: str | Path | None = None,
-                    pipe: redis.client.Pipeline | None = None):
+    def mark_group_done(self, samples: list[tuple[str, int]], shard: str | Path,
+                        pipe: redis.client.Pipeline | None = None) -> list[str | None] | None:
         """A group's samples, (prompt id, output tokens) each, are durable in `shard`: one
         script call per `READ_CHUNK` of them (a group commit's whole ledger step). Returns
-        the state each prompt was in, as `mark_done` does; on `pipe`, nothing (the pipeline
-        returns each call's list of raw states)."""
-        code = shard_code(shard) if shard is not None else UNKNOWN_SHARD
-        minute = int(time.time() // 60)
-        found: list = []
-        for start in range(0, len(samples), READ_CHUNK):
-            chunk = samples[start:start + READ_CHUNK]
-            buckets, fields = self._locate([pid for pid, _ in chunk])
-            args = [minute, code] + [x for (pid, tokens), f in zip(chunk, fields) for x in (f, pid, tokens)]
-            result = self._script(_DONE, buckets, args, pipe)
-            if pipe is None:
-                found += self.found([result])
-        return found
+        the state each prompt was in, as `mark_done` does."""
+        head = {"minute": int(time.time() // 60), "code": shard_code(shard)}
+        replies = self._in_chunks(lua.DONE, [pid for pid, _ in samples], samples, head, pipe)
+        return None if pipe is not None else self.found(replies)
 
     def bury(self, prompt_id: str, reason: str, letter: str, forgotten: bool = False) -> str | None:
         """Store the prompt's dead letter; returns the state it was in. Only a queued or dead
         prompt gets a letter: a done one (or one the run does not have) is left as it is, unless
         `forgotten`: a prompt whose message is queued but whose ledger entries Redis lost (evicted,
         flushed) is buried as the queued prompt it was."""
-        buckets, fields = self._locate([prompt_id])
-        args = [fields[0], prompt_id, str(reason), letter, "forgotten" if forgotten else ""]
-        return self._script(_BURY, buckets, args).decode() or None
+        buckets, fields = self.locations([prompt_id])
+        head = {"field": fields[0], "id": prompt_id, "reason": str(reason), "letter": letter,
+                "forgotten": "forgotten" if forgotten else ""}
+        return self.call(lua.BURY, buckets, head).decode() or None
 
     def purge(self, prompt_ids: list[str]) -> int:
         """Delete dead letters; their prompts stay dead. Returns how many were deleted."""
-        return int(self._script(_PURGE, [], list(prompt_ids))) if prompt_ids else 0
-
-    def claim(self, prompt_ids: list[str], shard: str | Path) -> list[Entry]:
-        """Done prompts whose canonical shard is not known (stored by a version that kept
-        none) get `shard`; returns each prompt's entry afterwards."""
-        found: list[Entry] = []
-        for start in range(0, len(prompt_ids), READ_CHUNK):
-            chunk = prompt_ids[start:start + READ_CHUNK]
-            buckets, fields = self._locate(chunk)
-            args = [shard_code(shard)] + [x for pair in zip(fields, chunk) for x in pair]
-            found += [Entry.decode(r) for r in self._script(_CLAIM, buckets, args)]
-        return found
+        return sum(int(self.call(lua.PURGE, [], each=[(pid,) for pid in prompt_ids[start:start + READ_CHUNK]]))
+                   for start in range(0, len(prompt_ids), READ_CHUNK))
 
     # -- writing entries: a group commit's samples, from just before the write until done --
 
     def writing(self, prompt_ids: list[str], shard: str) -> None:
         """These prompts' samples are about to be written to the shard file named `shard`
-        (its final name): one call. `mark_stored` and `bury` delete the entries."""
+        (its final name): one call. `mark_group_done` and `bury` delete the entries."""
         if prompt_ids:
             self.client.hset(self.keys.writing, mapping=dict.fromkeys(prompt_ids, shard))
 
     def unwritten(self, prompt_ids: list[str], shard: str) -> int:
         """The write to `shard` did not happen (or the shard does not hold them): drop each
         entry that still names it (another write may have named another since)."""
-        return int(self._script(_UNWRITTEN, [], [shard, *prompt_ids])) if prompt_ids else 0
+        if not prompt_ids:
+            return 0
+        return int(self.call(lua.UNWRITTEN, [], {"shard": shard}, [(pid,) for pid in prompt_ids]))
 
     def intake(self, prompt_id: str, worker: str | None = None, most: int = 0) -> "Intake":
         """What a delivery needs, in one call: the prompt's packed ids (None once done or
         dead, or forgotten) and, while it has ids, the shard its sample was being written to.
         With `worker`, a prompt to be generated (ids, no writing entry) also has its delivery
         noted in the same call (`workers/deliveries.py`), unless `most` are noted already."""
-        args = [prompt_id] if worker is None else [prompt_id, worker, most]
-        raw, shard, held, noted = self._script(_INTAKE, [self.keys.deliveries], args)
-        return Intake(raw, shard.decode() if shard is not None else None, delivery_names(held), bool(noted))
+        head = {"id": prompt_id, "worker": worker or "", "most": most}
+        raw, shard, held, noted = self.call(lua.INTAKE, [self.keys.deliveries], head)
+        return Intake(raw, shard.decode() if shard is not None else None, deliveries.names(held), bool(noted))
 
     # -- plumbing ---------------------------------------------------------------------------
 
-    def _locate(self, prompt_ids: list[str]) -> tuple[list[str], list[bytes]]:
-        """Each prompt's bucket key and field. (Building all 32,768 bucket names up front cost a
-        group commit, which makes a ledger per group, ~10 ms: 2.6% of a busy worker.)"""
+    def _in_chunks(self, script: Lua, prompt_ids: list[str], records: list[tuple], head: dict | None = None,
+                   pipe: redis.client.Pipeline | None = None) -> list:
+        """`script` over the prompts, one call per `READ_CHUNK` of them, each prompt's record
+        its field followed by its entry of `records`; returns each call's reply (none on `pipe`)."""
+        replies = []
+        for start in range(0, len(prompt_ids), READ_CHUNK):
+            buckets, fields = self.locations(prompt_ids[start:start + READ_CHUNK])
+            each = [(f, *record) for f, record in zip(fields, records[start:start + READ_CHUNK])]
+            reply = self.call(script, buckets, head, each, pipe)
+            if pipe is None:
+                replies.append(reply)
+        return replies
+
+    def locations(self, prompt_ids: list[str]) -> tuple[list[str], list[bytes]]:
+        """Each prompt's bucket key and field (`locate`). (Building all 32,768 bucket names up
+        front cost a group commit, which makes a ledger per group, ~10 ms: 2.6% of a busy worker.)"""
         buckets, fields = [], []
         for prompt_id in prompt_ids:
             bucket, f = locate(prompt_id)
@@ -569,14 +339,10 @@ class Ledger:
             fields.append(f)
         return buckets, fields
 
-    def _script(self, source: str, buckets: list[str], args: list,
-                pipe: redis.client.Pipeline | None = None):
-        keys = [self.keys.legacy_state, self.keys.prompts, self.keys.dead, self.keys.counters,
-                self.keys.minutes, self.keys.shards, self.keys.writing, *buckets]
-        script = _SCRIPTS.get(source) or _SCRIPTS.setdefault(source, self.client.register_script(source))
-        return script(keys=keys, args=args, client=self.client if pipe is None else pipe)
-
-
-# One Script object per source (its SHA computed once), called with the caller's client, so
-# a pipeline of many transitions loads each script once.
-_SCRIPTS: dict[str, "redis.commands.core.Script"] = {}
+    def call(self, script: Lua, keys: list[str], head: dict | None = None, each: list = (),
+             pipe: redis.client.Pipeline | None = None):
+        """Run one of the ledger's scripts (`ledger_scripts.py`, or the conversation ledger's,
+        which share its prelude): the run's keys the prelude names, then `keys`."""
+        k = self.keys
+        own = [k.token_ids, k.dead, k.dead_reasons, k.counters, k.minutes, k.shards, k.writing]
+        return script(self.client, own + keys, head, each, pipe)

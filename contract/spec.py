@@ -5,6 +5,11 @@ parameters and which token ids mark the reasoning. A run's name becomes a
 Redis key part and a folder under `OUTPUT_DIR`, so it is checked against a safe
 pattern wherever a run is named: no path separator, no `..`, nothing absolute,
 no `:` (which would let one run's keys collide with another's).
+
+A run is read only by a version of its own key layout (`keys.LAYOUT`, which
+the spec records): `load_spec` refuses any other, and every command and the
+worker read a run's spec before its ledger, so no version reads, or
+converts, keys another layout wrote.
 """
 from __future__ import annotations
 
@@ -16,13 +21,22 @@ from dataclasses import asdict, dataclass, field, fields
 
 import redis
 
-from .keys import RUNS, RunKeys, queue_for
+from .keys import LAYOUT, RUNS, RunKeys, queue_for
 
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
 class BadRunName(ValueError):
     """A run name that could escape `OUTPUT_DIR` or collide with another run's keys."""
+
+
+class OlderLayout(LookupError):
+    """A run an older layout of the fleet's keys wrote: this version does not read it."""
+
+    def __init__(self, run: str, why: str):
+        super().__init__(f"run {run!r} was written by an older version of the fleet ({why}), whose ledger this "
+                         f"version does not read: enqueue its prompts under a new run name (--run NEW_NAME)")
+        self.run = run
 
 
 def check_run_name(name: str) -> str:
@@ -56,6 +70,7 @@ class RunSpec:
     # its answers' content for later turns (ChatTokenizer.renders_history_reasoning)
     history_reasoning: bool = True
     created_at: float = field(default_factory=time.time)
+    layout: int = LAYOUT  # the layout of the run's keys (`keys.LAYOUT`); 0 in a spec written before the field
 
     def identity(self) -> dict:
         """What must match for two enqueues to belong to the same run."""
@@ -74,14 +89,18 @@ class RunSpec:
     def from_json(cls, text: str | bytes) -> "RunSpec":
         """Fields a newer producer added are ignored, so an older worker still reads the spec."""
         known = {f.name for f in fields(cls)}
-        return cls(**{k: v for k, v in json.loads(text).items() if k in known})
+        return cls(**{"layout": 0, **{k: v for k, v in json.loads(text).items() if k in known}})
 
 
 def run_queues(client: redis.Redis, prefix: str) -> dict[str, str]:
-    """Each run's name, and the queue its prompts are published to."""
+    """Each run's name, and the queue its prompts are published to; a run of an older
+    layout (`OlderLayout`) is none of this version's business."""
     queues = {}
     for raw in sorted(client.smembers(RUNS)):
-        spec = load_spec(client, raw.decode())
+        try:
+            spec = load_spec(client, raw.decode())
+        except OlderLayout:
+            continue
         queues[raw.decode()] = queue_for(prefix, spec.served_model if spec else None)
     return queues
 
@@ -94,11 +113,24 @@ def save_spec(client: redis.Redis, spec: RunSpec) -> None:
 
 def load_spec(client: redis.Redis, run: str) -> RunSpec | None:
     """The run's spec; its name is the checked one it is stored under, so a spec edited
-    in Redis cannot carry a name that builds a path outside `OUTPUT_DIR`."""
-    raw = client.get(RunKeys(check_run_name(run)).spec)
+    in Redis cannot carry a name that builds a path outside `OUTPUT_DIR`. Raises
+    `OlderLayout` for a run another layout wrote: its spec records none, or its keys have
+    an older layout's shape (one `state` hash keyed by id; prompts counted, but not by state)."""
+    keys = RunKeys(check_run_name(run))
+    with client.pipeline(transaction=False) as pipe:
+        pipe.get(keys.spec)
+        pipe.exists(f"{keys.spec}:state")
+        pipe.hmget(keys.counters, ["enqueued", "state:queued", "state:done", "state:dead"])
+        raw, state_hash, (enqueued, *by_state) = pipe.execute()
     if not raw:
         return None
     spec = RunSpec.from_json(raw)
     if spec.name != run:
         raise BadRunName(f"the spec stored for run {run!r} names another run ({spec.name!r})")
+    if spec.layout != LAYOUT:
+        raise OlderLayout(run, f"its spec records key layout {spec.layout}, this version's is {LAYOUT}")
+    if state_hash:
+        raise OlderLayout(run, "its prompts' states are one hash keyed by id")
+    if enqueued is not None and by_state == [None, None, None]:
+        raise OlderLayout(run, "its prompts are counted, but not by state")
     return spec

@@ -49,7 +49,7 @@ def _probe_redis(url: str) -> None:
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
-    from contract.connections import client_for, redact_url
+    from contract.connections import client_for, redact_text, redact_url
 
     try:
         probe = client_for(url, retry=Retry(NoBackoff(), 0), max_connections=1)
@@ -58,25 +58,9 @@ def _probe_redis(url: str) -> None:
         finally:
             probe.close()
     except (redis.RedisError, ValueError, OSError) as exc:
-        err.print(f"[red]cannot use Redis at {escape(_scrub(redact_url(url), url))}[/red]: "
-                  f"{exc.__class__.__name__}: {escape(_scrub(str(exc), url))}", highlight=False, soft_wrap=True)
+        err.print(f"[red]cannot use Redis at {escape(redact_url(url))}[/red]: "
+                  f"{exc.__class__.__name__}: {escape(redact_text(str(exc), url))}", highlight=False, soft_wrap=True)
         raise typer.Exit(2)
-
-
-def _scrub(text: str, url: str) -> str:
-    """`text` with every secret of `url` (its user part and secret query values) starred."""
-    from urllib.parse import parse_qsl, unquote, urlsplit
-
-    from contract.connections import SECRET_PARAMS
-
-    userinfo = url.partition("?")[0].partition("://")[2].rpartition("@")[0]
-    user, colon, password = userinfo.partition(":")
-    secrets = {password if colon else user}  # a lone user part may be a password (`redis://SECRET@host`)
-    secrets |= {v for k, v in parse_qsl(urlsplit(url).query) if any(s in k.lower() for s in SECRET_PARAMS)}
-    secrets |= {unquote(s) for s in secrets}
-    for secret in sorted((s for s in secrets if s), key=len, reverse=True):
-        text = text.replace(secret, "***")
-    return text
 
 
 def _publisher(settings):
@@ -98,10 +82,15 @@ def _run_name(run: str | None) -> str:
 
 
 def _spec(client, run: str | None):
-    from contract.spec import load_spec
+    """The run's spec, or exit 2 saying why not (no such run, or one of an older layout)."""
+    from contract.spec import OlderLayout, load_spec
 
     name = _run_name(run)
-    spec = load_spec(client, name)
+    try:
+        spec = load_spec(client, name)
+    except OlderLayout as exc:
+        err.print(f"[red]{escape(str(exc))}[/red]")
+        raise typer.Exit(2)
     if spec is None:
         err.print(f"[red]no run named {name!r} in Redis[/red] (enqueue one first, or pass --run)")
         raise typer.Exit(2)
@@ -157,10 +146,12 @@ def enqueue(
     chat = ChatTokenizer(tokenizer, trust_remote_code, think_start, think_end)
     spec = new_spec(chat, name, tokenizer, max_new_tokens, temperature, top_p, thinking,
                     served_model, disable_rule, turns, trust_remote_code)
+    from contract.spec import OlderLayout
+
     try:
         spec = prepare_run(client, spec)
-    except RunMismatch as exc:
-        err.print(f"[red]{exc}[/red]")
+    except (RunMismatch, OlderLayout) as exc:
+        err.print(f"[red]{escape(str(exc))}[/red]")
         raise typer.Exit(2)
     celery_app = _publisher(settings)
 
@@ -405,7 +396,8 @@ def export(dest: Path = typer.Argument(..., help="A new or empty folder, or a pr
         raise typer.Exit(2)
     name = _run_name(run)
     settings, client = _connect(redis_url)
-    from .export import ExportRefused, check_replaceable, export_run, shard_files
+    from .export import export_run, shard_files
+    from .export_folder import ExportRefused, check_replaceable
 
     spec = _spec(client, name)
     if complete_only and spec.turns != "all":

@@ -9,8 +9,7 @@ Invariants, and why they hold:
   left out and counted in the manifest (`duplicates_dropped`, `left_out`). A
   batch of rows costs one script call that reads their entries; nothing holds
   a set of the run's ids (only the ids of the one shard being read, to drop a
-  row written twice into the same shard). A prompt stored by a version that
-  recorded no shard gets the first shard export meets (`Ledger.claim`).
+  row written twice into the same shard).
 - **As fast as reading the shards.** The ledger counts, per shard, the
   prompts whose canonical copy it holds (`Ledger.canonical_rows`): a shard
   with that many rows holds only canonical rows, and (when it fits in a file)
@@ -24,15 +23,10 @@ Invariants, and why they hold:
   lists (shard file name, row number in the shard, id) of every canonical row,
   read from the shards' `id` column alone; a distributed reader (DuckDB,
   Spark) semi-joins the shards with it instead of copying the dataset.
-- **A reader of `DEST/*.parquet` sees one whole export, never two mixed.** The
-  export is written into a fresh folder beside DEST (files and manifest each
-  written to a temporary name, fsynced, renamed), then swapped with DEST in
-  one step (Linux `renameat2(RENAME_EXCHANGE)`; elsewhere two renames, between
-  which DEST is briefly absent, never mixed), and the previous export is
-  deleted. Exporting again is how a growing run is refreshed, so replacing is
-  the default; a DEST that holds anything but a previous export (a manifest and
-  `part-*.parquet` / `keep-*.parquet` files) is refused rather than replaced,
-  so export never deletes a user's files.
+- **A reader of `DEST/*.parquet` sees one whole export, never two mixed**:
+  the export is written into a fresh folder beside DEST and swapped into
+  place (`export_folder.py`, which also refuses a DEST that is not a
+  previous export).
 - **Every format holds the same rows.** `--format specforge|speculators|text`
   is written (`producer/formats/`) from a Parquet export made inside the fresh
   folder and removed before the swap, so the selection above is the one code
@@ -41,10 +35,7 @@ Invariants, and why they hold:
 """
 from __future__ import annotations
 
-import ctypes
-import errno
 import hashlib
-import json
 import multiprocessing
 import os
 import shutil
@@ -62,23 +53,19 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import redis
 
-from contract.durable import fsync_folder, fsync_path
-from contract.ledger import Entry, Ledger, UNKNOWN_SHARD, shard_code
+from contract.durable import fsync_path
+from contract.ledger import Entry, Ledger, shard_code
 from contract.names import PromptState
 from contract.schema import arrow_schema, shard_files
 from contract.spec import RunSpec, check_run_name
 
 from . import formats
+from .export_folder import check_replaceable, swap_into_place, write_manifest
 
-MANIFEST = "manifest.json"
 BATCH_ROWS = 2048           # rows read (and looked up in the ledger) at a time
 GROUP_BYTES = 64 * 2**20    # a row group is written once this much is buffered
 JOB_BYTES = 2**30           # jobs=0: a process per this much of shards (a process costs ~1 s to start)
 KEEP_SCHEMA = pa.schema([("shard", pa.string()), ("row", pa.int64()), ("id", pa.string())])
-
-
-class ExportRefused(Exception):
-    """DEST holds something that is not a previous export: it is left alone."""
 
 
 def export_run(spec: RunSpec, client: redis.Redis, output_dir: str, dest: Path,
@@ -105,7 +92,7 @@ def export_run(spec: RunSpec, client: redis.Redis, output_dir: str, dest: Path,
                                  jobs, redis_url, index_only, complete_only)
         if not index_only:
             manifest = _add_format(manifest, spec, rows, staging, format, format_options or {})
-        _swap_into_place(staging, dest)
+        swap_into_place(staging, dest)
     finally:  # after a swap, `staging` holds the previous export
         shutil.rmtree(staging, ignore_errors=True)
     return manifest
@@ -121,38 +108,8 @@ def _add_format(manifest: dict, spec: RunSpec, rows: Path, folder: Path, format:
         manifest["format"] = formats.write_format(format, spec, parquet, folder, options)
         manifest["files"] = manifest["format"].pop("files")
         shutil.rmtree(rows)
-    _write_atomically(folder / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True).encode())
-    fsync_folder(folder)
+    write_manifest(folder, manifest)
     return manifest
-
-
-def check_replaceable(dest: Path) -> None:
-    """DEST may be absent, empty, or a previous export; anything else is refused."""
-    if not dest.exists():
-        return
-    if not dest.is_dir():
-        raise ExportRefused(f"{dest} exists and is not a folder")
-    names = sorted(p.name for p in dest.iterdir())
-    if not names:
-        return
-    strangers = [n for n in names if n != MANIFEST and not _is_export_file(n)]
-    if strangers or MANIFEST not in names or not _is_manifest(dest / MANIFEST):
-        shown = ", ".join(strangers[:5] or names[:5])
-        raise ExportRefused(f"{dest} holds files that are not a previous export ({shown}); "
-                            f"export into an empty or new folder")
-
-
-def _is_export_file(name: str) -> bool:
-    return ((name.startswith(("part-", "keep-")) and name.endswith(".parquet")) or name.startswith(".tmp-")
-            or name in formats.FILES)
-
-
-def _is_manifest(path: Path) -> bool:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and "run" in data and "files" in data
 
 
 @dataclass
@@ -209,8 +166,8 @@ def _write_export(spec: RunSpec, client: redis.Redis, output_dir: str, folder: P
         "source": str(Path(output_dir).resolve() / spec.name),
         "index_only": index_only,
         "complete_only": complete_only,
-        "dead_letters": dict(tally.reasons) if tally.exact else None,
-        "ledger": tally.by_state() if tally.exact else None,
+        "dead_letters": dict(tally.reasons),
+        "ledger": tally.by_state(),
         "files": files,
         "tokenizer": spec.tokenizer,
         "tokenizer_fingerprint": spec.tokenizer_fingerprint,
@@ -220,13 +177,7 @@ def _write_export(spec: RunSpec, client: redis.Redis, output_dir: str, folder: P
         "sampling": spec.sampling,
         "run_spec": asdict(spec),
     }
-    if not tally.exact:  # a run enqueued by a version that kept no counts: count them once
-        from contract.deadletters import DeadLetters
-
-        manifest["ledger"] = Ledger(client, spec.name).counts()
-        manifest["dead_letters"] = DeadLetters(client, spec.name).stats()
-    _write_atomically(folder / MANIFEST, json.dumps(manifest, indent=2, sort_keys=True).encode())
-    fsync_folder(folder)
+    write_manifest(folder, manifest)
     return manifest
 
 
@@ -325,7 +276,7 @@ def _export_rows(path: Path, ledger: Ledger, writer: "_RollingWriter", share: _S
     for batch in dataset.to_batches(columns=columns, batch_size=BATCH_ROWS, batch_readahead=1):
         ids = batch.column("id").to_pylist()
         share.source_rows += len(ids)
-        keep = [_keep(prompt_id, raw, canonical, seen, share) for prompt_id, raw in zip(ids, _states(ledger, ids, path))]
+        keep = [_keep(prompt_id, raw, canonical, seen, share) for prompt_id, raw in zip(ids, ledger.raw_entries(ids))]
         if share.complete_only:
             keep = _of_complete_conversations(ledger, ids, keep, share)
         keep = pa.array(keep, type=pa.bool_())
@@ -345,9 +296,9 @@ def _of_complete_conversations(ledger: Ledger, ids: list[str], keep: list[bool],
     """`--complete-only`: a kept turn stays only if its conversation has every turn stored
     (the others are counted in `left_out` as `incomplete_conversation`)."""
     from contract.conversation_ledger import ConversationLedger
-    from contract.conversations import split_turn_id
+    from contract.conversations import SEPARATOR, split_turn_id
 
-    conversations = [split_turn_id(i)[0] if "#" in i else i for i in ids]
+    conversations = [split_turn_id(i)[0] if SEPARATOR in i else i for i in ids]
     complete = ConversationLedger(ledger.client, ledger.run).complete(conversations)
     out = []
     for kept, whole in zip(keep, complete):
@@ -355,15 +306,6 @@ def _of_complete_conversations(ledger: Ledger, ids: list[str], keep: list[bool],
             share.left_out["incomplete_conversation"] += 1
         out.append(kept and whole)
     return out
-
-
-def _states(ledger: Ledger, ids: list[str], path: Path) -> list[bytes | None]:
-    """The ids' stored states; a done prompt whose canonical shard is not known gets this one."""
-    states = ledger.raw_entries(ids)
-    unknown = [i for i, raw in enumerate(states) if raw == b"%d" % UNKNOWN_SHARD]
-    for i, entry in zip(unknown, ledger.claim([ids[i] for i in unknown], path) if unknown else []):
-        states[i] = b"%d" % entry.shard if entry.state == PromptState.DONE else None
-    return states
 
 
 def _keep(prompt_id: str, raw: bytes | None, canonical: bytes, seen: set[str], share: _Share) -> bool:
@@ -378,49 +320,12 @@ def _keep(prompt_id: str, raw: bytes | None, canonical: bytes, seen: set[str], s
     return False
 
 
-def _write_atomically(path: Path, data: bytes) -> None:
-    temporary = path.with_name(f".tmp-{path.name}")
-    with open(temporary, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    temporary.replace(path)
-
-
 def _sha256(path: Path) -> str:
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         while chunk := handle.read(2**20):
             digest.update(chunk)
     return digest.hexdigest()
-
-
-def _swap_into_place(staging: Path, dest: Path) -> None:
-    """Make `staging` be `dest` in one step; afterwards `staging` holds what `dest` held."""
-    if not dest.exists():
-        os.rename(staging, dest)  # atomic; also replaces an empty folder made meanwhile
-    elif not _exchange(staging, dest):
-        os.rename(dest, staging.with_name(staging.name + ".old"))
-        os.rename(staging, dest)
-        os.rename(staging.with_name(staging.name + ".old"), staging)
-    fsync_folder(dest.parent)
-
-
-def _exchange(a: Path, b: Path) -> bool:
-    """Swap two paths atomically with Linux's renameat2(RENAME_EXCHANGE); False where
-    the system or the filesystem cannot."""
-    rename_exchange, at_fdcwd = 2, -100
-    try:
-        renameat2 = ctypes.CDLL(None, use_errno=True).renameat2
-    except (OSError, AttributeError):
-        return False
-    renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
-    if renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
-        return True
-    code = ctypes.get_errno()
-    if code in (errno.EINVAL, errno.ENOSYS, errno.ENOTSUP, errno.EOPNOTSUPP):
-        return False
-    raise OSError(code, os.strerror(code), str(b))
 
 
 class _RollingWriter:

@@ -1,9 +1,8 @@
 """Where a run stands, read from Redis: what the `status` command prints.
 
 Counts come from the counts the ledger's transitions keep (O(1), however
-large the run; a run enqueued by a version that kept none is counted by a
-scan), rates from the per-minute counters the workers keep, server health and
-the output storage's state from the workers' own heartbeats (each worker's
+large the run), rates from the per-minute counters the workers keep, server
+health and the output storage's state from the workers' own heartbeats (each worker's
 view of the servers it is bound to and of `OUTPUT_DIR`, found through the
 workers' registry, never a scan of the keyspace), and the queue depth from
 the broker. So `status` sends the same few commands whatever the run's size
@@ -16,22 +15,20 @@ import time
 import redis
 
 from contract import heartbeats
-from contract.deadletters import DeadLetters
 from contract.keys import queue_for
 from contract.kombu_redis import queue_depth
 from contract.ledger import Ledger, Tally
-from contract.names import PromptState
 from contract.spec import RunSpec
 
 RATE_MINUTES = 5
-DONE, DEAD, QUEUED = PromptState.DONE, PromptState.DEAD, PromptState.QUEUED
 
 
 def collect_status(client: redis.Redis, spec: RunSpec, queue_prefix: str) -> dict:
     ledger = Ledger(client, spec.name)
-    tally = ledger.tally()
+    counters = ledger.counters()
+    tally = Tally.from_counters(counters)
     queue = queue_for(queue_prefix, spec.served_model)
-    done, dead, pending = _state_counts(ledger, tally)
+    done, dead, pending = tally.done, tally.dead, tally.queued  # pending: queued, in flight or lost in transit
     waiting = queue_depth(client, queue)
     samples, tokens, window = ledger.recent(RATE_MINUTES)
     window = max(1.0, min(window, time.time() - spec.created_at))  # a young run: since it began
@@ -45,7 +42,7 @@ def collect_status(client: redis.Redis, spec: RunSpec, queue_prefix: str) -> dic
         "pending": pending,
         "done": done,
         "dead": dead,
-        "dead_by_reason": dict(tally.reasons) if tally.exact else DeadLetters(client, spec.name).stats(),
+        "dead_by_reason": dict(tally.reasons),
         "prompt_tokens": tally.prompt_tokens,
         "output_tokens": tally.output_tokens,
         "samples_per_s": round(rate, 3),
@@ -54,7 +51,7 @@ def collect_status(client: redis.Redis, spec: RunSpec, queue_prefix: str) -> dic
         "eta_s": round(pending / rate) if rate and pending else (0 if not pending else None),
         "workers": _workers(client),
         "finished": pending == 0,
-        **_conversations(spec, ledger.counters(), done, dead, pending),
+        **_conversations(spec, counters, done, dead, pending),
     }
 
 
@@ -68,14 +65,6 @@ def _conversations(spec: RunSpec, counters: dict[str, int], done: int, dead: int
     return {"finished": pending == 0 and moving == 0, "conversations": {"enqueued": total, "complete": complete, "stopped": dead,
                               "in_progress": moving,
                               "turns": counters.get("conversation_turns", 0), "turns_done": done}}
-
-
-def _state_counts(ledger: Ledger, tally: Tally) -> tuple[int, int, int]:
-    """Done, dead and pending (queued, in flight or lost in transit)."""
-    if tally.exact:
-        return tally.done, tally.dead, tally.queued
-    states = ledger.counts()
-    return states.get(DONE, 0), states.get(DEAD, 0), states.get(QUEUED, 0)
 
 
 def _workers(client: redis.Redis) -> list[dict]:

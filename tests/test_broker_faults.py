@@ -193,7 +193,7 @@ def test_a_prompt_redis_has_forgotten_becomes_a_dead_letter_that_says_so(fleet, 
     fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(6))))
     client = redis.Redis.from_url(fleet.redis_url)
     bucket, field = locate("p-0002")
-    assert client.hdel(RUN.state_bucket(bucket), field) == 1 and client.hdel(RUN.prompts, "p-0002") == 1
+    assert client.hdel(RUN.state_bucket(bucket), field) == 1 and client.hdel(RUN.token_ids, "p-0002") == 1
 
     # When a worker takes the run's messages
     fleet.worker("w1", [url])

@@ -164,9 +164,9 @@ def test_a_prompt_whose_ledger_entry_is_damaged_ends_as_a_worker_error(fleet, tm
     fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", records)))
     client = redis.Redis.from_url(fleet.redis_url)
     if damage == "corrupt":
-        client.hset(RunKeys("default").prompts, records[0]["id"], b"\x07not token ids")
+        client.hset(RunKeys("default").token_ids, records[0]["id"], b"\x07not token ids")
     else:
-        client.hdel(RunKeys("default").prompts, records[0]["id"])
+        client.hdel(RunKeys("default").token_ids, records[0]["id"])
 
     # When a worker that gives a prompt two tries takes them
     fleet.worker("w1", [url], FLEET_MAX_CRASHES="2")

@@ -69,7 +69,8 @@ class LostMessageAudit(bootsteps.StartStopStep):
         republished = 0
         for run, queue in run_queues(client, prefix).items():
             self._resume_conversations(app, rt, run)
-            if not client.hlen(RunKeys(run).prompts) or client.llen(queue) > rt.settings.audit_max_queue:
+            if (not client.hlen(RunKeys(run).token_ids)
+                    or kombu_redis.queue_depth(client, queue) > rt.settings.audit_max_queue):
                 continue
             queued = _task_ids(kombu_redis.queued_messages(client, queue))
             missing = {pid for pid in Ledger(client, run).pending_ids()
@@ -100,7 +101,7 @@ class LostMessageAudit(bootsteps.StartStopStep):
             self._suspects.setdefault(key, now)
         if not confirmed:
             return 0
-        payloads = client.hmget(RunKeys(run).prompts, confirmed)
+        payloads = client.hmget(RunKeys(run).token_ids, confirmed)
         batch = [(pid, count_ids(raw), None) for pid, raw in zip(confirmed, payloads) if raw]
         publish_prompts(app, run, queue, batch)
         for pid in confirmed:

@@ -30,8 +30,9 @@ A delivery is taken back only by the process that counted it, and at most once
 of its predecessor's death.
 
 One hash per run (`RunKeys.deliveries`): prompt id -> the workers it was
-delivered to, one name a line; the count is the number of lines. Each update
-is one Lua script, so concurrent deliveries of one prompt never lose a line.
+delivered to (`contract/deliveries.py`: the entry's format); the count is the
+number of names. Each update is one Lua script, so concurrent deliveries of
+one prompt never lose a name.
 A delivery is usually noted by the script that reads the prompt's ids
 (`Ledger.intake`, one round trip where reading, counting and noting took
 three); `note` here serves the last allowed delivery, noted only once it runs
@@ -45,54 +46,34 @@ from collections import Counter
 
 import redis
 
+from contract import deliveries as entry
 from contract.keys import RunKeys
-from contract.ledger import delivery_names
+from contract.scripts import Lua
 
 log = logging.getLogger(__name__)
 
-_NOTE = """
-local held = redis.call('HGET', KEYS[1], ARGV[1])
-if held then held = held .. '\\n' .. ARGV[2] else held = ARGV[2] end
-redis.call('HSET', KEYS[1], ARGV[1], held)
-return held
-"""
-_UNDO = """
-local held = redis.call('HGET', KEYS[1], ARGV[1])
-if not held then return 0 end
-local names = {}
-for name in string.gmatch(held, '[^\\n]+') do table.insert(names, name) end
-for i = #names, 1, -1 do
-  if names[i] == ARGV[2] then table.remove(names, i) break end
-end
-if #names == 0 then redis.call('HDEL', KEYS[1], ARGV[1])
-else redis.call('HSET', KEYS[1], ARGV[1], table.concat(names, '\\n')) end
-return #names
-"""
+_NOTE = Lua("""
+return deliver(KEYS[1], a.id, redis.call('HGET', KEYS[1], a.id), a.worker)
+""", prelude=entry.LUA, head=("id", "worker"))
+_UNDO = Lua("""
+return take_back(KEYS[1], a.id, a.worker)
+""", prelude=entry.LUA, head=("id", "worker"))
 
 
 def note(client: redis.Redis, run: str, prompt_id: str, worker: str) -> list[str]:
     """Record a delivery of the prompt to `worker`; returns every worker it was delivered to,
     oldest first, this one last."""
-    held = _script(client, _NOTE)(keys=[RunKeys(run).deliveries], args=[prompt_id, worker], client=client)
-    return delivery_names(held)
+    held = _NOTE(client, [RunKeys(run).deliveries], {"id": prompt_id, "worker": worker})
+    return entry.names(held)
 
 
 def undo(client: redis.Redis, run: str, prompt_id: str, worker: str) -> None:
     """Take back `worker`'s latest delivery: it ended without its worker dying. Best effort: it is
     called on the way out of a failure, and a delivery left counted only errs towards caution."""
     try:
-        _script(client, _UNDO)(keys=[RunKeys(run).deliveries], args=[prompt_id, worker], client=client)
+        _UNDO(client, [RunKeys(run).deliveries], {"id": prompt_id, "worker": worker})
     except redis.RedisError as exc:
         log.warning("could not take back a delivery of prompt %s of run %s: %r", prompt_id, run, exc)
-
-
-def _script(client: redis.Redis, source: str):
-    """The script, sent by its SHA (EVALSHA) rather than its text at each delivery; call it
-    with `client=`, as one Script object serves every client."""
-    return _SCRIPTS.get(source) or _SCRIPTS.setdefault(source, client.register_script(source))
-
-
-_SCRIPTS: dict[str, "redis.commands.core.Script"] = {}
 
 
 def clear(client: redis.Redis, run: str, *prompt_ids: str) -> None:
@@ -103,7 +84,7 @@ def clear(client: redis.Redis, run: str, *prompt_ids: str) -> None:
 
 
 def holders(client: redis.Redis, run: str, prompt_id: str) -> list[str]:
-    return delivery_names(client.hget(RunKeys(run).deliveries, prompt_id))
+    return entry.names(client.hget(RunKeys(run).deliveries, prompt_id))
 
 
 class Started:

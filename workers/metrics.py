@@ -69,6 +69,7 @@ class FleetCollector:
 
     def _depths(self):
         from contract.deadletters import DeadLetters
+        from contract.kombu_redis import queue_depth
         from contract.spec import run_queues
 
         queue = GaugeMetricFamily("fleet_queue_depth", "Prompts waiting in the queue.", labels=["queue"])
@@ -79,7 +80,7 @@ class FleetCollector:
             for run in queues:
                 dead.add_metric([run], DeadLetters(client, run).count())
             for name in sorted({prefix, *queues.values()}):
-                queue.add_metric([name], client.llen(name))
+                queue.add_metric([name], queue_depth(client, name))
             self.trouble.ok()
         except Exception as exc:  # Redis restarting: report what we have
             self.trouble.failed(exc)

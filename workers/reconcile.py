@@ -10,7 +10,7 @@ the shard writer's one way to Redis, one call each):
    file's final name (`Ledger.writing`); a retry after a storage failure gets
    a new name and new entries, and a failed write drops the ones naming it
    (`Ledger.unwritten`), so a sample withdrawn meanwhile is left without one;
-2. after the link, the group is marked done in one script (`Ledger.mark_stored`),
+2. after the link, the group is marked done in one script (`Ledger.mark_group_done`),
    which deletes the entries; only then are the tasks released (and acknowledged).
 
 A delivery reads its prompt's ids and entry in one call (`Ledger.intake`). An
@@ -23,7 +23,7 @@ node's disk), is dropped and the prompt generated as usual. A linked name is fin
 written with (`shards.py`), so the check cannot be fooled by a later file.
 
 The hash holds only in-flight groups (not one field per prompt of the run):
-`mark_stored` and `bury` delete entries, and one a dead worker left goes at
+`mark_group_done` and `bury` delete entries, and one a dead worker left goes at
 its prompt's next delivery (found, or dropped; `intake` drops the entry of a
 prompt that is done or dead by then).
 """
@@ -83,7 +83,7 @@ class ShardBook:
         Returns once a replica has the done marks (`replicated`), so no task is acknowledged
         for a prompt a failover could turn back to queued."""
         with replicated(self.client), self.client.pipeline(transaction=False) as pipe:
-            Ledger(self.client, run).mark_stored([(row.id, row.output_len) for row in rows], shard, pipe)
+            Ledger(self.client, run).mark_group_done([(row.id, row.output_len) for row in rows], shard, pipe)
             deliveries.clear(pipe, run, *(row.id for row in rows))
             found = Ledger.found(pipe.execute()[:-1])
         again = [row.id for row, state in zip(rows, found) if state not in (PromptState.QUEUED, PromptState.DEAD)]

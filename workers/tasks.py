@@ -51,7 +51,7 @@ from .lease import hold_limit
 from .reconcile import reconciled
 from .runtime import Runtime, get_runtime
 from .shards import ShardWriter
-from .specs import cached_spec
+from .specs import cached_spec, refusal
 
 log = logging.getLogger(__name__)
 # Set when the SIGTERM grace is over: a task failing then is being cut short, not crashing.
@@ -76,6 +76,8 @@ def _generate(self, run: str, prompt_id: str, max_new_tokens: int | None) -> str
     ledger = Ledger(rt.redis, run)
     raw = None
     try:
+        if (refused := refusal(rt.settings.redis_url, run)) is not None:
+            return refused  # acknowledged, not generated: this version does not read the run's ledger
         intake = ledger.intake(prompt_id, rt.worker, rt.settings.max_deliveries)
         if intake.noted:  # the common case: ids read and this delivery noted, one round trip
             STARTED.counted(run, prompt_id)

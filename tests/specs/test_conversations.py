@@ -146,9 +146,9 @@ def test_a_stored_turn_queues_the_next_once_however_many_times_it_is_reported(cl
 
 def test_the_last_stored_turn_completes_the_conversation_and_frees_its_entries(client):
     conversations, ledger = _start(client, "r", "c", 2)
-    ledger.mark_done("c#0", 7)
+    ledger.mark_done("c#0", 7, "part-a.parquet")
     assert conversations.advance("c", 0, ANSWERS[0], 2, [4]) == QUEUED_NEXT
-    ledger.mark_done("c#1", 7)
+    ledger.mark_done("c#1", 7, "part-a.parquet")
     assert conversations.advance("c", 1, ANSWERS[1], 2) == COMPLETE
     assert conversations.in_progress("c") is None and conversations.turns(["c"]) == [2]
     assert not client.exists(conversations.keys.conversation_answers)
@@ -159,7 +159,7 @@ def test_the_last_stored_turn_completes_the_conversation_and_frees_its_entries(c
 
 def test_a_turn_that_cannot_be_rendered_stops_its_conversation_as_a_dead_letter(client):
     conversations, ledger = _start(client, "r", "c", 3)
-    ledger.mark_done("c#0", 7)
+    ledger.mark_done("c#0", 7, "part-a.parquet")
     letter = json.dumps({"reason": "worker_error", "id": "c#1"})
     assert conversations.advance("c", 0, ANSWERS[0], 3, letter=("worker_error", letter)) == "buried"
     assert ledger.state("c#1") == "dead" and ledger.tally().reasons == {"worker_error": 1}

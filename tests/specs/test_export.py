@@ -118,18 +118,3 @@ def test_a_shard_holding_only_canonical_rows_is_exported_without_a_byte_copied(c
     assert len(whole) == 1 and Ledger(client, RUN).canonical_rows("part-a.parquet") == 10
     # and the others, which hold rows to leave out, are read and rewritten
     assert Ledger(client, RUN).canonical_rows("part-b.parquet") == 10 and manifest["rows"] == 21
-
-
-def test_a_prompt_stored_without_a_shard_code_is_exported_once(client, tmp_path):
-    # Given a prompt an older version marked done without naming its shard, stored twice
-    ledger = Ledger(client, RUN)
-    ledger.enqueue({"old": pack_ids([1])})
-    ledger.mark_done("old", 2)
-    shard(tmp_path / "shards" / RUN, "part-1.parquet", [sample("old")])
-    shard(tmp_path / "shards" / RUN, "part-2.parquet", [sample("old", copy=1)])
-
-    # When it is exported twice, then it is there once, both times from the first shard met
-    for dest in ("d1", "d2"):
-        manifest = export_run(spec(), client, str(tmp_path / "shards"), tmp_path / dest)
-        assert [(r["id"], r["input_ids"]) for r in read(tmp_path / dest)] == [("old", [1, 2, 3, 0])]
-        assert manifest["duplicates_dropped"] == 1

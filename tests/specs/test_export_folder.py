@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from producer.export import ExportRefused, _swap_into_place, check_replaceable
+from producer.export_folder import ExportRefused, check_replaceable, swap_into_place
 
 
 def _export(folder, *parts: str):
@@ -55,7 +55,7 @@ def test_the_swap_leaves_only_the_new_export_in_place(tmp_path):
     (staging / "part-00000.parquet").write_bytes(b"new")
 
     # When it is swapped into place
-    _swap_into_place(staging, dest)
+    swap_into_place(staging, dest)
 
     # Then DEST holds exactly the new export, and the staging folder the previous one
     assert sorted(p.name for p in dest.iterdir()) == ["manifest.json", "part-00000.parquet"]
@@ -66,5 +66,5 @@ def test_the_swap_leaves_only_the_new_export_in_place(tmp_path):
 
 def test_a_first_export_is_renamed_into_place(tmp_path):
     staging = _export(tmp_path / ".dest.export-1", "part-00000.parquet")
-    _swap_into_place(staging, tmp_path / "dest")
+    swap_into_place(staging, tmp_path / "dest")
     assert (tmp_path / "dest" / "part-00000.parquet").exists() and not staging.exists()

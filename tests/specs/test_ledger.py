@@ -47,7 +47,7 @@ def test_enqueue_counts_only_prompts_the_run_does_not_have(client):
     assert enqueue(ledger, "a", "b") == 2
     assert enqueue(ledger, "b", "c") == 1
     tally = ledger.tally()
-    assert (tally.enqueued, tally.queued, tally.prompt_tokens, tally.exact) == (3, 3, 9, True)
+    assert (tally.enqueued, tally.queued, tally.prompt_tokens) == (3, 3, 9)
 
 
 def test_a_done_prompt_is_never_dead_lettered_and_a_second_success_changes_nothing(client):
@@ -111,7 +111,7 @@ def test_transitions_on_a_pipeline_are_the_same_scripts(client):
         ledger.enqueue({"a": pack_ids([1]), "b": pack_ids([1, 2])}, 1, pipe)
         ledger.mark_done("b", 4, "part-1.parquet", pipe)
         (outcomes, found) = pipe.execute()
-    assert (Ledger.outcomes(outcomes), found) == ([NEW, NEW], [b"queued"])
+    assert (Ledger.outcomes([outcomes]), found) == ([NEW, NEW], [b"queued"])
     store.put(letter("a"))
     with client.pipeline(transaction=False) as pipe:
         ledger.requeue({"a": pack_ids([1]), "b": pack_ids([1])}, pipe)
@@ -169,43 +169,11 @@ def test_finished_prompts_are_kept_in_compact_buckets(client):
 
     # Then no hash keyed by id is left, and every state bucket is a listpack
     keys = RunKeys("r")
-    assert not client.exists(keys.legacy_state) and client.hlen(keys.prompts) == 0
+    assert client.hlen(keys.token_ids) == 0
     buckets = list(client.scan_iter(match=keys.state_prefix + "*", count=1000))
     assert 4000 < len(buckets) <= 5000
     assert {client.object("encoding", b) for b in buckets[:500]} == {b"listpack"}
     assert ledger.counts() == {"done": 5000} and ledger.tally().done == 5000
-
-
-def test_a_run_kept_by_an_older_version_is_read_and_moved_into_buckets(client):
-    # Given a run an older version kept in one state hash keyed by id
-    client.hset("fleet:run:old:counters", mapping={"enqueued": 3, "state:queued": 1, "state:done": 1,
-                                                   "state:dead": 1, "reason:aborted": 1, "tallied": 1})
-    client.hset("fleet:run:old:state", mapping={"q": "queued", "d": "dead", "f": "done"})
-    client.hset("fleet:run:old:ids", "q", pack_ids([1]))
-    client.hset("fleet:run:old:dead", "d", letter("d", "aborted").to_json())
-    ledger, store = Ledger(client, "old"), DeadLetters(client, "old")
-
-    # Then it reads as it was, a re-enqueue skips all three, and the transitions go on
-    assert ledger.states(["q", "d", "f", "x"]) == ["queued", "dead", "done", None]
-    assert ledger.counts() == {"queued": 1, "dead": 1, "done": 1}
-    assert ledger.enqueue({p: pack_ids([1]) for p in "qdf"}, 9) == ["queued", "dead", "done"]
-    assert ledger.mark_done("q", 2, "part-1.parquet") == "queued"
-    assert ledger.requeue({"d": pack_ids([1])}) == ["d"]
-    # and export names the canonical shard of the prompt stored without one
-    assert ledger.claim(["f", "q"], "part-2.parquet") == [
-        Entry("done", shard=shard_code("part-2.parquet")), Entry("done", shard=shard_code("part-1.parquet"))]
-    assert not client.exists("fleet:run:old:state")
-    assert ledger.counts() == {"queued": 1, "done": 2}
-    check_invariants(ledger, store, ["q", "d", "f"])
-
-
-def test_a_run_without_state_counts_is_counted_by_a_scan(client):
-    # Given a run a version without state counts enqueued (its counters have no `tallied`)
-    client.hset("fleet:run:old:counters", mapping={"enqueued": 2, "done": 5})
-    client.hset("fleet:run:old:state", mapping={"a": "dead", "b": "done"})
-    client.hset("fleet:run:old:dead", "a", json.dumps(letter("a", "aborted").__dict__))
-    store = DeadLetters(client, "old")
-    assert not store.ledger.tally().exact and store.stats() == {"aborted": 1}
 
 
 def test_any_order_of_transitions_keeps_the_counts_true(client):
@@ -236,7 +204,7 @@ def test_any_order_of_transitions_keeps_the_counts_true(client):
         else:  # a group is stored, and its entries go
             group = rng.sample(pids, 3)
             before = ledger.states(group)
-            ledger.mark_stored([(p, 3) for p in group], f"part-{rng.randrange(3)}.parquet")
+            ledger.mark_group_done([(p, 3) for p in group], f"part-{rng.randrange(3)}.parquet")
             assert ledger.states(group) == [("done" if s else None) for s in before]
             assert client.hmget(RunKeys("r").writing, group) == [None] * 3
         check_invariants(ledger, store, pids)
@@ -250,7 +218,7 @@ def test_a_group_is_marked_done_in_one_call_each_prompt_along_the_table(client):
     ledger.mark_done("f", 1, "part-0.parquet")
 
     # When one group holding all four is marked stored in shard 1
-    found = ledger.mark_stored([("q", 5), ("d", 7), ("f", 9), ("x", 11)], "/out/r/part-1.parquet")
+    found = ledger.mark_group_done([("q", 5), ("d", 7), ("f", 9), ("x", 11)], "/out/r/part-1.parquet")
 
     # Then each moved as mark_done would move it, alone, and is counted once
     assert found == ["queued", "dead", "done", None]
@@ -277,7 +245,7 @@ def test_a_writing_entry_lasts_from_before_the_write_until_its_prompt_is_done_or
     assert ledger.intake("a")[:2] == (pack_ids([1, 2, 3]), None) and ledger.intake("b")[1] == "part-B.parquet"
 
     # When "b" is stored and "c" dead-lettered, their entries go with their pending state
-    ledger.mark_stored([("b", 2)], "part-B.parquet")
+    ledger.mark_group_done([("b", 2)], "part-B.parquet")
     store.put(letter("c"))
     assert ledger.intake("b")[:2] == (None, None) and ledger.intake("c")[:2] == (None, None)
     assert not client.exists(RunKeys("r").writing)
@@ -312,3 +280,49 @@ def test_an_intake_notes_the_delivery_of_a_prompt_to_generate_until_as_many_as_a
     # and an intake without a worker only reads
     assert ledger.intake("a") == (pack_ids([1, 2, 3]), None, [], False) and held("a") == ["w1"]
     check_invariants(ledger, store, ["a", "d", "w"])
+
+
+def test_a_letter_is_forgotten_by_the_reason_the_ledger_kept_not_by_decoding_it(client):
+    # Given a dead prompt whose stored letter is not JSON at all (the ledger never reads it)
+    ledger, store = Ledger(client, "r"), DeadLetters(client, "r")
+    enqueue(ledger, "a", "b")
+    assert ledger.bury("a", "aborted", "not json {") == "queued"
+    assert ledger.bury("b", "truncated", letter("b", "truncated").to_json()) == "queued"
+
+    # When one is stored after all and the other's letter is replaced by one of another reason
+    assert ledger.mark_done("a", 1, "part-1.parquet") == "dead"
+    assert store.put(letter("b", "aborted")) == "dead"
+
+    # Then the counts by reason follow the reasons given, each letter counted once
+    assert ledger.tally().reasons == {"aborted": 1}
+    assert not client.hexists(RunKeys("r").dead_reasons, "a")
+    check_invariants(ledger, store, ["a", "b"])
+
+
+def test_enqueue_sends_a_script_call_per_chunk_of_prompts(client):
+    # Given 2,500 new prompts
+    ledger = Ledger(client, "r")
+    pids = [f"p{i}" for i in range(2500)]
+    client.config_resetstat()
+
+    # When they are enqueued in one call
+    outcomes = ledger.enqueue({p: pack_ids([1]) for p in pids}, 1)
+
+    # Then each is queued, by three script calls of at most READ_CHUNK (1,000) prompts each
+    assert outcomes == [NEW] * 2500 and ledger.tally().queued == 2500
+    stats = client.info("commandstats")
+    assert sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("eval", "evalsha")) == 3
+
+
+def test_a_letter_with_a_field_this_version_does_not_know_is_still_listed(client, caplog):
+    # Given two letters a newer version wrote, with a field this one does not know
+    ledger, store = Ledger(client, "r"), DeadLetters(client, "r")
+    enqueue(ledger, "a", "b")
+    for pid in ("a", "b"):
+        ledger.bury(pid, "aborted", json.dumps({**letter(pid, "aborted").__dict__, "hint": "retry later"}))
+
+    # When they are listed, then both are, without the field, and a warning names it once
+    with caplog.at_level("WARNING", logger="contract.deadletters"):
+        assert sorted(d.id for d in store) == ["a", "b"] and store.get("a").reason == "aborted"
+    assert [r.getMessage() for r in caplog.records] == [
+        "dead letters hold fields this version does not know, left out: hint"]

@@ -6,7 +6,7 @@ import base64
 import httpx
 import pytest
 
-from contract.connections import redact_url
+from contract.connections import redact_text, redact_url
 from workers.server_auth import ServerCredentials
 from workers.servers import ServerPool
 
@@ -36,6 +36,19 @@ URLS = [
 def test_a_redacted_url_holds_no_secret(url, shown):
     assert redact_url(url) == shown
     assert SECRET not in redact_url(url)
+
+
+@pytest.mark.parametrize("password", [f"{SECRET}?x", f"a@{SECRET}", f"{SECRET}#x", f"{SECRET}/x", f"?@#/{SECRET}"])
+def test_a_password_holding_url_delimiters_is_hidden_in_the_url_and_in_an_error_that_quotes_it(password):
+    # Given a Redis URL whose password holds unescaped ?, @, # or /
+    url = f"redis://fleet:{password}@redis-host:6379/0"
+
+    # When the URL, and an error message quoting the password, are shown
+    shown, said = redact_url(url), redact_text(f"AUTH failed for {password!r} at {url}", url)
+
+    # Then neither holds the password, and the user and the host stay readable
+    assert shown == "redis://fleet:***@redis-host:6379/0"
+    assert said == "AUTH failed for '***' at redis://fleet:***@redis-host:6379/0"
 
 
 @pytest.mark.parametrize("url", ["redis://localhost:6379/0", "http://127.0.0.1:30000", "rediss://h:1/0?db=1"])

@@ -5,7 +5,7 @@ with and without `replicated` around them, alternating: one SET (the
 confirmation's own cost), one enqueue batch (the
 ledger's enqueue script and the publish of its messages, `BATCH` prompts) and
 one group commit's ledger step (`mark_group_done` and the deliveries' clear, as
-`ShardBook.stored` sends them, `GROUP` samples). Prints the median and p90
+`ShardBook.mark_done` sends them, `GROUP` samples). Prints the median and p90
 milliseconds per call of each, and the difference.
 """
 from __future__ import annotations

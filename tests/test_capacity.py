@@ -15,7 +15,8 @@ import threading
 
 import httpx
 
-from conftest import wait_until, write_prompts
+from conftest import write_prompts
+from waiting import wait_until
 from producer.local import free_port, spawn, wait_for
 
 # Long enough generations (~1.5 s) that a sample of the servers' queues says something.

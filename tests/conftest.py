@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -21,6 +20,8 @@ import redis
 from contract.keys import RunKeys
 from contract.ledger import Ledger
 from producer.local import Process, start_redis, start_standin, start_worker
+
+from waiting import wait_until
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ROOT / "tests" / "specs"
@@ -96,15 +97,6 @@ class Fleet:
             process.stop(timeout=20)
 
 
-def wait_until(predicate, timeout: float, what: str, fleet: Fleet | None = None, poll: float = 0.2) -> None:
-    """Poll until `predicate()` holds; fail the test, saying what it waited for, once `timeout` passes."""
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"waited {timeout:.0f}s for {what}" + (f":\n{fleet.logs_tail()}" if fleet else ""))
-        time.sleep(poll)
-
-
 CHROMIUM = "/usr/bin/chromium"
 CHROMEDRIVER = "/usr/bin/chromedriver"
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
@@ -116,8 +108,8 @@ CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic
 def browser(tmp_path: Path):
     """Headless Debian Chromium through its own chromedriver (Selenium Manager never runs),
     keeping the page's console log."""
-    if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):
-        pytest.skip(f"Chromium not found ({CHROMIUM}, {CHROMEDRIVER}): run scripts/install-browser.sh")
+    if not (os.access(CHROMIUM, os.X_OK) and os.access(CHROMEDRIVER, os.X_OK)):  # a missing browser fails, never skips
+        pytest.fail(f"Chromium not found ({CHROMIUM}, {CHROMEDRIVER}): run scripts/install-browser.sh")
     from selenium import webdriver  # installed with the browser by scripts/install-browser.sh
     from selenium.webdriver.chrome.service import Service
 

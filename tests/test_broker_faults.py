@@ -6,7 +6,6 @@ user would: the stand-in's generation count per prompt, the ids in the shards, t
 from __future__ import annotations
 
 import signal
-import time
 from collections import Counter
 
 import httpx
@@ -20,19 +19,11 @@ from sglang_standin.cli import parse_config
 from sglang_standin.outputs import fault_for
 
 from conftest import messages_of, render, varied_prompts, write_prompts
+from waiting import stop_broker, wait_until
 
 LEASE = {"FLEET_LEASE_SECONDS": "8", "FLEET_RESTORE_INTERVAL": "1",
          "FLEET_CONCURRENCY": "32", "FLEET_MAX_INFLIGHT_PER_SERVER": "32"}
 RUN = RunKeys("default")
-
-
-def _wait_until(predicate, timeout: float, what: str, fleet=None) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            logs = "" if fleet is None else "\n".join(f"--- {p.name}\n{p.tail(25)}" for p in fleet.processes)
-            raise AssertionError(f"{what}: not after {timeout}s\n{logs}")
-        time.sleep(0.2)
 
 
 def _generations(url: str) -> dict[str, int]:
@@ -55,15 +46,15 @@ def test_a_cut_broker_connection_never_starts_a_generation_twice(fleet, tmp_path
     fleet.worker("w1", [url], **LEASE)
     fleet.worker("w2", [url], **LEASE)
     client = redis.Redis.from_url(fleet.redis_url)
-    _wait_until(lambda: _consumers(client) >= 2, 90, "both workers consuming", fleet)
+    wait_until(lambda: _consumers(client) >= 2, 90, "both workers consuming", fleet)
     ids = {f"p-{i:04d}" for i in range(16)}
     fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(16))))
-    _wait_until(lambda: len(_generations(url)) == 16, 60, "16 generations in flight", fleet)
+    wait_until(lambda: len(_generations(url)) == 16, 60, "16 generations in flight", fleet)
 
     # When Redis drops every worker connection, twice in a row (each time once both are consuming again)
     for _ in range(2):
         client.execute_command("CLIENT", "KILL", "TYPE", "normal")
-        _wait_until(lambda: _consumers(client) >= 2, 60, "both workers back", fleet)
+        wait_until(lambda: _consumers(client) >= 2, 60, "both workers back", fleet)
 
     # Then every prompt is stored exactly once, and each was generated exactly once
     assert fleet.wait_finished(timeout=240) == {"done": 16}
@@ -78,16 +69,14 @@ def test_a_redis_restart_never_starts_a_generation_twice(fleet, tmp_path):
     data, port = tmp_path / "redis-data", free_port()
     broker, fleet.redis_url = start_redis(fleet.logs, port=port, data_dir=data, appendonly=True)
     fleet.processes.append(broker)
-    fleet.worker("w1", [url], **LEASE)
-    fleet.worker("w2", [url], **LEASE)
-    _wait_until(lambda: _consumers(redis.Redis.from_url(fleet.redis_url)) >= 2, 90, "both consuming", fleet)
+    workers = [fleet.worker("w1", [url], **LEASE), fleet.worker("w2", [url], **LEASE)]
+    wait_until(lambda: _consumers(redis.Redis.from_url(fleet.redis_url)) >= 2, 90, "both consuming", fleet)
     ids = {f"p-{i:04d}" for i in range(16)}
     fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(16))))
-    _wait_until(lambda: len(_generations(url)) == 16, 60, "16 generations in flight", fleet)
+    wait_until(lambda: len(_generations(url)) == 16, 60, "16 generations in flight", fleet)
 
-    # When Redis restarts on the same port and data while they run
-    broker.stop()
-    time.sleep(1)
+    # When Redis stops while they run and, once both workers have noticed, restarts on the same port and data
+    stop_broker(broker, workers, fleet)
     broker, _ = start_redis(fleet.logs, port=port, data_dir=data, appendonly=True)
     fleet.processes.append(broker)
 
@@ -118,7 +107,7 @@ def test_sigterm_keeps_every_sample_finished_before_the_grace_ends(fleet, tokeni
     def quick_ones_answered() -> bool:
         stats = httpx.get(f"{url}/standin/stats", timeout=10).json()
         return len(stats["generations"]) == 24 and stats["running"] == 0 and stats["waiting"] == 0
-    _wait_until(quick_ones_answered, 90, "every quick generation answered", fleet)
+    wait_until(quick_ones_answered, 90, "every quick generation answered", fleet)
     answered = {r["id"] for r in records} - slow
 
     # When it gets SIGTERM while those samples wait for their shard
@@ -167,7 +156,7 @@ def test_a_prompt_whose_deliveries_keep_dying_with_their_worker_ends_as_a_poison
     for started, name in enumerate(("w1", "w2"), start=1):
         worker = fleet.worker(name, [url], **env)
         # its delivery is noted before its request reaches the server: wait for both
-        _wait_until(lambda: any(h.startswith(f"{name}@") for h in holders(hanging)[-1:])
+        wait_until(lambda: any(h.startswith(f"{name}@") for h in holders(hanging)[-1:])
                     and _generations(url).get(hanging, 0) >= started, 120, f"{name} runs it", fleet)
         worker.signal(signal.SIGKILL)
         worker.popen.wait(10)
@@ -199,7 +188,7 @@ def test_a_prompt_redis_has_forgotten_becomes_a_dead_letter_that_says_so(fleet, 
     fleet.worker("w1", [url])
 
     # Then the forgotten prompt is a dead letter that says Redis forgot it, and the others are stored
-    _wait_until(lambda: Ledger(client, "default").state("p-0002") is not None, 120,
+    wait_until(lambda: Ledger(client, "default").state("p-0002") is not None, 120,
                 "the forgotten prompt back in the ledger", fleet)
     assert fleet.wait_finished() == {"done": 5, "dead": 1}
     (letter,) = fleet.dead_letters()
@@ -229,7 +218,7 @@ def test_a_worker_warns_at_start_when_redis_may_forget_or_cannot_be_checked(flee
     # Then the first says, in one line, what Redis may forget, and the second that it could not check
     def line(worker, text: str) -> list[str]:
         return [ln for ln in worker.log.read_text().splitlines() if text in ln]
-    _wait_until(lambda: line(first, "may forget work") and line(second, "could not check"), 90,
+    wait_until(lambda: line(first, "may forget work") and line(second, "could not check"), 90,
                 "the start-up warnings", fleet)
     (warning,) = line(first, "may forget work")
     assert "allkeys-lru" in warning and "no persistence" in warning

@@ -14,8 +14,10 @@ import sys
 import threading
 
 import httpx
+import pytest
 
-from conftest import wait_until, write_prompts
+from conftest import write_prompts
+from waiting import wait_until
 from producer.local import free_port, spawn, wait_for
 
 # Long enough generations (~1.5 s) that a sample of the servers' queues says something.
@@ -56,6 +58,7 @@ class Sampler:
         return [s for s in self.samples[url] if s[0] > 0]
 
 
+@pytest.mark.xdist_group("measures")  # samples how full the batches run: never beside another measuring test
 def test_a_worker_with_defaults_fills_a_batch_8_and_a_batch_32_server_with_a_short_queue(fleet, tmp_path):
     # Given a batch-8 and a batch-32 server behind one worker, every fleet setting at its default
     _, small = fleet.standin("--max-running-requests", "8", *SLOW)
@@ -114,9 +117,9 @@ def test_a_worker_bound_to_a_gateway_treats_it_as_one_server_of_its_workers_capa
     for process in fleet.processes[:2]:
         process.stop()
 
-    # Then the worker sees the gateway as not ready, through its /readiness
+    # Then the worker sees the gateway as not ready (its /readiness answers 503: warming)
     def gateway_state() -> str:
         (w,) = json.loads(fleet.producer("status", "--json").stdout)["workers"]
         return w["servers"][0]["state"]
 
-    wait_until(lambda: gateway_state() != "healthy", 60, "the gateway seen as not ready", fleet, poll=1.0)
+    wait_until(lambda: gateway_state() == "warming", 60, "the gateway seen as not ready", fleet, poll=1.0)

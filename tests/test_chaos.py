@@ -4,16 +4,18 @@ from __future__ import annotations
 import json
 import random
 import signal
-import time
 from collections import defaultdict
 
 import pyarrow.parquet as pq
+import redis
 
+from contract import heartbeats
 from producer.local import free_port, start_redis
 from sglang_standin.cli import parse_config
 from sglang_standin.outputs import fault_for, generate_output
 
-from conftest import messages_of, render, varied_prompts, wait_until, write_prompts
+from conftest import messages_of, render, varied_prompts, write_prompts
+from waiting import stop_broker, wait_until
 
 N = 1000
 BUDGET = 300
@@ -22,6 +24,13 @@ STANDIN = ["--output-len-max", "256", "--step-base", "0.005", "--max-running-req
            "--fault-http500-first", "0.03", "--fault-queue-full-first", "0.03"]
 WORKER = {"FLEET_LEASE_SECONDS": "8", "FLEET_RESTORE_INTERVAL": "1", "FLEET_RETRY_BACKOFF": "0.05"}
 REASON = {"missing_think_end": "missing_think_end", "truncate": "truncated"}
+
+
+def server_seen_down(fleet, url: str, names: list[str]) -> bool:
+    """Whether each named worker's last heartbeat shows the server at `url` not healthy."""
+    records = {r["worker"].split("@")[0]: r for r in heartbeats.read_all(redis.Redis.from_url(fleet.redis_url))}
+    return all(name in records and any(s["url"] == url and s["state"] != "healthy" for s in records[name]["servers"])
+               for name in names)
 
 
 def test_every_prompt_ends_in_exactly_one_place_whatever_fails(fleet, tokenizer, tmp_path):
@@ -50,11 +59,10 @@ def test_every_prompt_ends_in_exactly_one_place_whatever_fails(fleet, tokenizer,
     workers.append(fleet.worker("w3", [url_a, url_b], **WORKER))
     at(rng.uniform(0.30, 0.40))
     server_b.signal(signal.SIGKILL)
-    time.sleep(rng.uniform(1, 4))
+    wait_until(lambda: server_seen_down(fleet, url_b, ["w2", "w3"]), 60, "the live workers to see a server down", fleet)
     fleet.standin(*STANDIN, port=port_b)
     at(rng.uniform(0.50, 0.60))
-    broker.stop()
-    time.sleep(rng.uniform(0.5, 2))
+    stop_broker(broker, workers[1:], fleet)
     broker, _ = start_redis(fleet.logs, port=port, data_dir=data, appendonly=True)
     fleet.processes.append(broker)
     at(rng.uniform(0.65, 0.80))

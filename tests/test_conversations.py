@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import time
 from collections import Counter
 
 import httpx
@@ -25,7 +24,8 @@ from producer.local import start_redis
 from sglang_standin.config import StandinConfig
 from sglang_standin.outputs import generate_output
 
-from conftest import render, wait_until, write_prompts
+from conftest import render, write_prompts
+from waiting import stop_broker, wait_until
 
 LEASE = {"FLEET_LEASE_SECONDS": "8", "FLEET_RESTORE_INTERVAL": "1"}
 MAX_NEW_TOKENS = 1024
@@ -88,9 +88,10 @@ def test_every_turn_is_regenerated_once_from_the_models_own_history_through_a_ki
     _, url = fleet.standin("--step-base", "0.01", "--output-len-median", "60")
     data = tmp_path / "redis-data"
     broker, fleet.redis_url = start_redis(fleet.logs, port=None, data_dir=data, appendonly=True)
+    fleet.processes.append(broker)
     port = int(fleet.redis_url.rsplit(":", 1)[1].split("/")[0])
     victim = fleet.worker("victim", [url], **LEASE)
-    fleet.worker("survivor", [url], **LEASE)
+    survivor = fleet.worker("survivor", [url], **LEASE)
     records = conversations(COUNT)
     cfg = StandinConfig(output_len_median=60)
     expected = {f"{r['id']}#{t}": ids for r in records for t, ids in enumerate(replay(tokenizer, r, cfg))}
@@ -109,8 +110,7 @@ def test_every_turn_is_regenerated_once_from_the_models_own_history_through_a_ki
     assert _exported_turns(fleet, tmp_path / "partial") <= set(expected)
     # and Redis restarts on the same port and data later
     wait_until(lambda: _counters(client).get("state:done", 0) >= len(expected) // 2, 180, "half the turns", fleet)
-    broker.stop()
-    time.sleep(1)
+    stop_broker(broker, [survivor], fleet)
     broker, _ = start_redis(fleet.logs, port=port, data_dir=data, appendonly=True)
     fleet.processes.append(broker)
 

@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import signal
-import time
 
 import httpx
 import redis
 
 from producer.local import start_redis
 
-from conftest import varied_prompts, wait_until, write_prompts
+from conftest import varied_prompts, write_prompts
+from waiting import stop_broker, wait_until
 
 LEASE = {"FLEET_LEASE_SECONDS": "8", "FLEET_RESTORE_INTERVAL": "1"}
 
@@ -82,14 +82,14 @@ def test_a_redis_restart_mid_run_loses_nothing(fleet, tmp_path):
     _, url = fleet.standin("--step-base", "0.01")
     data = tmp_path / "redis-data"
     broker, fleet.redis_url = start_redis(fleet.logs, port=None, data_dir=data, appendonly=True)
-    fleet.worker("w1", [url], **LEASE)
+    fleet.processes.append(broker)
+    worker = fleet.worker("w1", [url], **LEASE)
     fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(150))))
     wait_until(lambda: _done(fleet) >= 20, 60, "first samples", fleet)
 
-    # When Redis restarts on the same port and data
+    # When Redis stops and, once the worker has noticed, restarts on the same port and data
     broker_port = int(fleet.redis_url.rsplit(":", 1)[1].split("/")[0])
-    broker.stop()
-    time.sleep(2)
+    stop_broker(broker, [worker], fleet)
     broker, _ = start_redis(fleet.logs, port=broker_port, data_dir=data, appendonly=True)
     fleet.processes.append(broker)
 

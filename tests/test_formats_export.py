@@ -72,6 +72,7 @@ def _check_trainers(exports: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600, env={**os.environ, "HF_HUB_OFFLINE": "1"})
 
 
+@pytest.mark.xdist_group("trainers")  # one trainers venv, torch loaded once at a time
 @pytest.mark.skipif(not TRAINERS_PYTHON.exists(),
                     reason=f"no Python with SpecForge 0.2.0 and speculators 0.9.0 at {TRAINERS_PYTHON} "
                            f"(build it with scripts/trainers-venv.sh, or set TRAINERS_PYTHON)")
@@ -85,6 +86,7 @@ def test_the_trainers_own_loaders_yield_the_exported_ids_and_masks_token_for_tok
     assert "ArrowDataset: 24 rows, 24 equal token for token" in result.stdout
 
 
+@pytest.mark.xdist_group("trainers")  # one trainers venv, torch loaded once at a time
 @pytest.mark.skipif(not TRAINERS_PYTHON.exists(),
                     reason=f"no Python with SpecForge 0.2.0 and speculators 0.9.0 at {TRAINERS_PYTHON} "
                            f"(build it with scripts/trainers-venv.sh, or set TRAINERS_PYTHON)")

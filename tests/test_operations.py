@@ -8,6 +8,7 @@ import httpx
 from producer.local import free_port, redis_server_binary, spawn, wait_for
 
 from conftest import varied_prompts, write_prompts
+from waiting import wait_until
 
 
 def test_status_reports_counts_rates_servers_and_workers(fleet, tmp_path):
@@ -105,10 +106,15 @@ def test_a_pickled_message_is_refused_by_the_worker(fleet, tmp_path):
         producer.publish({"task": "fleet.generate"}, routing_key="fleet.generate",
                          headers={"task": "fleet.generate", "id": "default:evil"})
 
-    # Then the worker refuses to deserialize it and runs nothing
+    # Then the worker refuses to deserialize it
     def refused() -> bool:
         return "content of type pickle" in worker.log.read_text()
 
-    wait_for(refused, 30, "refusal in the worker log")
-    log = worker.log.read_text()
-    assert "default:evil] succeeded" not in log and worker.alive()
+    wait_until(refused, 30, "refusal in the worker log", fleet)
+
+    # and runs nothing for it: once a prompt enqueued after it is stored, the server has had
+    # exactly one request per real prompt, and the worker is still up
+    fleet.producer("enqueue", str(write_prompts(tmp_path / "q.jsonl", varied_prompts(1, "q"))))
+    assert fleet.wait_finished() == {"done": 2}
+    assert httpx.get(f"{url}/standin/stats").json()["requests"] == 2
+    assert worker.alive()

@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import signal
-import time
 
 import httpx
 import redis
 
-from producer.local import free_port, wait_for
+from producer.local import free_port
 
-from conftest import varied_prompts, wait_until, write_prompts
+from conftest import varied_prompts, write_prompts
+from waiting import health_rounds, wait_until
 
 QUEUE = "fleet.generate"
 GATE_CLOSED = "consuming from nothing"  # the worker's log line when its gate closes
@@ -61,13 +61,13 @@ def test_a_worker_whose_only_server_is_down_takes_no_tasks_until_it_returns(flee
     fleet.wait_finished()
     closed_before = worker.tail(10_000).count(GATE_CLOSED)
     server.signal(signal.SIGKILL)
-    wait_for(lambda: worker.tail(10_000).count(GATE_CLOSED) > closed_before, 30, "w1 to stop consuming")
+    wait_until(lambda: worker.tail(10_000).count(GATE_CLOSED) > closed_before, 30, "w1 to stop consuming")
 
     # When prompts are enqueued while it is down (as the worker sees it)
     fleet.producer("enqueue", str(write_prompts(tmp_path / "b.jsonl", varied_prompts(30, "b"))))
 
-    # Then the worker takes none of them: they stay queued in Redis
-    time.sleep(6)
+    # Then, for three rounds of health checks more, the worker takes none of them: they stay queued in Redis
+    health_rounds(fleet.redis_url, 3, fleet=fleet)
     assert _queue_untouched(fleet, 30)
     assert worker.alive()
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import signal
-import time
 
 import httpx
 import redis
@@ -22,7 +21,8 @@ from sglang_standin.bad_outputs import HUGE_ID, bad_output_kind
 from sglang_standin.cli import parse_config
 from sglang_standin.outputs import fault_for, generate_output
 
-from conftest import messages_of, render, varied_prompts, wait_until, write_prompts
+from conftest import messages_of, render, varied_prompts, write_prompts
+from waiting import health_rounds, wait_until
 
 QUEUE = "fleet.generate"
 MAX_NEW_TOKENS = 300
@@ -208,8 +208,9 @@ def test_a_server_that_refuses_the_workers_credentials_is_refused(fleet, tmp_pat
     table = fleet.producer("status", COLUMNS="400").stdout
     assert "refused" in table and "SGLANG_API_KEY" in table
 
-    # and they take nothing from the queue: every prompt stays queued, none is dead-lettered
-    time.sleep(4)
+    # and, for three rounds of health checks more, they take nothing from the queue: every prompt
+    # stays queued, none is dead-lettered
+    health_rounds(fleet.redis_url, 3, fleet=fleet, workers=2)
     assert _queue_holds(fleet, 20) and fleet.dead_letters() == []
     key = {"Authorization": "Bearer sk-right-123"}
     assert httpx.get(f"{url}/standin/stats", headers=key).json()["requests"] == 0

@@ -29,6 +29,8 @@ from sglang_standin.cli import parse_config
 from sglang_standin.config import BAD_OUTPUT_KINDS, StandinConfig
 from sglang_standin.outputs import fault_for, generate_output, natural_output, prompt_key
 
+from waiting import wait_until
+
 ROOT = Path(__file__).resolve().parents[1]
 INSTANT = ["--step-base", "0", "--step-per-request", "0", "--prefill-per-token", "0"]
 CONTEXT = 4096
@@ -77,11 +79,9 @@ def standin(*args: str, wait: bool = True) -> Iterator[Standin]:
                             cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
     server = Standin(proc, port)
     try:
-        deadline = time.monotonic() + 20
-        while wait and not _listening(port):
+        if wait:
+            wait_until(lambda: _listening(port) or proc.poll() is not None, 20, "the stand-in to listen", poll=0.05)
             assert proc.poll() is None, "stand-in exited during start-up"
-            assert time.monotonic() < deadline, "stand-in did not start listening"
-            time.sleep(0.05)
         yield server
     finally:
         server.http.close()
@@ -126,16 +126,28 @@ def test_health_is_refused_while_loading_then_503_while_warming_then_200_empty()
 
 
 def _poll(s: Standin, done, timeout: float = 15.0) -> httpx.Response:  # type: ignore[no-untyped-def]
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    """/health until `done(response)` (a refused connection is None); returns that response."""
+    answers: list[httpx.Response | None] = []
+
+    def answered() -> bool:
         try:
-            r = s.http.get("/health")
+            answers.append(s.http.get("/health"))
         except httpx.ConnectError:
-            r = None
-        if done(r):
-            return r  # type: ignore[return-value]
-        time.sleep(0.05)
-    raise AssertionError("timed out polling /health")
+            answers.append(None)
+        return done(answers[-1])
+
+    wait_until(answered, timeout, "the awaited /health answer", poll=0.05)
+    return answers[-1]  # type: ignore[return-value]
+
+
+def _tokens_in_use(s: Standin) -> int:
+    """Prompt plus generated tokens of the running requests, as /v1/loads reports them."""
+    return s.http.get("/v1/loads").json()["loads"][0]["num_used_tokens"]
+
+
+def _running_and_waiting(s: Standin) -> tuple[int, int]:
+    stats = s.stats()
+    return stats["running"], stats["waiting"]
 
 
 # --------------------------------------------------------------------------- /generate
@@ -286,7 +298,8 @@ def test_requests_beyond_max_running_wait_and_beyond_max_queued_get_503() -> Non
                 def send(p: list[int]):  # type: ignore[no-untyped-def]
                     return client.post("/generate", json={"input_ids": p, "sampling_params": {"max_new_tokens": 60}})
                 first3 = [asyncio.create_task(send(p)) for p in prompts[:3]]
-                await asyncio.sleep(0.3)
+                await asyncio.to_thread(wait_until, lambda: _running_and_waiting(s) == (2, 1), 20,
+                                        "2 running and 1 waiting", poll=0.02)
                 # when a fourth arrives while 2 run and 1 waits
                 fourth = await send(prompts[3])
                 stats = (await client.get("/standin/stats")).json()
@@ -309,7 +322,7 @@ def test_abort_request_ends_a_running_generation_with_abort() -> None:
         t = threading.Thread(target=lambda: result.append(
             s.generate({"input_ids": prompt, "rid": "ab", "sampling_params": {"max_new_tokens": 400}})))
         t.start()
-        time.sleep(0.5)
+        wait_until(lambda: _tokens_in_use(s) > len(prompt), 20, "the first tokens generated", poll=0.02)
         # when it is aborted
         assert s.http.post("/abort_request", json={"rid": "ab"}).status_code == 200
         t.join(10)
@@ -328,13 +341,11 @@ def test_sigterm_finishes_running_requests_answers_503_then_exits_0() -> None:
         result: list[httpx.Response] = []
         t = threading.Thread(target=lambda: result.append(s.generate({"input_ids": [5, 6, 7]})))
         t.start()
-        while s.stats()["running"] == 0:
-            time.sleep(0.05)
+        wait_until(lambda: s.stats()["running"] > 0, 20, "the generation running", poll=0.05)
         # when SIGTERM arrives mid-generation
         s.proc.send_signal(signal.SIGTERM)
-        time.sleep(0.2)
-        # then health is 503, the request still completes, and the process exits 0
-        assert s.http.get("/health").status_code == 503
+        # then health turns 503, the request still completes, and the process exits 0
+        wait_until(lambda: s.http.get("/health").status_code == 503, 20, "/health to answer 503", poll=0.05)
         t.join(10)
         assert result[0].status_code == 200
         assert s.proc.wait(timeout=10) == 0
@@ -511,7 +522,8 @@ def test_loads_report_live_running_and_waiting_like_sglang() -> None:
             async with httpx.AsyncClient(base_url=s.url, timeout=20, trust_env=False) as client:
                 tasks = [asyncio.create_task(client.post("/generate", json={
                     "input_ids": p, "sampling_params": {"max_new_tokens": 80}})) for p in prompts]
-                await asyncio.sleep(0.3)
+                await asyncio.to_thread(wait_until, lambda: _running_and_waiting(s) == (2, 1), 20,
+                                        "2 running and 1 waiting", poll=0.02)
                 # when the load is asked while 2 run and 1 waits
                 loads = (await client.get("/v1/loads")).json()
                 legacy = (await client.get("/get_load")).json()

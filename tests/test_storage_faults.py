@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import time
 from collections import Counter
 from pathlib import Path
 
@@ -22,7 +21,8 @@ from contract.ledger import Ledger
 from contract.publish import publish_prompts
 from producer.local import free_port
 
-from conftest import render, messages_of, varied_prompts, wait_until, write_prompts
+from conftest import render, messages_of, varied_prompts, write_prompts
+from waiting import health_rounds, wait_until
 
 QUEUE = "fleet.generate"
 SLOW = ("--step-base", "0.02", "--output-len-max", "100")  # about two seconds a generation
@@ -54,6 +54,12 @@ def port_of(url: str) -> int:
 def queue_drained(fleet) -> bool:
     client = redis.Redis.from_url(fleet.redis_url)
     return client.llen(QUEUE) == 0 and client.hlen("unacked") == 0
+
+
+def storage_failures(fleet) -> int:
+    """Failed writes in a row, as the worker's status shows them."""
+    (worker,) = json.loads(fleet.producer("status", "--json").stdout)["workers"]
+    return worker["storage"]["failures"]
 
 
 def generations(url: str) -> dict[str, int]:
@@ -123,13 +129,15 @@ def test_a_storage_outage_dead_letters_nothing_and_the_run_goes_on_by_itself(fle
     port = free_port()
     worker = fleet.worker("w1", [url], FLEET_METRICS_PORT=str(port), **FEW_AT_A_TIME)
     records = varied_prompts(30)
-    fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", records)))
+    fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", records[:10])))
     wait_until(lambda: fleet.states().get("done", 0) >= 6, 120, "first samples", fleet)
 
-    # When the run's folder stops taking writes for about ten seconds
+    # When the run's folder stops taking writes, with 20 prompts of the run still to generate
+    # (enqueued after the break, so that a busy machine cannot finish the run before it)
     folder = fleet.output_dir / "default"
     aside = break_storage(folder)
-    wait_until(lambda: "consuming from nothing: storage failing" in worker.log.read_text(), 60,
+    fleet.producer("enqueue", str(write_prompts(tmp_path / "q.jsonl", records[10:])))
+    wait_until(lambda: "consuming from nothing: storage failing" in worker.log.read_text(), 120,
                "the worker to stop taking prompts", fleet)
     waiting = redis.Redis.from_url(fleet.redis_url).llen(QUEUE)
 
@@ -138,7 +146,10 @@ def test_a_storage_outage_dead_letters_nothing_and_the_run_goes_on_by_itself(fle
                .get("up") is False, 30, "status to show the outage", fleet)
     assert "failing since" in fleet.producer("status").stdout
     assert "fleet_storage_up 0.0" in httpx.get(f"http://127.0.0.1:{port}/metrics").text
-    time.sleep(8)
+    # (and it had its chances to: two more writes were tried and failed, over more rounds of its checks)
+    failures = storage_failures(fleet)
+    wait_until(lambda: storage_failures(fleet) >= failures + 2, 60, "two more failed writes", fleet)
+    health_rounds(fleet.redis_url, 3, fleet=fleet)
     assert redis.Redis.from_url(fleet.redis_url).llen(QUEUE) == waiting
     assert fleet.dead_letters() == []
 
@@ -183,14 +194,18 @@ def test_a_sample_waiting_past_its_commit_deadline_gives_its_prompt_back(fleet, 
     _, url = fleet.standin(*SLOW)
     worker = fleet.worker("w1", [url], FLEET_SHARD_COMMIT_TIMEOUT="2", **FEW_AT_A_TIME)
     records = varied_prompts(16)
-    fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", records)))
+    fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", records[:8])))
     wait_until(lambda: fleet.states().get("done", 0) >= 4, 120, "first samples", fleet)
 
-    # When storage fails for longer than that
+    # When storage fails for longer than that, with 8 prompts of the run still to generate
+    # (enqueued after the break, so that a busy machine cannot finish the run before it)
     folder = fleet.output_dir / "default"
     aside = break_storage(folder)
+    fleet.producer("enqueue", str(write_prompts(tmp_path / "q.jsonl", records[8:])))
     wait_until(lambda: "prompt given back" in worker.log.read_text(), 60, "a prompt given back", fleet)
-    time.sleep(3)
+    # (and none is dead-lettered while two more writes are tried and fail)
+    failures = storage_failures(fleet)
+    wait_until(lambda: storage_failures(fleet) >= failures + 2, 60, "two more failed writes", fleet)
     assert fleet.dead_letters() == []
     repair_storage(folder, aside)
 

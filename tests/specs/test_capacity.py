@@ -13,8 +13,8 @@ from contextlib import ExitStack
 import pytest
 
 from contract.names import ServerState
-from workers.capacity import (UNKNOWN_CAPACITY, Load, Tuner, capacity_from_loads, capacity_from_server_info,
-                              headroom, initial_target, load_from_loads, load_from_meta, retarget)
+from workers.capacity import (Load, Tuner, capacity_from_loads, capacity_from_server_info,
+                              initial_target, load_from_loads, load_from_meta, retarget)
 from workers.server_load import listed_workers
 from workers.servers import ServerPool
 
@@ -63,9 +63,10 @@ def test_a_gateway_is_recognised_by_its_worker_listing():
 
 
 @pytest.mark.parametrize("capacity, bound, expected", [
-    (64, 1024, 64 + 8), (256, 1024, 256 + 32), (8, 1024, 8 + 2), (1, 1024, 1 + 2),
+    (64, 1024, 72), (256, 1024, 288),         # the batch and an eighth of it waiting
+    (8, 1024, 10), (1, 1024, 3),              # never fewer than two waiting
     (256, 100, 100),                          # FLEET_MAX_INFLIGHT_PER_SERVER bounds it
-    (None, 1024, UNKNOWN_CAPACITY),           # a server that does not say
+    (None, 1024, 128),                        # a server that does not say: 128 in flight
     (None, 16, 16),
 ])
 def test_a_fresh_target_is_the_batch_plus_a_short_queue(capacity, bound, expected):
@@ -76,8 +77,8 @@ def test_a_fresh_target_is_the_batch_plus_a_short_queue(capacity, bound, expecte
 SITUATIONS = [
     ("batch full, short queue: keep", 72, 64, 3, 8, 64, True, 72),
     ("a queue as long as the batch (another worker shares it): shrink by half the excess", 72, 64, 64, 70, 64, True,
-     72 - (64 - 8 + 1) // 2),
-    ("queue just over twice the headroom: shrink a little", 72, 64, 17, 20, 64, True, 72 - 5),
+     44),
+    ("queue just over twice the headroom: shrink a little", 72, 64, 17, 20, 64, True, 67),
     ("a momentary queue (its low point is short): keep", 72, 64, 0, 40, 64, True, 72),
     ("slots free, nothing waiting, target held: grow by the free slots", 72, 64, 0, 0, 50, True, 86),
     ("slots free but the worker did not hold its target (no work): keep", 72, 64, 0, 0, 10, False, 72),
@@ -106,7 +107,7 @@ def test_the_tuner_moves_at_most_once_a_window_on_its_extremes():
     # A second worker arrives: the queue stays long for a whole window.
     tuner.observe(Load(64, 70), in_flight=72, now=1.5)
     assert tuner.observe(Load(64, 66), in_flight=72, now=2.1)
-    assert tuner.target == 72 - (66 - 8 + 1) // 2
+    assert tuner.target == 43  # 72 less half of the queue beyond its 8 (66 - 8 + 1 = 59, so 29)
 
 
 def test_a_restarted_server_starts_again_from_its_capacity():
@@ -115,7 +116,7 @@ def test_a_restarted_server_starts_again_from_its_capacity():
     tuner.observe(Load(64, 200), in_flight=72, now=1.0)
     assert tuner.target < 72
     tuner.reset(256)
-    assert (tuner.capacity, tuner.target) == (256, 256 + headroom(256))
+    assert (tuner.capacity, tuner.target) == (256, 288)
 
 
 def _small_and_large() -> ServerPool:
@@ -154,4 +155,4 @@ def test_a_load_report_on_a_data_parallel_server_comes_only_from_its_own_route()
     pool.reset_capacity(binding, 1024)
     for now in (0.0, 1.0, 2.0):  # one rank's counts in an answer look like a quarter-empty server
         pool.observe_answer(binding, {"num_running_reqs": 256, "num_waiting_reqs": 0})
-    assert binding.target == initial_target(1024, 1024)
+    assert binding.target == 1024  # its fresh target (1,024 + 128 waiting, within the bound of 1,024)

@@ -20,7 +20,9 @@ from workers import deliveries
 from workers.reconcile import ShardBook, reconciled
 from workers.shards import ShardWriter
 
-from .test_shard_faults import break_storage, repair_storage, sample, wait_until
+from waiting import wait_until
+
+from .test_shard_faults import break_storage, repair_storage, sample
 
 
 def queued(client, n: int) -> Ledger:
@@ -53,8 +55,8 @@ def test_a_failed_write_leaves_no_entry_and_the_retry_names_the_linked_shard(cli
                          book=ShardBook(client))
     aside = break_storage(tmp_path)
     kept, withdrawn = writer.submit("r", sample(0)), writer.submit("r", sample(1))
-    wait_until(lambda: writer.storage.failures >= 2)
-    wait_until(lambda: writer.withdraw(withdrawn))  # between two tries
+    wait_until(lambda: writer.storage.failures >= 2, 10, "two failed writes", poll=0.02)
+    wait_until(lambda: writer.withdraw(withdrawn), 10, "the sample withdrawn", poll=0.02)  # between two tries
     # Then the failed writes left no entry for the withdrawn sample
     assert client.hget(RunKeys("r").writing, "p-1") is None
     # When storage is back, the kept sample is done in the shard actually linked

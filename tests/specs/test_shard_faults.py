@@ -9,7 +9,6 @@ every sample is written; a sample withdrawn meanwhile never is.
 from __future__ import annotations
 
 import dataclasses
-import time
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -18,6 +17,8 @@ import pytest
 
 from contract.schema import Sample, shard_files
 from workers.shards import BadSample, ShardWriter, StorageUnavailable, check_sample
+
+from waiting import wait_until
 
 
 def sample(i: int, **changes) -> Sample:
@@ -47,13 +48,6 @@ def repair_storage(root: Path, aside: Path) -> None:
     (root / "r").unlink()
     if aside.exists():
         aside.rename(root / "r")
-
-
-def wait_until(predicate, timeout: float = 10) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.02)
 
 
 @pytest.mark.parametrize("changes, why", [
@@ -89,10 +83,10 @@ def test_failing_storage_holds_the_samples_and_writes_them_once_it_is_back(tmp_p
     aside = break_storage(tmp_path)
     # When samples are handed over, they wait and storage is reported failing
     futures = [writer.submit("r", sample(i)) for i in range(1, 6)]
-    wait_until(lambda: not writer.storage.up)
-    time.sleep(0.5)
-    assert not any(f.done() for f in futures)
-    assert writer.storage.failures >= 2 and "FileExistsError" in writer.storage.last_error
+    # (while the writer tries three times more)
+    wait_until(lambda: writer.storage.failures >= 3, 10, "three failed writes", poll=0.02)
+    assert not writer.storage.up and not any(f.done() for f in futures)
+    assert "FileExistsError" in writer.storage.last_error
     # When the folder is back, every sample is written and storage is up again
     repair_storage(tmp_path, aside)
     assert all(f.result(timeout=10) for f in futures)
@@ -107,7 +101,7 @@ def test_a_withdrawn_sample_is_never_written_and_a_probe_finds_storage_back(tmp_
     writer = ShardWriter(str(tmp_path), "w", max_rows=1000, max_wait=0.05, retry_base=1, retry_max=1)  # a second to withdraw in
     aside = break_storage(tmp_path)
     kept, withdrawn = writer.submit("r", sample(1)), writer.submit("r", sample(2))
-    wait_until(lambda: not writer.storage.up)
+    wait_until(lambda: not writer.storage.up, 10, "storage failing", poll=0.02)
     assert writer.withdraw(withdrawn) and not writer.withdraw(withdrawn)
     repair_storage(tmp_path, aside)
     kept.result(timeout=10)
@@ -115,10 +109,10 @@ def test_a_withdrawn_sample_is_never_written_and_a_probe_finds_storage_back(tmp_
     # When storage fails again and every sample is withdrawn, a probe still sees it come back
     aside = break_storage(tmp_path)
     last = writer.submit("r", sample(3))
-    wait_until(lambda: not writer.storage.up)
+    wait_until(lambda: not writer.storage.up, 10, "storage failing", poll=0.02)
     assert writer.withdraw(last)
     repair_storage(tmp_path, aside)
-    wait_until(lambda: writer.storage.up)
+    wait_until(lambda: writer.storage.up, 10, "storage back", poll=0.02)
     writer.close()
     assert stored_ids(tmp_path) == ["p-1"]
 
@@ -127,7 +121,7 @@ def test_closing_while_storage_fails_tells_the_waiting_tasks(tmp_path):
     writer = ShardWriter(str(tmp_path), "w", max_rows=1000, max_wait=0.05, retry_base=5, retry_max=5)
     break_storage(tmp_path)
     future = writer.submit("r", sample(1))
-    wait_until(lambda: not writer.storage.up)
+    wait_until(lambda: not writer.storage.up, 10, "storage failing", poll=0.02)
     writer.close()
     with pytest.raises(StorageUnavailable):
         future.result(timeout=1)

@@ -16,7 +16,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from conftest import varied_prompts, wait_until, write_prompts
+from conftest import varied_prompts, write_prompts
+from waiting import wait_until
 
 SLOW = ("--step-base", "0.02", "--output-len-max", "100")  # about two seconds a generation
 FEW_AT_A_TIME = {"FLEET_CONCURRENCY": "4", "FLEET_MAX_INFLIGHT_PER_SERVER": "4", "FLEET_SHARD_MAX_WAIT": "0.2"}

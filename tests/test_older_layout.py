@@ -8,7 +8,8 @@ import json
 
 import redis
 
-from conftest import varied_prompts, wait_until, write_prompts
+from conftest import varied_prompts, write_prompts
+from waiting import wait_until
 from contract.broker import celery_app
 from contract.codec import pack_ids
 from contract.keys import DEFAULT_QUEUE, RUNS

@@ -22,7 +22,8 @@ from contract.keys import RunKeys
 from contract.ledger import Ledger, shard_code
 from contract.schema import shard_files
 
-from conftest import varied_prompts, wait_until, write_prompts
+from conftest import varied_prompts, write_prompts
+from waiting import wait_until
 from producer.local import Process
 
 N = 24

@@ -18,7 +18,8 @@ from contract.keys import RunKeys
 from contract.ledger import Ledger
 from producer.local import free_port
 
-from conftest import varied_prompts, wait_until, write_prompts
+from conftest import varied_prompts, write_prompts
+from waiting import wait_until
 
 QUEUE = "fleet.generate"
 SLOW = ("--step-base", "0.02", "--output-len-max", "100")  # about two seconds a generation

@@ -27,7 +27,8 @@ from contract.ledger import Ledger
 from sglang_standin.cli import parse_config
 from sglang_standin.outputs import generate_output
 
-from conftest import Fleet, messages_of, render, varied_prompts, wait_until, write_prompts
+from conftest import Fleet, messages_of, render, varied_prompts, write_prompts
+from waiting import wait_until
 from sentinel_topology import MASTER, Topology
 from test_flower import start_flower, worker_online
 

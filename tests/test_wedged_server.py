@@ -17,7 +17,8 @@ import httpx
 from sglang_standin.cli import parse_config
 from sglang_standin.outputs import generate_output
 
-from conftest import messages_of, render, varied_prompts, wait_until, write_prompts
+from conftest import messages_of, render, varied_prompts, write_prompts
+from waiting import wait_until
 
 MAX_NEW_TOKENS = 300
 SLOW = ["--step-base", "0.02", "--output-len-max", "100", "--wedge-trickle-seconds", "0.5"]  # ~2 s a generation

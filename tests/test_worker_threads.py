@@ -17,7 +17,8 @@ import redis
 from contract import kombu_redis
 from workers.lifeline import EXIT_BROKEN
 
-from conftest import varied_prompts, wait_until, write_prompts
+from conftest import varied_prompts, write_prompts
+from waiting import wait_until
 
 N = 12
 LEASE = {"FLEET_LEASE_SECONDS": "20", "FLEET_RESTORE_INTERVAL": "1"}

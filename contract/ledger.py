@@ -70,13 +70,13 @@ the ledger already has.
 from __future__ import annotations
 
 import hashlib
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, NamedTuple
 
 import redis
 
+from .clock import CLOCK
 from .codec import count_ids
 from .keys import STATE_BUCKETS, RunKeys
 from .names import PromptState
@@ -445,7 +445,7 @@ class Ledger:
     def recent(self, minutes: int = 5) -> tuple[int, int, float]:
         """Samples and output tokens stored in the current minute and the `minutes - 1`
         before it, and the seconds that window spans so far."""
-        now = time.time()
+        now = CLOCK.now(self.client)  # minutes are counted on Redis's clock (mark_stored)
         current = int(now // 60)
         fields = [f"{m}:{k}" for m in range(current - minutes + 1, current + 1) for k in ("samples", "tokens")]
         values = [int(v or 0) for v in self.client.hmget(self.keys.minutes, fields)]
@@ -500,7 +500,7 @@ class Ledger:
         the state each prompt was in, as `mark_done` does; on `pipe`, nothing (the pipeline
         returns each call's list of raw states)."""
         code = shard_code(shard) if shard is not None else UNKNOWN_SHARD
-        minute = int(time.time() // 60)
+        minute = int(CLOCK.now(self.client) // 60)  # Redis's clock: workers' clocks may disagree
         found: list = []
         for start in range(0, len(samples), READ_CHUNK):
             chunk = samples[start:start + READ_CHUNK]

@@ -16,6 +16,7 @@ import time
 import redis
 
 from contract import heartbeats
+from contract.clock import CLOCK
 from contract.deadletters import DeadLetters
 from contract.keys import queue_for
 from contract.kombu_redis import queue_depth
@@ -79,7 +80,7 @@ def _state_counts(ledger: Ledger, tally: Tally) -> tuple[int, int, int]:
 
 
 def _workers(client: redis.Redis) -> list[dict]:
-    now = time.time()
+    now = CLOCK.now(client)  # heartbeats are timed on Redis's clock
     return [{"worker": w["worker"], "host": w["host"], "pid": w["pid"],
              "seen_s_ago": round(now - w["at"], 1), "servers": w["servers"],
              "storage": w.get("storage") or {}}

@@ -16,6 +16,7 @@ from contract import heartbeats
 from contract.connections import redact_url, redis_for
 
 from . import metrics
+from .deliveries import STARTED
 from .health import HealthMonitor
 from .server_auth import ServerCredentials
 from .reconcile import ShardBook
@@ -73,7 +74,7 @@ def _build(s: Settings, worker: str) -> Runtime:
     shards = ShardWriter(s.output_dir, worker, s.group_rows, s.shard_max_wait, book=ShardBook(client))
     monitor = HealthMonitor(pool, s, headers, after_round=lambda: heartbeats.publish(
         client, worker, pool.snapshot(), ttl=3 * s.health_interval + s.health_timeout,
-        storage=shards.storage.snapshot()))
+        holding=STARTED.holding, storage=shards.storage.snapshot()))
     runtime = Runtime(
         settings=s, worker=worker, pool=pool, monitor=monitor,
         http=make_client(s.pool_size, s.connect_timeout, s.request_timeout, key, s.server_urls),

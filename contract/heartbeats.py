@@ -6,25 +6,36 @@ a key that expires after a few rounds, so a worker that stops writing (dead,
 partitioned) drops out of the status on its own. A registry of worker names
 (a sorted set by last heartbeat) lets `status` read them without a scan of
 the keyspace, so its cost does not grow with the number of keys.
+
+A heartbeat also lists the prompts its worker holds (`holding`: run -> ids),
+which the lost-message audit counts as held and a second delivery of one of
+them finds (`workers/deliveries.py`). Its time `at` is Redis's clock
+(`clock.py`), read before the list is taken, so a heartbeat newer than a
+moment lists every prompt its worker had begun taking by then; whoever ages a
+heartbeat reads Redis's clock too.
 """
 from __future__ import annotations
 
 import json
 import os
 import socket
-import time
+from typing import Callable
 
 import redis
 
+from .clock import CLOCK
 from .keys import WORKER_PREFIX, WORKERS
 
 FORGET_AFTER = 86_400  # seconds: a worker name silent this long leaves the registry
 
 
-def publish(client: redis.Redis, worker: str, servers: list[dict], ttl: float, **extra) -> None:
-    """`servers`: each bound server's snapshot; `extra`: more of the worker's own state."""
+def publish(client: redis.Redis, worker: str, servers: list[dict], ttl: float,
+            holding: Callable[[], dict[str, list[str]]] | None = None, **extra) -> None:
+    """`servers`: each bound server's snapshot; `holding`: the prompts the worker holds, read
+    after the heartbeat's time; `extra`: more of the worker's own state."""
+    at = CLOCK.now(client)
     record = {"worker": worker, "host": socket.gethostname(), "pid": os.getpid(),
-              "at": time.time(), "servers": servers, **extra}
+              "at": at, "servers": servers, "holding": holding() if holding else {}, **extra}
     with client.pipeline(transaction=False) as pipe:
         pipe.set(WORKER_PREFIX + worker, json.dumps(record), ex=max(1, int(ttl)))
         pipe.zadd(WORKERS, {worker: record["at"]})
@@ -35,7 +46,21 @@ def read_all(client: redis.Redis) -> list[dict]:
     """Every worker whose heartbeat has not expired. The registry names them, so this never
     scans the keyspace (which holds 32,768 state buckets per large run); a name not heard
     from for a day leaves it."""
-    client.zremrangebyscore(WORKERS, "-inf", time.time() - FORGET_AFTER)
+    client.zremrangebyscore(WORKERS, "-inf", CLOCK.now(client) - FORGET_AFTER)
     names = sorted(n.decode() for n in client.zrange(WORKERS, 0, -1))
+    return [r for r in read(client, names) if r is not None]
+
+
+def read(client: redis.Redis, names: list[str]) -> list[dict | None]:
+    """Each named worker's heartbeat, None where it has expired (one call)."""
     raws = client.mget([WORKER_PREFIX + n for n in names]) if names else []
-    return [json.loads(raw) for raw in raws if raw]
+    return [json.loads(raw) if raw else None for raw in raws]
+
+
+def held(client: redis.Redis) -> dict[str, set[str]]:
+    """Run -> the prompts that live workers list as held."""
+    found: dict[str, set[str]] = {}
+    for record in read_all(client):
+        for run, prompt_ids in (record.get("holding") or {}).items():
+            found.setdefault(run, set()).update(prompt_ids)
+    return found

@@ -29,6 +29,14 @@ way kombu lets other threads ack; `Channel.close` -> `QoS.restore_unacked_once`
 found, so all of the above holds for it too. Delivery tags are
 global in Redis (uuids in the `unacked` hash and `unacked_index` set, shared
 by every channel), so any client can renew, acknowledge or expire any tag.
+
+Lease scores are times: `QoS.append` scores a delivery with the module's
+`time()` and `QoS.restore_visible` restores what scores older than `time() -
+visibility_timeout`, each on the clock of the worker that runs it. Workers
+whose clocks disagree would restore each other's fresh deliveries (or keep a
+dead worker's for as long as its clock ran ahead), so `use_clock` points that
+`time` at Redis's clock (`contract/clock.py`), and the lease keeper renews on
+it too: every score is written and compared on one clock.
 """
 from __future__ import annotations
 
@@ -149,6 +157,15 @@ def _detached_class(base: type) -> type:
     return DetachedQoS
 
 
+def use_clock(clock: Callable[[], float]) -> None:
+    """kombu's lease scores and its restore sweep's cut-off on `clock` (Redis's) instead of
+    this machine's wall clock: the two places kombu reads the time (`QoS.append`,
+    `QoS.restore_visible`) read `kombu.transport.redis.time`. Idempotent."""
+    from kombu.transport import redis as kredis
+
+    kredis.time = clock
+
+
 def reuse_clients() -> None:
     """One redis client object per channel for kombu's own short calls.
 
@@ -241,6 +258,10 @@ def _kombu_redis_problems() -> list[str]:
         problems.append("kombu.transport.redis.SentinelChannel no longer shares Channel's client and QoS")
     if not hasattr(kredis.QoS, "restore_at_shutdown"):
         problems.append("kombu.transport.redis.QoS.restore_at_shutdown is gone")
+    for name in ("append", "restore_visible"):  # lease scores read the module's `time` (`use_clock`)
+        code = getattr(getattr(kredis.QoS, name, None), "__code__", None)
+        if code is None or "time" not in code.co_names or not callable(getattr(kredis, "time", None)):
+            problems.append(f"kombu.transport.redis.QoS.{name} no longer reads the module's time()")
     return problems
 
 

@@ -72,7 +72,6 @@ the ledger already has.
 from __future__ import annotations
 
 import hashlib
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterator, NamedTuple
@@ -80,6 +79,7 @@ from typing import Iterator, NamedTuple
 import redis
 
 from . import deliveries, ledger_scripts as lua
+from .clock import CLOCK
 from .codec import count_ids
 from .keys import STATE_BUCKETS, RunKeys
 from .names import PromptState
@@ -218,7 +218,7 @@ class Ledger:
     def recent(self, minutes: int = 5) -> tuple[int, int, float]:
         """Samples and output tokens stored in the current minute and the `minutes - 1`
         before it, and the seconds that window spans so far."""
-        now = time.time()
+        now = CLOCK.now(self.client)  # minutes are counted on Redis's clock (mark_stored)
         current = int(now // 60)
         fields = [f"{m}:{k}" for m in range(current - minutes + 1, current + 1) for k in ("samples", "tokens")]
         values = [int(v or 0) for v in self.client.hmget(self.keys.minutes, fields)]
@@ -271,7 +271,7 @@ class Ledger:
         """A group's samples, (prompt id, output tokens) each, are durable in `shard`: one
         script call per `READ_CHUNK` of them (a group commit's whole ledger step). Returns
         the state each prompt was in, as `mark_done` does."""
-        head = {"minute": int(time.time() // 60), "code": shard_code(shard)}
+        head = {"minute": int(CLOCK.now(self.client) // 60), "code": shard_code(shard)}
         replies = self._in_chunks(lua.DONE, [pid for pid, _ in samples], samples, head, pipe)
         return None if pipe is not None else self.found(replies)
 

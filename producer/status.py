@@ -15,6 +15,7 @@ import time
 import redis
 
 from contract import heartbeats
+from contract.clock import CLOCK
 from contract.keys import queue_for
 from contract.kombu_redis import queue_depth
 from contract.ledger import Ledger, Tally
@@ -68,7 +69,7 @@ def _conversations(spec: RunSpec, counters: dict[str, int], done: int, dead: int
 
 
 def _workers(client: redis.Redis) -> list[dict]:
-    now = time.time()
+    now = CLOCK.now(client)  # heartbeats are timed on Redis's clock
     return [{"worker": w["worker"], "host": w["host"], "pid": w["pid"],
              "seen_s_ago": round(now - w["at"], 1), "servers": w["servers"],
              "storage": w.get("storage") or {}}

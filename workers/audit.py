@@ -4,8 +4,13 @@ kombu's Redis transport takes a message off the queue (BRPOP) before it
 records it as unacknowledged, so a connection that breaks in between, or a
 Redis restart that loses its last writes, can drop a message. The ledger still
 holds the prompt's token ids, so one worker at a time (a Redis lock) compares
-the prompts a run still holds with the messages in its queue and in flight;
-a prompt missing from both in two audits in a row is republished. Only runs
+the prompts a run still holds with the messages in its queue and in flight,
+and with the prompts live workers list as held in their heartbeats (a crash
+between kombu's take and its record, or a failover, can leave a prompt that a
+live worker generates with no message anywhere: it is not lost, and starting
+it again would generate it twice); a prompt missing from all three in two
+audits in a row is republished. A worker that takes such a prompt while
+another still generates it drops the duplicate (`deliveries.elsewhere`). Only runs
 whose queue is short enough to list are audited, so a lost prompt of a deep
 queue is found as the queue drains.
 
@@ -23,7 +28,7 @@ import time
 
 from celery import bootsteps
 
-from contract import kombu_redis
+from contract import heartbeats, kombu_redis
 from contract.codec import count_ids
 from contract.keys import AUDIT_LOCK, RunKeys, task_id
 from contract.ledger import Ledger
@@ -66,6 +71,7 @@ class LostMessageAudit(bootsteps.StartStopStep):
     def audit(self, app, rt) -> int:
         client, prefix = rt.redis, rt.settings.queue_prefix
         in_flight = _task_ids(kombu_redis.unacked_messages(client))
+        held = heartbeats.held(client)
         republished = 0
         for run, queue in run_queues(client, prefix).items():
             self._resume_conversations(app, rt, run)
@@ -73,7 +79,7 @@ class LostMessageAudit(bootsteps.StartStopStep):
                     or kombu_redis.queue_depth(client, queue) > rt.settings.audit_max_queue):
                 continue
             queued = _task_ids(kombu_redis.queued_messages(client, queue))
-            missing = {pid for pid in Ledger(client, run).pending_ids()
+            missing = {pid for pid in Ledger(client, run).pending_ids() - held.get(run, set())
                        if task_id(run, pid) not in queued and task_id(run, pid) not in in_flight}
             republished += self._republish(app, client, run, queue, missing)
         return republished

@@ -17,6 +17,8 @@ from celery import signals
 
 from contract import kombu_redis
 from contract.broker import celery_app
+from contract.clock import CLOCK
+from contract.connections import redis_for
 
 from . import flower_guard  # noqa: F401  (Flower refuses to listen beyond localhost without auth)
 from . import lifeline
@@ -31,6 +33,7 @@ from .shutdown import ShutdownGrace
 kombu_redis.require()  # the kombu and Celery internals the fleet relies on are where it read them
 settings = Settings()
 kombu_redis.reuse_clients()  # a client object per channel, not one per message and ack
+kombu_redis.use_clock(lambda: CLOCK.now(redis_for(settings.redis_url)))  # lease scores on Redis's clock
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
 if not settings.task_log:  # FLEET_TASK_LOG: Celery checks these levels once, when it builds its tracer
     for name in ("celery.app.trace", "celery.worker.strategy"):

@@ -37,16 +37,33 @@ A delivery is usually noted by the script that reads the prompt's ids
 (`Ledger.intake`, one round trip where reading, counting and noting took
 three); `note` here serves the last allowed delivery, noted only once it runs
 alone, and a delivery that first had to look for its sample in a shard.
+
+**One generation at a time.** kombu takes a message off its queue (BRPOP)
+before it records it as unacknowledged; a Redis crash in between, a failover,
+or a frozen worker thawing after the audit republished its prompt can leave two
+messages of a prompt. So each worker lists in its heartbeat the prompts it
+holds (`Started.holding`: from just before its intake until it settles them,
+less those whose lease it let run out), the audit counts a prompt so listed as
+held, and a delivery whose note finds another live worker listing the prompt
+is not started (`elsewhere`): its note is taken back and its message
+acknowledged, while the prompt stays with the worker generating it (whose own
+message brings it back if that worker dies; if none does, the audit, once that
+worker's heartbeat is gone).
 """
 from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections import Counter
+from contextlib import contextmanager
+from typing import Iterator
 
 import redis
 
 from contract import deliveries as entry
+from contract import heartbeats
+from contract.clock import CLOCK
 from contract.keys import RunKeys
 from contract.scripts import Lua
 
@@ -93,7 +110,43 @@ class Started:
 
     def __init__(self) -> None:
         self._mine: Counter[tuple[str, str]] = Counter()
+        self._taking: Counter[tuple[str, str]] = Counter()  # intakes in progress
+        self._let_go: set[tuple[str, str]] = set()  # held past their lease: another worker may start them
         self._lock = threading.Lock()
+
+    @contextmanager
+    def taking(self, run: str, prompt_id: str) -> Iterator[None]:
+        """Around an intake: the prompt counts as held from before its note is written, so a
+        heartbeat written after the note lists it (`elsewhere` relies on that order)."""
+        with self._lock:
+            self._taking[(run, prompt_id)] += 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                self._taking[(run, prompt_id)] -= 1
+                if not self._taking[(run, prompt_id)]:
+                    del self._taking[(run, prompt_id)]
+
+    def holding(self) -> dict[str, list[str]]:
+        """Run -> the prompts this process holds, for its heartbeat."""
+        with self._lock:
+            keys = (set(self._mine) | set(self._taking)) - self._let_go
+        held: dict[str, list[str]] = {}
+        for run, prompt_id in sorted(keys):
+            held.setdefault(run, []).append(prompt_id)
+        return held
+
+    def holds(self, run: str, prompt_id: str) -> bool:
+        with self._lock:
+            key = (run, prompt_id)
+            return (self._mine[key] > 0 or self._taking[key] > 0) and key not in self._let_go
+
+    def let_go(self, run: str | None, prompt_id: str | None) -> None:
+        """Its lease is left to run out (held too long): no longer listed as held here."""
+        if run is not None and prompt_id is not None:
+            with self._lock:
+                self._let_go.add((run, prompt_id))
 
     def start(self, client: redis.Redis, run: str, prompt_id: str, worker: str) -> None:
         note(client, run, prompt_id, worker)
@@ -122,7 +175,35 @@ class Started:
             self._mine[(run, prompt_id)] -= 1
             if not self._mine[(run, prompt_id)]:
                 del self._mine[(run, prompt_id)]
+                self._let_go.discard((run, prompt_id))
             return True
 
 
 STARTED = Started()
+
+
+def elsewhere(client: redis.Redis, run: str, prompt_id: str, worker: str, held_by: list[str],
+              patience: float) -> str | None:
+    """The live worker, other than this process, already generating the prompt, if one is.
+
+    `held_by`: the names its note held before this delivery's (`Ledger.intake`). Only a
+    worker named there can be generating it, and it is, if its heartbeat lists the prompt.
+    A live worker named there whose heartbeat does not list it may have written that
+    heartbeat before its own intake: its next heartbeat tells (waited for up to
+    `patience` seconds; one written after this call began lists every prompt whose note
+    came before this one). A name that is this worker's is a predecessor's (a restart
+    under the same name: a second message of a prompt this process holds is found before its
+    intake, with `STARTED.holds`)."""
+    others = [name for name in dict.fromkeys(held_by) if name != worker]
+    if not others:
+        return None
+    since = CLOCK.now(client)
+    deadline = time.monotonic() + patience
+    while True:
+        records = [r for r in heartbeats.read(client, others) if r is not None]
+        for record in records:
+            if prompt_id in (record.get("holding") or {}).get(run, ()):
+                return record["worker"]
+        if all(r["at"] > since for r in records) or time.monotonic() > deadline:
+            return None
+        time.sleep(0.2)

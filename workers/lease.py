@@ -20,7 +20,12 @@ Two things end a lease that would otherwise be renewed forever:
 - a delivery held longer than `hold_limit` (every request the task may make at
   its full timeout, and more) is no longer renewed: its task is stuck, so the
   lease runs out, the prompt goes to another worker, and its delivery count
-  (`deliveries`) records the lost delivery.
+  (`deliveries`) records the lost delivery; the worker stops listing the prompt
+  among those it holds (`STARTED.let_go`), so the next worker starts it.
+
+Scores are times on Redis's clock (`contract/clock.py`), as kombu's own are
+(`kombu_redis.use_clock`): each round first measures it again, so a worker
+whose own clock is off renews leases that every other worker reads as fresh.
 """
 from __future__ import annotations
 
@@ -32,11 +37,13 @@ from typing import Callable, Iterable
 from celery import bootsteps
 
 from contract import kombu_redis
+from contract.clock import CLOCK
 from contract.ledger import Ledger
 from contract.names import PromptState
 
 from . import lifeline
 from .consumer import Delivery, held_deliveries
+from .deliveries import STARTED
 from .runtime import get_runtime
 from .settings import Settings
 
@@ -102,7 +109,8 @@ class Leases:
         for tag in sorted(newly_overdue):
             log.warning("prompt %s of run %s held for over %.0fs: its lease is left to run out",
                         held[tag].prompt_id, held[tag].run, self.limit)
-        kombu_redis.renew(self.client, live, time.time())
+            STARTED.let_go(held[tag].run, held[tag].prompt_id)
+        kombu_redis.renew(self.client, live, CLOCK.sync(self.client))
         return len(live)
 
 

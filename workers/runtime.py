@@ -16,6 +16,7 @@ from contract import heartbeats
 from contract.connections import redact_url, redis_for
 
 from . import metrics
+from .deliveries import STARTED
 from .health import HealthMonitor
 from .server_auth import ServerCredentials
 from .reconcile import ShardBook
@@ -79,7 +80,7 @@ def _build(s: Settings, worker: str) -> Runtime:
     def heartbeat() -> None:  # also the probe of whether Redis takes writes (workers/redis_writes.py)
         try:
             heartbeats.publish(client, worker, pool.snapshot(), ttl=3 * s.health_interval + s.health_timeout,
-                               storage=shards.storage.snapshot())
+                               holding=STARTED.holding, storage=shards.storage.snapshot())
         except Exception as exc:
             writes.failed(exc)
             raise

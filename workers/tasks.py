@@ -11,7 +11,10 @@ Before generating, the task records the delivery (`deliveries`; in the common
 case in the same call that reads the prompt's ids, `Ledger.intake`): a prompt
 whose deliveries keep killing their workers ends as a `poison` dead letter
 instead of killing the next one (its last allowed delivery runs alone among
-such prompts in its worker, so bystanders of its deaths are not blamed). A message whose prompt the ledger has never
+such prompts in its worker, so bystanders of its deaths are not blamed). A
+second message of a prompt that a live worker is generating (a Redis crash
+between kombu's take and its record; `deliveries.elsewhere`) is acknowledged
+without generating. A message whose prompt the ledger has never
 heard of (neither ids nor state: Redis evicted or lost them) is never
 acknowledged silently: it becomes a `worker_error` dead letter that says so.
 
@@ -78,9 +81,16 @@ def _generate(self, run: str, prompt_id: str, max_new_tokens: int | None) -> str
     try:
         if (refused := refusal(rt.settings.redis_url, run)) is not None:
             return refused  # acknowledged, not generated: this version does not read the run's ledger
-        intake = ledger.intake(prompt_id, rt.worker, rt.settings.max_deliveries)
-        if intake.noted:  # the common case: ids read and this delivery noted, one round trip
-            STARTED.counted(run, prompt_id)
+        if STARTED.holds(run, prompt_id):  # a second message of a prompt this process generates
+            return f"nothing to do: prompt is generating on {rt.worker}"
+        with STARTED.taking(run, prompt_id):  # listed as held from before its note
+            intake = ledger.intake(prompt_id, rt.worker, rt.settings.max_deliveries)
+            if intake.noted and (other := deliveries.elsewhere(
+                    rt.redis, run, prompt_id, rt.worker, intake.held_by, 3 * rt.settings.health_interval)):
+                deliveries.undo(rt.redis, run, prompt_id, rt.worker)  # not a delivery: a duplicate message
+                return f"nothing to do: prompt is generating on {other}"
+            if intake.noted:  # the common case: ids read and this delivery noted, one round trip
+                STARTED.counted(run, prompt_id)
         raw, writing = intake.ids, intake.writing
         if raw is None:
             return _without_ids(self.app, rt, ledger, run, prompt_id, max_new_tokens)

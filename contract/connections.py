@@ -77,10 +77,10 @@ def redis_for(url: str, max_connections: int = 64) -> redis.Redis:
 
 def client_for(url: str, retry: Retry, max_connections: int = 64) -> redis.Redis:
     """A new client on `url` (either form) with the fleet's timeouts and `retry`."""
-    # READONLY: a primary demoted under us (a managed Redis's DNS name moves on failover); the retry
-    # reconnects (behind Sentinel, redis-py already turns it into a ConnectionError)
-    options = dict(SOCKET, retry=retry, retry_on_error=[redis.ConnectionError, redis.TimeoutError,
-                                                        redis.exceptions.ReadOnlyError],
+    # READONLY is not retried here: it is a refusal (`contract/write_refusal.py`) that the worker
+    # pauses on, dropping its pooled connections so the next write reconnects (a managed Redis's
+    # DNS name that moved on failover); behind Sentinel redis-py turns it into a ConnectionError
+    options = dict(SOCKET, retry=retry, retry_on_error=[redis.ConnectionError, redis.TimeoutError],
                    max_connections=max_connections, timeout=60)
     if not is_sentinel(url):
         return redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(url, **options))

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 import redis
 
 
+OUT_OF_MEMORY, READ_ONLY, NO_REPLICAS = "out of memory", "read-only", "no replicas"
+
+
 @dataclass(frozen=True)
 class WriteRefusal:
     cause: str   # "out of memory" | "read-only" | "no replicas"
@@ -33,15 +36,15 @@ class WriteRefusal:
 
 
 _REMEDIES = {
-    "out of memory": "raise maxmemory (CONFIG SET maxmemory, or the managed plan), or export and drop finished "
+    OUT_OF_MEMORY: "raise maxmemory (CONFIG SET maxmemory, or the managed plan), or export and drop finished "
                      "runs; keep maxmemory-policy noeviction",
-    "read-only": "REDIS_URL points at a replica: point it at the primary (or use sentinel:// with "
+    READ_ONLY: "REDIS_URL points at a replica: point it at the primary (or use sentinel:// with "
                  "FLEET_SENTINEL_MASTER), or promote this one with REPLICAOF NO ONE",
-    "no replicas": "the primary has fewer replicas than min-replicas-to-write: bring a replica back, or "
+    NO_REPLICAS: "the primary has fewer replicas than min-replicas-to-write: bring a replica back, or "
                    "lower min-replicas-to-write",
 }
-_PREFIXES = {"OOM": "out of memory", "READONLY": "read-only", "NOREPLICAS": "no replicas"}
-_TYPES = ((redis.exceptions.OutOfMemoryError, "out of memory"), (redis.exceptions.ReadOnlyError, "read-only"))
+_PREFIXES = {"OOM": OUT_OF_MEMORY, "READONLY": READ_ONLY, "NOREPLICAS": NO_REPLICAS}
+_TYPES = ((redis.exceptions.OutOfMemoryError, OUT_OF_MEMORY), (redis.exceptions.ReadOnlyError, READ_ONLY))
 
 
 def refusal(exc: BaseException | None) -> WriteRefusal | None:

@@ -79,7 +79,7 @@ def test_a_slurm_node_drains_its_worker_before_stopping_its_server(fleet, tmp_pa
             os.killpg(node.pid, signal.SIGKILL)
     log = (tmp_path / "run" / "logs").glob("worker-*.log")
     text = "".join(p.read_text() for p in log)
-    assert "draining in-flight prompts" in text
+    assert "finishing in-flight prompts" in text
     with pytest.raises(httpx.HTTPError):
         httpx.get(f"http://127.0.0.1:{port}/health", timeout=2)
     # and the generations in flight at the signal finished, on a server still up

@@ -14,6 +14,7 @@ import redis
 
 from contract import heartbeats
 from contract.connections import redact_url, redis_for
+from contract.write_refusal import READ_ONLY
 
 from . import metrics
 from .deliveries import STARTED
@@ -82,7 +83,8 @@ def _build(s: Settings, worker: str) -> Runtime:
             heartbeats.publish(client, worker, pool.snapshot(), ttl=3 * s.health_interval + s.health_timeout,
                                holding=STARTED.holding, storage=shards.storage.snapshot())
         except Exception as exc:
-            writes.failed(exc)
+            if writes.failed(exc) and writes.refused.cause == READ_ONLY:
+                client.connection_pool.disconnect()  # a primary demoted under us: reconnect next round
             raise
         writes.accepted()
 

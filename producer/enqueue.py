@@ -34,12 +34,14 @@ import secrets
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
 import redis
 
+from contract.clock import CLOCK
 from contract.codec import pack_ids
 from contract.conversation_ledger import ConversationLedger
 from contract.conversations import ALL, LAST, skeleton, turn_history, turn_id, turns
@@ -148,6 +150,7 @@ def prepare_run(client: redis.Redis, spec: RunSpec) -> RunSpec:
     """Store a new run's spec, or check that this enqueue matches the stored one."""
     existing = load_spec(client, spec.name)
     if existing is None:
+        spec = dataclasses.replace(spec, created_at=CLOCK.now(client))  # aged by `status` on Redis's clock
         save_spec(client, spec)
         return spec
     if existing.fingerprint() != spec.fingerprint():

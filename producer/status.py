@@ -10,7 +10,6 @@ the broker. So `status` sends the same few commands whatever the run's size
 """
 from __future__ import annotations
 
-import time
 
 import redis
 
@@ -32,7 +31,7 @@ def collect_status(client: redis.Redis, spec: RunSpec, queue_prefix: str) -> dic
     done, dead, pending = tally.done, tally.dead, tally.queued  # pending: queued, in flight or lost in transit
     waiting = queue_depth(client, queue)
     samples, tokens, window = ledger.recent(RATE_MINUTES)
-    window = max(1.0, min(window, time.time() - spec.created_at))  # a young run: since it began
+    window = max(1.0, min(window, CLOCK.now(client) - spec.created_at))  # a young run: since it began
     rate = samples / window
     return {
         "run": spec.name,
@@ -72,5 +71,15 @@ def _workers(client: redis.Redis) -> list[dict]:
     now = CLOCK.now(client)  # heartbeats are timed on Redis's clock
     return [{"worker": w["worker"], "host": w["host"], "pid": w["pid"],
              "seen_s_ago": round(now - w["at"], 1), "servers": w["servers"],
-             "storage": w.get("storage") or {}}
+             "storage": _storage(w, now)}
             for w in heartbeats.read_all(client)]
+
+
+def _storage(heartbeat: dict, now: float) -> dict:
+    """The worker's storage state, its last change placed on Redis's clock (`since`, and
+    `age_s` before `now`) from how long ago the worker saw it, never from the worker's clock."""
+    storage = dict(heartbeat.get("storage") or {})
+    if "for_s" in storage:
+        storage["since"] = round(heartbeat["at"] - storage.pop("for_s"), 1)
+        storage["age_s"] = round(now - storage["since"], 1)
+    return storage

@@ -53,14 +53,14 @@ def render_status(report: dict) -> Group:
     return Group(*parts)
 
 
-def storage_line(storage: dict, now: float | None = None) -> str:
+def storage_line(storage: dict) -> str:
     """`ok`, or `failing since 12:00:03 UTC (25s), last error: ...` (or `unknown`, from an older worker)."""
     if not storage:
         return "unknown"
     if storage.get("up", True):
         return "ok"
     since = storage.get("since") or 0.0
-    age = (now or time.time()) - since
+    age = storage.get("age_s", 0.0)  # on Redis's clock (`producer/status.py`), not this machine's
     return (f"failing since {time.strftime('%H:%M:%S', time.gmtime(since))} UTC ({_duration(age)}), "
             f"{storage.get('failures', 0)} failed writes, last error: {storage.get('last_error') or '?'}")
 

@@ -91,32 +91,37 @@ def check_sample(row: Sample) -> None:
 
 @dataclass
 class StorageHealth:
-    """Whether writes to OUTPUT_DIR work, as the writer last saw; logged once per change."""
+    """Whether writes to OUTPUT_DIR work, as the writer last saw; logged once per change.
+    `since` is this worker's wall time (for its own log lines); what others read is how long
+    (`snapshot`'s `for_s`, on the monotonic clock), which they place on Redis's clock by the
+    heartbeat's time, so a worker whose clock is off never shows a wrong age in `status`."""
     up: bool = True
     since: float = field(default_factory=time.time)
     last_error: str = ""
     failures: int = 0  # in a row
+    _changed: float = field(default_factory=time.monotonic)
 
     def failed(self, error: BaseException) -> None:
         self.failures += 1
         self.last_error = f"{error.__class__.__name__}: {error}"
         if self.up:
-            self.up, self.since = False, time.time()
+            self.up, self.since, self._changed = False, time.time(), time.monotonic()
             log.error("storage failing: %s; holding finished samples and taking no new prompts until "
                       "it takes writes again", self.last_error)
 
     def recovered(self) -> None:
         if not self.up:
             log.warning("storage back after %.0fs (%d failed writes; last: %s)",
-                        time.time() - self.since, self.failures, self.last_error)
-            self.up, self.since = True, time.time()
+                        time.monotonic() - self._changed, self.failures, self.last_error)
+            self.up, self.since, self._changed = True, time.time(), time.monotonic()
         self.failures = 0
 
     def retry_delay(self, base: float, cap: float) -> float:
         return min(cap, base * 2 ** max(0, self.failures - 1))
 
     def snapshot(self) -> dict:
-        return {"up": self.up, "since": self.since, "last_error": self.last_error, "failures": self.failures}
+        return {"up": self.up, "for_s": round(time.monotonic() - self._changed, 1), "last_error": self.last_error,
+                "failures": self.failures}
 
 
 @dataclass

@@ -71,6 +71,7 @@ def fleet_with_flower(fleet: Fleet, tmp_path: Path, n: int, *flower_options: str
 
 
 def test_the_dashboard_in_a_browser_lists_the_worker_and_its_succeeded_tasks(fleet, tmp_path, browser):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -80,19 +81,20 @@ def test_the_dashboard_in_a_browser_lists_the_worker_and_its_succeeded_tasks(fle
 
     # When the dashboard is opened in headless Chromium and its scripts have rendered
     browser.get(url + "/")
-    wait = WebDriverWait(browser, 30)
+    # (the page redraws its tables as events arrive, so an element read mid-redraw is stale: read again)
+    wait = WebDriverWait(browser, 30, ignored_exceptions=(StaleElementReferenceException,))
     wait.until(lambda d: worker in d.find_element(By.ID, "workers-table").text)
     wait.until(lambda d: d.find_element(By.ID, "workers-succeeded").text.strip() == "6")
 
     # Then it lists the worker, online, with its 6 succeeded tasks
-    assert browser.find_element(By.ID, "workers-online").text.strip() == "1"
-    row = browser.find_element(By.XPATH, f"//table[@id='workers-table']//tr[td[contains(., '{worker}')]]")
-    assert "6" in row.text.split()
+    wait.until(lambda d: d.find_element(By.ID, "workers-online").text.strip() == "1")
+    row = f"//table[@id='workers-table']//tr[td[contains(., '{worker}')]]"
+    wait.until(lambda d: "6" in d.find_element(By.XPATH, row).text.split())
 
     # And the tasks page lists every prompt's task as succeeded
     browser.get(url + "/tasks")
     wait.until(lambda d: d.find_element(By.ID, "tasks-table").text.count("SUCCESS") == 6)
-    table = browser.find_element(By.ID, "tasks-table").text
+    table = wait.until(lambda d: d.find_element(By.ID, "tasks-table").text)
     for record in records:
         assert f"default:{record['id']}" in table
 
@@ -104,6 +106,7 @@ def failed(url: str, worker: str) -> float:
 
 
 def test_a_dead_lettered_prompt_shows_in_flower_as_a_failed_task_naming_its_reason(fleet, tmp_path, browser):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
@@ -118,9 +121,9 @@ def test_a_dead_lettered_prompt_shows_in_flower_as_a_failed_task_naming_its_reas
 
     # Then each dead letter is a failed task (Flower's metrics and its tasks page agree) ...
     browser.get(url + "/tasks")
-    wait = WebDriverWait(browser, 30)
+    wait = WebDriverWait(browser, 30, ignored_exceptions=(StaleElementReferenceException,))
     wait.until(lambda d: d.find_element(By.ID, "tasks-table").text.count("FAILURE") == len(dead))
-    assert browser.find_element(By.ID, "tasks-table").text.count("SUCCESS") == len(records) - len(dead)
+    assert wait.until(lambda d: d.find_element(By.ID, "tasks-table").text).count("SUCCESS") == len(records) - len(dead)
     # ... whose exception names the reason code and the dead letter's message
     some_id, letter = next(iter(dead.items()))
     browser.get(f"{url}/task/default:{some_id}")

@@ -58,7 +58,7 @@ def _crash_in_the_window(fleet, tmp_path, lines: list[dict], *enqueue: str) -> t
     broker, _ = start_redis(fleet.logs, port=port, data_dir=data, appendonly=True)
     fleet.processes.append(broker)
     client = redis.Redis.from_url(fleet.redis_url)
-    (prompt_id,) = [k.decode() for k in client.hkeys(RunKeys("default").prompts)]
+    (prompt_id,) = [k.decode() for k in client.hkeys(RunKeys("default").token_ids)]
     assert client.hlen(kombu_redis.UNACKED) == 0  # taken, never recorded
 
     # and w2 takes the prompt the audit republishes, and w1's record goes through while w2 generates it

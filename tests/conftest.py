@@ -86,10 +86,18 @@ class Fleet:
         return {k.decode(): int(v) for k, v in raw.items()}
 
     def wait_finished(self, run: str = "default", timeout: float = 240) -> dict:
-        """Until no prompt of the run is pending; returns the ledger's states."""
-        wait_until(lambda: self.states(run) and "queued" not in self.states(run), timeout,
-                   f"run {run} finished", self)
-        return self.states(run)
+        """Until no prompt of the run is pending; returns the ledger's states. Each look reads
+        every entry of the run (25 ms of CPU for 2,000 prompts), so it looks once per poll, and
+        twice a second: a run's last prompt is never waited for by more than half a second."""
+        seen: dict[str, int] = {}
+
+        def finished() -> bool:
+            seen.clear()
+            seen.update(self.states(run))
+            return bool(seen) and "queued" not in seen
+
+        wait_until(finished, timeout, f"run {run} finished", self, poll=0.5)
+        return dict(seen)
 
     def logs_tail(self, lines: int = 30) -> str:
         return "\n".join(f"--- {p.name}\n{p.tail(lines)}" for p in self.processes)

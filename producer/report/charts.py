@@ -259,8 +259,9 @@ def _cache_over_time(canvas: _Canvas, data: dict) -> None:
     x, step, unit = _time_axis(width, len(known))
     share = np.divide(100 * cached, known, out=np.full(known.size, np.nan), where=known > 0)
     (line,) = canvas.ax.step(np.append(x, x[-1] + step), np.append(share, share[-1]), where="post",
-                             color=PALETTE["accent"])
+                             color=PALETTE["accent"], marker="o", markersize=2.5)  # a lone bucket shows too
     canvas.mark([line])
+    canvas.ax.set_xlim(0, x[-1] + step)  # the whole run, also where no sample said (a gap in the line)
     canvas.ax.set_ylim(0, 100)
     canvas.ax.set_ylabel("cached prompt tokens (%)")
     canvas.ax.set_xlabel(f"time since the run began ({unit}); one step per {_duration(width)}, by finish time")

@@ -74,7 +74,9 @@ def merge_servers(reports: Iterable[dict | None], servers: Iterable[str] = ()) -
     merged: dict[str, Hits] = {url: Hits() for url in servers}
     reporting: dict[str, int] = {}
     for report in reports:
-        for url, figures in ((report or {}).get("servers") or {}).items():
+        if not isinstance(report, dict) or not isinstance(report.get("servers"), dict):
+            continue  # an older worker's heartbeat has none
+        for url, figures in report["servers"].items():
             if isinstance(figures, dict):
                 merged.setdefault(url, Hits()).merge(Hits.from_dict(figures))
                 reporting[url] = reporting.get(url, 0) + 1

@@ -13,6 +13,9 @@ them finds (`workers/deliveries.py`). Its time `at` is Redis's clock
 (`clock.py`), read before the list is taken, so a heartbeat newer than a
 moment lists every prompt its worker had begun taking by then; whoever ages a
 heartbeat reads Redis's clock too.
+
+`cache_hits` is the worker's prefix-cache tally of its last minutes, per server
+(`contract/cache_hits.py`: sums, so `status` adds those of all workers).
 """
 from __future__ import annotations
 

@@ -13,6 +13,11 @@ assistant turn within it, and `id` the turn's prompt id,
 `<conversation id>#<turn>`. Its `input_ids` are that turn's prompt (the
 template's rendering of the history with the model's own earlier answers) then
 its output ids, exactly as for a single prompt, whose two columns are null.
+
+`cached_tokens` is the server's `meta_info.cached_tokens` for the stored
+generation (prompt tokens found in its prefix cache), null where the server
+did not say. Columns are only ever added at the end: readers open shards with
+`arrow_schema()`, so an older shard without a newer column reads as nulls.
 """
 from __future__ import annotations
 
@@ -48,6 +53,7 @@ class Sample:
     finished_at: datetime
     conversation: str | None = None  # the conversation's id; None for a single prompt
     turn: int | None = None          # 0-based index of the assistant turn in it; None for a single prompt
+    cached_tokens: int | None = None  # prompt tokens the server found in its prefix cache; None: not reported
 
 
 # Arrow type of each column, by name: the order is Sample's.
@@ -58,7 +64,7 @@ _TYPES = {
     "top_p": "float32", "attempts": "int16", "worker": "string", "tokenizer_fingerprint": "string",
     "template_fingerprint": "string", "e2e_latency": "float32", "started_at": "timestamp[ms, UTC]",
     "finished_at": "timestamp[ms, UTC]",
-    "conversation": "string", "turn": "int16",
+    "conversation": "string", "turn": "int16", "cached_tokens": "int32",
 }
 COLUMNS = tuple(f.name for f in fields(Sample))
 

@@ -114,8 +114,8 @@ def sample_view(rows: list[dict], spec: RunSpec) -> Shown:
          + (f" = reasoning {reasoning} + think-end 1 + answer {answer} (stop token included)" if end is not None
             else " (no think-end: not split)")),
         ("shard", str(row.get("__filename", ""))),
-        *[(k, _text(row[k])) for k in ("finish_reason", "stop_token", "think_end_index", "server", "model",
-                                       "worker", "attempts", "max_new_tokens", "temperature", "top_p",
+        *[(k, _text(row[k])) for k in ("finish_reason", "stop_token", "think_end_index", "server", "cached_tokens",
+                                       "model", "worker", "attempts", "max_new_tokens", "temperature", "top_p",
                                        "e2e_latency", "started_at", "finished_at")],
         ("tokenizer", f"{spec.tokenizer} (fingerprint {row['tokenizer_fingerprint']}"
          + ("" if row["tokenizer_fingerprint"] == spec.tokenizer_fingerprint else f", spec has {spec.tokenizer_fingerprint}")

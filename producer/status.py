@@ -2,7 +2,8 @@
 
 Counts come from the counts the ledger's transitions keep (O(1), however
 large the run), rates from the per-minute counters the workers keep, server
-health and the output storage's state from the workers' own heartbeats (each worker's
+health, the output storage's state and each server's prefix-cache hit share over
+the last minutes from the workers' own heartbeats (each worker's
 view of the servers it is bound to and of `OUTPUT_DIR`, found through the
 workers' registry, never a scan of the keyspace), and the queue depth from
 the broker. So `status` sends the same few commands whatever the run's size
@@ -14,6 +15,7 @@ from __future__ import annotations
 import redis
 
 from contract import heartbeats
+from contract.cache_hits import WINDOW_S, merge_servers
 from contract.clock import CLOCK
 from contract.keys import queue_for
 from contract.kombu_redis import queue_depth
@@ -33,6 +35,7 @@ def collect_status(client: redis.Redis, spec: RunSpec, queue_prefix: str) -> dic
     samples, tokens, window = ledger.recent(RATE_MINUTES)
     window = max(1.0, min(window, CLOCK.now(client) - spec.created_at))  # a young run: since it began
     rate = samples / window
+    workers = _workers(client)
     return {
         "run": spec.name,
         "queue": queue,
@@ -49,7 +52,8 @@ def collect_status(client: redis.Redis, spec: RunSpec, queue_prefix: str) -> dic
         "tokens_per_s": round(tokens / window, 1),
         "rate_window_s": round(window),
         "eta_s": round(pending / rate) if rate and pending else (0 if not pending else None),
-        "workers": _workers(client),
+        "workers": workers,
+        "cache_hits": _cache_hits(workers),
         "finished": pending == 0,
         **_conversations(spec, counters, done, dead, pending),
     }
@@ -71,8 +75,17 @@ def _workers(client: redis.Redis) -> list[dict]:
     now = CLOCK.now(client)  # heartbeats are timed on Redis's clock
     return [{"worker": w["worker"], "host": w["host"], "pid": w["pid"],
              "seen_s_ago": round(now - w["at"], 1), "servers": w["servers"],
-             "storage": _storage(w, now)}
+             "storage": _storage(w, now), "cache_hits": w.get("cache_hits")}
             for w in heartbeats.read_all(client)]
+
+
+def _cache_hits(workers: list[dict]) -> dict:
+    """Each bound server's prefix-cache hit share over the workers' last minutes, all workers
+    (and all runs) together; `share` None where no answer in the window said."""
+    windows = [w["cache_hits"].get("window_s") for w in workers if w.get("cache_hits")]
+    servers = {s["url"] for w in workers for s in w["servers"]}
+    return {"window_s": max(windows, default=WINDOW_S),
+            "servers": merge_servers((w.get("cache_hits") for w in workers), servers)}
 
 
 def _storage(heartbeat: dict, now: float) -> dict:

@@ -6,6 +6,8 @@ import time
 from rich.console import Group
 from rich.table import Table
 
+from contract.cache_hits import share_text
+
 
 def _duration(seconds: float | None) -> str:
     if seconds is None:
@@ -50,6 +52,8 @@ def render_status(report: dict) -> Group:
         servers.add_row("no live worker", "", "", "", "", "", "")
     parts.append(servers)
     parts.append(_storage_table(report["workers"]))
+    if report.get("cache_hits"):
+        parts.append(_cache_table(report["cache_hits"]))
     return Group(*parts)
 
 
@@ -63,6 +67,20 @@ def storage_line(storage: dict) -> str:
     age = storage.get("age_s", 0.0)  # on Redis's clock (`producer/status.py`), not this machine's
     return (f"failing since {time.strftime('%H:%M:%S', time.gmtime(since))} UTC ({_duration(age)}), "
             f"{storage.get('failures', 0)} failed writes, last error: {storage.get('last_error') or '?'}")
+
+
+def _cache_table(hits: dict) -> Table:
+    minutes = hits["window_s"] / 60
+    table = Table(title=f"prefix-cache hits per server, last {minutes:g} min (all workers and runs)")
+    for column in ("server", "prompt tokens", "cached tokens", f"hit share, {minutes:g} min"):
+        table.add_column(column, justify="left" if column == "server" else "right", overflow="fold")
+    for server in hits["servers"]:
+        known = server["known_prompt_tokens"] > 0
+        table.add_row(server["server"], f"{server['prompt_tokens']:,}",
+                      f"{server['cached_tokens']:,}" if known else "-", share_text(server["share"]))
+    if not hits["servers"]:
+        table.add_row("no live worker", "", "", "")
+    return table
 
 
 def _storage_table(workers: list[dict]) -> Table:

@@ -115,6 +115,10 @@ def test_the_report_draws_every_chart_in_a_browser_and_its_numbers_agree_with_st
     assert {s["server"]: s["samples"] for s in figures["servers"]} == dict(servers)
     assert sum(s["output_tokens"] for s in figures["servers"]) == int(output_len.sum())
     assert sum(figures["timeline"]["samples"]) == table.num_rows
+    said = [(p, c) for p, c in zip(table["prompt_len"].to_pylist(), table["cached_tokens"].to_pylist())
+            if c is not None]  # prefix-cache hits: over the rows whose server said
+    assert said and (figures["cache"]["known_prompt_tokens"], figures["cache"]["cached_tokens"]) == (
+        sum(p for p, _ in said), sum(c for _, c in said))
 
     # And the examples are embedded: shortest, longest, truncated, and one per dead-letter reason
     examples = figures["examples"]

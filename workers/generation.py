@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable
 
-from . import metrics
+from . import cache_hits, metrics
 from contract.codec import ids_to_b64
 from contract.deadletters import DeadLetter, DeadLetters
 from contract.names import PromptState, Reason
@@ -232,6 +232,7 @@ def _generation(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int
                                           max_bytes=answer_cap(sent.get("max_new_tokens"), s.max_answer_bytes),
                                           id_bound=id_bound(spec.vocab_size, binding.vocab_size))
                 rt.pool.observe_answer(binding, generation.meta_info)  # the server's load, for its tuner
+                cache_hits.observe(binding.url, len(prompt_ids), generation.cached_tokens)
                 return generation
         except NoServer as exc:
             raise GiveBack(str(exc)) from exc
@@ -363,4 +364,5 @@ def _row(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], trie
         started_at=datetime.fromtimestamp(tries.started_at, timezone.utc),
         finished_at=datetime.now(timezone.utc),
         **turn_columns(spec, prompt_id),
+        cached_tokens=generation.cached_tokens,
     )

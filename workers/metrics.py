@@ -31,6 +31,11 @@ SHARD_COMMIT_SECONDS = Histogram("fleet_shard_commit_seconds", "Writing one shar
 SHARD_ROWS = Counter("fleet_shard_rows_total", "Samples written into shards.")
 RECONCILED = Counter("fleet_reconciled_total", "Prompts found stored in a shard when delivered again (their "
                      "worker died before marking them done): marked done, not generated again.")
+PROMPT_TOKENS = Counter("fleet_prompt_tokens_total", "Prompt tokens of every generation a server answered "
+                        "(stored or not).", ["server"])
+CACHED_TOKENS = Counter("fleet_cached_tokens_total", "Prompt tokens the server found in its prefix cache "
+                        "(meta_info.cached_tokens), where it said; hit share = rate of this / rate of "
+                        "fleet_prompt_tokens_total.", ["server"])
 STORAGE_FAILURES = Counter("fleet_storage_failures_total", "Shard writes the output storage refused (retried).")
 
 

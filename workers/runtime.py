@@ -16,7 +16,7 @@ from contract import heartbeats
 from contract.connections import redact_url, redis_for
 from contract.write_refusal import READ_ONLY
 
-from . import metrics
+from . import cache_hits, metrics
 from .deliveries import STARTED
 from .health import HealthMonitor
 from .server_auth import ServerCredentials
@@ -81,7 +81,8 @@ def _build(s: Settings, worker: str) -> Runtime:
     def heartbeat() -> None:  # also the probe of whether Redis takes writes (workers/redis_writes.py)
         try:
             heartbeats.publish(client, worker, pool.snapshot(), ttl=3 * s.health_interval + s.health_timeout,
-                               holding=STARTED.holding, storage=shards.storage.snapshot())
+                               holding=STARTED.holding, storage=shards.storage.snapshot(),
+                               cache_hits=cache_hits.WINDOW.snapshot())
         except Exception as exc:
             if not writes.failed(exc):
                 raise  # not a refusal: the health thread logs it as the heartbeat's trouble

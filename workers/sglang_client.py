@@ -51,6 +51,7 @@ from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
 from urllib3.exceptions import HTTPError, ReadTimeoutError
 
 from .answers import read_answer
+from .cache_hits import cached_tokens
 from .deadlines import DeadlineWatchdog, Watch
 from .server_auth import Origin, basic_by_origin, origin
 
@@ -91,6 +92,7 @@ class Generation:
     meta_info: dict
     server: str
     sampling: dict  # as sent, after any clamp to the server's context
+    cached_tokens: int | None = None  # prompt tokens found in the server's prefix cache; None: unknown
 
 
 @dataclass(frozen=True)
@@ -208,7 +210,7 @@ def generate(client: Client, url: str, input_ids: list[int], sampling: dict, rid
     if reply.status == 200:
         output_ids, meta = read_answer(reply.body, complete=reply.complete,
                                        max_new_tokens=sampling.get("max_new_tokens"), bound=id_bound)
-        return Generation(output_ids, meta, url, sampling)
+        return Generation(output_ids, meta, url, sampling, cached_tokens(meta, len(input_ids), url))
     raise failure(url, reply.status, reply.body)
 
 

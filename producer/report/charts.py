@@ -225,6 +225,48 @@ def _server_latency(canvas: _Canvas, data: dict) -> None:
     canvas.ax.legend(frameon=False, fontsize=8, ncols=4, loc="lower left", bbox_to_anchor=(0, 1.0))
 
 
+NO_CACHE_FIGURES = "no prefix-cache figures: the servers did not report meta_info.cached_tokens"
+
+
+def _cache_per_server(canvas: _Canvas, data: dict) -> None:
+    """Each server's hit share as a dot on a bar from 0 (a dot at 0% is drawn too), all servers first."""
+    rows = [("all servers", data["cache"])] + [(s["server"], s["cache"]) for s in data["servers"]]
+    rows = [(name, hits) for name, hits in rows if hits["share"] is not None]
+    if not rows:
+        canvas.nothing(NO_CACHE_FIGURES)
+        return
+    y = np.arange(len(rows))
+    values = np.array([100 * hits["share"] for _, hits in rows])
+    colors = [PALETTE["accent"]] + [PALETTE["stored"]] * (len(rows) - 1)
+    canvas.ax.hlines(y, 0, values, color=colors, linewidth=3)
+    canvas.mark([canvas.ax.scatter(values, y, color=colors, s=36, zorder=3)])
+    for yi, (_, hits), value in zip(y, rows, values):
+        canvas.ax.annotate(f"{hits['cached_tokens']:,} of {hits['known_prompt_tokens']:,} prompt tokens", (value, yi),
+                           xytext=(5, 0), textcoords="offset points", va="center", fontsize=7)
+    canvas.ax.set_yticks(y, [name for name, _ in rows])
+    canvas.ax.invert_yaxis()
+    canvas.ax.set_xlim(0, 130)
+    canvas.ax.set_xlabel("prompt tokens found in the server's prefix cache (%, of the samples that say)")
+
+
+def _cache_over_time(canvas: _Canvas, data: dict) -> None:
+    timeline = data["timeline"]
+    cached, known = (np.asarray(timeline[k], dtype=float) for k in ("cached_tokens", "known_prompt_tokens"))
+    if not known.sum():
+        canvas.nothing(NO_CACHE_FIGURES)
+        return
+    width = timeline["width_s"]
+    x, step, unit = _time_axis(width, len(known))
+    share = np.divide(100 * cached, known, out=np.full(known.size, np.nan), where=known > 0)
+    (line,) = canvas.ax.step(np.append(x, x[-1] + step), np.append(share, share[-1]), where="post",
+                             color=PALETTE["accent"], marker="o", markersize=2.5)  # a lone bucket shows too
+    canvas.mark([line])
+    canvas.ax.set_xlim(0, x[-1] + step)  # the whole run, also where no sample said (a gap in the line)
+    canvas.ax.set_ylim(0, 100)
+    canvas.ax.set_ylabel("cached prompt tokens (%)")
+    canvas.ax.set_xlabel(f"time since the run began ({unit}); one step per {_duration(width)}, by finish time")
+
+
 def _prompt_vs_output(canvas: _Canvas, data: dict) -> None:
     grid = data["prompt_vs_output"]
     counts = np.asarray(grid["counts"], dtype=float)
@@ -309,6 +351,12 @@ CHARTS = (
           "tokens/s; one far below is slow, overloaded or often down.", _server_throughput),
     Chart("server_latency", "Latency per server", "Healthy: similar percentiles on every server; a long tail on "
           "one is a server that queues or retries.", _server_latency),
+    Chart("cache_hits_per_server", "Prefix-cache hits per server", "Healthy: high where prompts share long "
+          "prefixes (a system prompt, earlier turns), and alike on every server; one far below the rest is sent "
+          "prefixes its cache does not hold, 0% everywhere is a radix cache turned off.", _cache_per_server),
+    Chart("cache_hits_over_time", "Prefix-cache hits over time", "Healthy: rises in the first minutes as the "
+          "caches fill, then stays flat; a drop is a server restarted (an empty cache) or evicting under memory "
+          "pressure.", _cache_over_time),
     Chart("prompt_vs_output", "Prompt length against output length", "Healthy: a cloud below the budget line "
           "with no band along it; a band at the line is truncation.", _prompt_vs_output),
 )

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from contract.cache_hits import Hits
 from contract.spec import RunSpec
 
 from .letters import NO_GENERATION, LetterTally
@@ -34,6 +35,7 @@ def figures(samples: SampleTally, letters: LetterTally, spec: RunSpec) -> dict:
         "dead_letters": {"total": sum(letters.reasons.values()), "by_reason": dict(sorted(letters.reasons.items())),
                          "prompt_tokens": letters.prompt_tokens},
         "servers": _servers(samples),
+        "cache": _cache(samples),
         "prompt_vs_output": _grid(samples.grid),
         "consistency": {name: {str(k): v for k, v in sorted(c.items(), key=lambda kv: -kv[1])}
                         for name, c in samples.values.items()},
@@ -83,13 +85,15 @@ def _quality(samples: SampleTally, letters: LetterTally, repeated: int, rows: in
 
 
 def _timeline(samples: SampleTally, letters: LetterTally) -> dict:
-    grids = [samples.timeline, samples.tokens_timeline, *letters.timelines.values()]
+    grids = [samples.timeline, samples.tokens_timeline, samples.cached_timeline, samples.known_timeline,
+             *letters.timelines.values()]
     width = max(g.widths[0] for g in grids)
     for grid in grids:
         grid.fold_to([width])
     length = max(g.used() for g in grids)
     series = lambda grid: [round(float(v), 3) for v in grid.sums[:length]]  # noqa: E731
     return {"width_s": width, "samples": series(samples.timeline), "output_tokens": series(samples.tokens_timeline),
+            "cached_tokens": series(samples.cached_timeline), "known_prompt_tokens": series(samples.known_timeline),
             "dead_by_reason": {r: series(g) for r, g in sorted(letters.timelines.items())}}
 
 
@@ -103,8 +107,17 @@ def _servers(samples: SampleTally) -> list[dict]:
                      "samples_per_s": round(s.samples / span, 4),
                      "latency_s": {"n": latency.n, "mean": round(latency.sum / latency.n, 4) if latency.n else None,
                                    "p50": _round(latency.quantile(0.5)), "p90": _round(latency.quantile(0.9)),
-                                   "p99": _round(latency.quantile(0.99)), "max": _round(latency.max)}})
+                                   "p99": _round(latency.quantile(0.99)), "max": _round(latency.max)},
+                     "cache": {**s.hits.to_dict(), "share": s.hits.share}})
     return rows
+
+
+def _cache(samples: SampleTally) -> dict:
+    """Prefix-cache hits of the stored rows: Σ cached / Σ prompt tokens over the rows that say."""
+    total = Hits()
+    for server in samples.servers.values():
+        total.merge(server.hits)
+    return {**total.to_dict(), "share": total.share, "rows_known": samples.cache_rows_known, "rows": samples.rows}
 
 
 def _grid(grid: FoldingGrid) -> dict:

@@ -13,6 +13,7 @@ import datetime as dt
 import html
 import json
 
+from contract.cache_hits import share_text
 from contract.spec import RunSpec
 
 from ..show import Decoder, Shown, clipped_segments
@@ -70,8 +71,9 @@ def _header(spec: RunSpec, status: dict, data: dict, built: dict) -> str:
              ("samples in shards", samples["unique_ids"], "" if agree else "bad"),
              ("truncated (stored)", quality["counts"]["truncated"], "bad" if quality["counts"]["truncated"] else ""),
              ("empty answers", quality["counts"]["empty_answer"], "bad" if quality["counts"]["empty_answer"] else ""),
-             ("repeated outputs", quality["counts"]["repeated"], "bad" if quality["counts"]["repeated"] else "")]
-    html_cards = "".join(f"<div class='card'><b class='{cls}' data-figure='{_e(label)}'>{value:,}</b>"
+             ("repeated outputs", quality["counts"]["repeated"], "bad" if quality["counts"]["repeated"] else ""),
+             ("prefix-cache hits", share_text(data["cache"]["share"]), "")]
+    html_cards = "".join(f"<div class='card'><b class='{cls}' data-figure='{_e(label)}'>{_card(value)}</b>"
                          f"<span>{_e(label)}</span></div>" for label, value, cls in cards)
     state = "finished" if status["finished"] else f"{status['pending']:,} prompts still pending"
     note = "" if agree else (f"<p class='bad'>The shards hold {samples['unique_ids']:,} distinct samples but the "
@@ -122,11 +124,13 @@ def _servers(data: dict) -> str:
         f"<tr><td><code>{_e(s['server'])}</code></td><td class='n'>{s['samples']:,}</td>"
         f"<td class='n'>{s['output_tokens']:,}</td><td class='n'>{s['busy_s']:,.1f}</td>"
         f"<td class='n'>{s['tokens_per_s']:,.1f}</td><td class='n'>{_num(s['latency_s']['p50'])}</td>"
-        f"<td class='n'>{_num(s['latency_s']['p90'])}</td><td class='n'>{_num(s['latency_s']['max'])}</td></tr>"
+        f"<td class='n'>{_num(s['latency_s']['p90'])}</td><td class='n'>{_num(s['latency_s']['max'])}</td>"
+        f"<td class='n'>{share_text(s['cache']['share'])}</td></tr>"
         for s in data["servers"])
     return ("<h2>Servers</h2><table data-table='servers'><tr><th>server</th><th>samples</th><th>output tokens</th>"
-            "<th>busy s</th><th>tokens/s</th><th>latency p50 s</th><th>p90 s</th><th>max s</th></tr>"
-            f"{rows or '<tr><td colspan=8>no samples yet</td></tr>'}</table>")
+            "<th>busy s</th><th>tokens/s</th><th>latency p50 s</th><th>p90 s</th><th>max s</th>"
+            "<th>prefix-cache hits</th></tr>"
+            f"{rows or '<tr><td colspan=9>no samples yet</td></tr>'}</table>")
 
 
 def _dead_letters(data: dict, anchors: dict) -> str:
@@ -180,6 +184,10 @@ def _json(data: dict, status: dict, spec: RunSpec, built: dict) -> str:
 
 def _when(epoch: float) -> str:
     return dt.datetime.fromtimestamp(epoch, dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def _card(value) -> str:
+    return value if isinstance(value, str) else f"{value:,}"
 
 
 def _num(value) -> str:

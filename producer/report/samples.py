@@ -7,7 +7,10 @@ an output is *repeated* when the same ids were stored for different prompts,
 which needs every output's hash, and a redelivered prompt stored twice (same
 id) must not count. Lengths are token counts taken from the shard columns:
 reasoning = `think_end_index - prompt_len` (output tokens before think-end),
-answer = output tokens after think-end (the stop token included).
+answer = output tokens after think-end (the stop token included). Prefix-cache
+hits (`cached_tokens`) are summed per server and over time only over the rows
+that have the figure (`contract/cache_hits.py`); a shard older than the column
+has none.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from collections import Counter
 import numpy as np
 import pyarrow as pa
 
+from contract.cache_hits import Hits
 from contract.spec import RunSpec
 
 from .tally import Counts, FoldingGrid, LogHistogram, Picks
@@ -39,6 +43,9 @@ class SampleTally:
         self.attempts: Counter = Counter()
         self.timeline = FoldingGrid(1, (1.0,), TIME_CELLS)        # samples, by seconds since the run began
         self.tokens_timeline = FoldingGrid(1, (1.0,), TIME_CELLS)  # output tokens, likewise
+        self.cached_timeline = FoldingGrid(1, (1.0,), TIME_CELLS)  # cached prompt tokens, where known
+        self.known_timeline = FoldingGrid(1, (1.0,), TIME_CELLS)   # prompt tokens of the rows that say
+        self.cache_rows_known = 0
         self.grid = FoldingGrid(2, (1.0, 1.0), GRID_CELLS)        # prompt tokens x output tokens
         self.servers: dict[str, ServerTally] = {}
         self.hashes: list[np.ndarray] = []
@@ -80,6 +87,9 @@ class SampleTally:
         since = (c.finished_ms / 1000.0) - self.spec.created_at
         self.timeline.add((since,))
         self.tokens_timeline.add((since,), c.output_len)
+        self.cached_timeline.add((since[c.cache_known],), c.cached[c.cache_known])
+        self.known_timeline.add((since[c.cache_known],), c.prompt_len[c.cache_known])
+        self.cache_rows_known += int(c.cache_known.sum())
 
     def _servers(self, c: "_Columns") -> None:
         names, inverse = np.unique(c.server, return_inverse=True)
@@ -96,10 +106,11 @@ class SampleTally:
 
 
 class ServerTally:
-    """One server's share of the run: samples, output tokens, busy span, latency."""
+    """One server's share of the run: samples, output tokens, busy span, latency, prefix-cache hits."""
 
     def __init__(self) -> None:
         self.samples = self.output_tokens = 0
+        self.hits = Hits()
         self.first_started: float | None = None
         self.last_finished: float | None = None
         self.latency = LogHistogram()
@@ -111,6 +122,8 @@ class ServerTally:
         self.first_started = first if self.first_started is None else min(self.first_started, first)
         self.last_finished = last if self.last_finished is None else max(self.last_finished, last)
         self.latency.add(c.latency[mask])
+        known = mask & c.cache_known
+        self.hits.merge(Hits(int(c.prompt_len[mask].sum()), int(c.prompt_len[known].sum()), int(c.cached[known].sum())))
 
 
 class _Columns:
@@ -133,6 +146,9 @@ class _Columns:
         self.started_ms = col("started_at").cast(pa.int64()).to_numpy(zero_copy_only=False)
         self.finished_ms = col("finished_at").cast(pa.int64()).to_numpy(zero_copy_only=False)
         self.input_ids = col("input_ids")
+        cached = col("cached_tokens") if "cached_tokens" in batch.schema.names else pa.nulls(batch.num_rows, pa.int32())
+        self.cache_known = cached.is_valid().to_numpy(zero_copy_only=False)
+        self.cached = cached.fill_null(0).to_numpy(zero_copy_only=False).astype(np.int64)
 
     def ends_with_stop(self, stop_ids: np.ndarray) -> np.ndarray:
         """Whether the last output id is the recorded stop token or one of the run's stop ids."""

@@ -351,7 +351,8 @@ def test_the_dashboard_is_importable_with_a_prometheus_datasource_variable():
         promql.parse(query)
     names = {name for _, q in dashboard_queries() for name, _ in promql.selectors(q)}
     assert {"sglang:num_running_reqs", "sglang:num_queue_reqs", "sglang:cached_tokens_total",
-            "sglang:prompt_tokens_total", "fleet_queue_depth", "fleet_shard_commit_seconds_bucket"} <= names
+            "sglang:prompt_tokens_total", "fleet_queue_depth", "fleet_shard_commit_seconds_bucket",
+            "fleet_cached_tokens_total", "fleet_prompt_tokens_total"} <= names
 
 
 def test_the_alerts_cover_a_stall_a_server_down_storage_and_dead_letters():

@@ -28,7 +28,8 @@ SPEC = RunSpec(name="t", tokenizer="bundled", tokenizer_fingerprint="tok-fp", te
 
 
 def sample(pid: str, prompt: list[int], output: list[int], finish: str = "stop", at: float = 1.0,
-           server: str = "http://s1", latency: float = 0.5, max_new_tokens: int = 100) -> Sample:
+           server: str = "http://s1", latency: float = 0.5, max_new_tokens: int = 100,
+           cached: int | None = None) -> Sample:
     end = output.index(THINK_END) if THINK_END in output else None
     return Sample(id=pid, input_ids=prompt + output, prompt_len=len(prompt), output_len=len(output),
                   finish_reason=finish, stop_token=EOS if finish == "stop" else None,
@@ -36,19 +37,20 @@ def sample(pid: str, prompt: list[int], output: list[int], finish: str = "stop",
                   model="m", max_new_tokens=max_new_tokens, temperature=0.6, top_p=0.95, attempts=1, worker="w1",
                   tokenizer_fingerprint="tok-fp", template_fingerprint="tpl-fp", e2e_latency=latency,
                   started_at=datetime.fromtimestamp(T0 + at - latency, timezone.utc),
-                  finished_at=datetime.fromtimestamp(T0 + at, timezone.utc))
+                  finished_at=datetime.fromtimestamp(T0 + at, timezone.utc), cached_tokens=cached)
 
 
 PROMPT = [100, 101, THINK_START]
 GOOD = [20, 21, THINK_END, 30, 31, EOS]                   # reasoning 2, answer 3 (stop included)
-SAMPLES = [
-    sample("a", PROMPT, GOOD, at=0.5),
-    sample("b", [100, 102, 103, THINK_START], [20, THINK_END, EOS], at=1.5, server="http://s2", latency=2.0),
+SAMPLES = [  # cached: prompt tokens found in the server's prefix cache (c's server did not say)
+    sample("a", PROMPT, GOOD, at=0.5, cached=0),
+    sample("b", [100, 102, 103, THINK_START], [20, THINK_END, EOS], at=1.5, server="http://s2", latency=2.0,
+           cached=2),
     sample("c", [100, 104, THINK_START], list(range(200, 300)), finish="length", at=200.0, latency=9.0),
-    sample("d", [100, 105, THINK_START], GOOD, at=3.0),   # d and e: the same output ids as a
-    sample("e", [100, 106, 107, 108, THINK_START], GOOD, at=3.0, server="http://s2"),
+    sample("d", [100, 105, THINK_START], GOOD, at=3.0, cached=2),   # d and e: the same output ids as a
+    sample("e", [100, 106, 107, 108, THINK_START], GOOD, at=3.0, server="http://s2", cached=3),
 ]
-DUPLICATE = sample("a", PROMPT, GOOD, at=0.5)             # a redelivered prompt, stored twice
+DUPLICATE = sample("a", PROMPT, GOOD, at=0.5, cached=0)   # a redelivered prompt, stored twice
 
 
 @pytest.fixture
@@ -149,6 +151,53 @@ def test_servers_get_their_samples_tokens_and_latency(shards):
     assert {k: (s["samples"], s["output_tokens"]) for k, s in servers.items()} == {
         "http://s1": (4, 6 + 100 + 6 + 6), "http://s2": (2, 3 + 6)}
     assert servers["http://s1"]["latency_s"]["max"] == 9.0 and servers["http://s2"]["latency_s"]["n"] == 2
+
+
+def test_prefix_cache_hits_are_cached_over_prompt_tokens_of_the_rows_that_say(shards):
+    data = figures(*tally(shards), SPEC)
+    # s1: a, c, d and a again, c without a figure; s2: b and e
+    servers = {s["server"]: s["cache"] for s in data["servers"]}
+    assert servers["http://s1"] == {"prompt_tokens": 12, "known_prompt_tokens": 9, "cached_tokens": 2,
+                                    "share": round(2 / 9, 4)}
+    assert servers["http://s2"] == {"prompt_tokens": 9, "known_prompt_tokens": 9, "cached_tokens": 5,
+                                    "share": round(5 / 9, 4)}
+    assert data["cache"] == {"prompt_tokens": 21, "known_prompt_tokens": 18, "cached_tokens": 7,
+                             "share": round(7 / 18, 4), "rows_known": 5, "rows": 6}
+    # and over time, on the timeline's axis, the same sums
+    timeline = data["timeline"]
+    assert sum(timeline["cached_tokens"]) == 7 and sum(timeline["known_prompt_tokens"]) == 18
+    assert len(timeline["cached_tokens"]) == len(timeline["samples"])
+
+
+def test_a_shard_older_than_the_cached_tokens_column_reads_as_unknown_hits(tmp_path):
+    # Given a run whose first shard was written before the column existed, and a newer one
+    folder = tmp_path / "t"
+    folder.mkdir()
+    old = samples_to_table(SAMPLES[:2])
+    pq.write_table(old.drop_columns(["cached_tokens"]), folder / "part-1.parquet")
+    pq.write_table(samples_to_table(SAMPLES[3:4]), folder / "part-2.parquet")
+    # When its figures are computed
+    data = figures(*tally(tmp_path), SPEC)
+    # Then the old rows count as samples and prompt tokens, but not in any share
+    assert data["samples"]["rows"] == 3
+    assert data["cache"] == {"prompt_tokens": 10, "known_prompt_tokens": 3, "cached_tokens": 2,
+                             "share": round(2 / 3, 4), "rows_known": 1, "rows": 3}
+    assert {s["server"]: s["cache"]["share"] for s in data["servers"]} == {"http://s1": round(2 / 3, 4),
+                                                                            "http://s2": None}
+
+
+def test_a_run_whose_servers_never_said_has_no_share_and_charts_say_so(tmp_path):
+    from producer.report.charts import CHARTS, NO_CACHE_FIGURES, draw
+
+    folder = tmp_path / "t"
+    folder.mkdir()
+    pq.write_table(samples_to_table([sample("x", PROMPT, GOOD)]), folder / "part-1.parquet")
+    data = figures(*tally(tmp_path), SPEC)
+    assert data["cache"]["share"] is None and data["cache"]["prompt_tokens"] == 3
+    for chart in CHARTS:
+        if chart.name.startswith("cache_hits"):
+            svg, marks = draw(chart, data)
+            assert marks == 0 and NO_CACHE_FIGURES in svg
 
 
 def test_consistency_lists_each_value_found_in_the_shards(shards):

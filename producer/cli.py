@@ -396,7 +396,9 @@ def export(dest: Path = typer.Argument(..., help="A new or empty folder, or a pr
         raise typer.Exit(2)
     name = _run_name(run)
     settings, client = _connect(redis_url)
-    from .export import export_run, shard_files
+    from contract.storage import store_for
+
+    from .export import export_run
     from .export_folder import ExportRefused, check_replaceable
 
     spec = _spec(client, name)
@@ -406,7 +408,7 @@ def export(dest: Path = typer.Argument(..., help="A new or empty folder, or a pr
         raise typer.Exit(2)
     try:
         check_replaceable(dest.resolve())
-        total = len(shard_files(settings.output_dir, spec.name))
+        total = len(store_for(settings.output_dir).shards(spec.name))
         with Progress(TextColumn("export"), BarColumn(), TextColumn("{task.completed}/{task.total} shards"),
                       console=err, transient=True) as bar:
             task = bar.add_task("export", total=total)
@@ -479,10 +481,16 @@ def main() -> None:
     """Run a command; Redis refusing writes (out of memory, read-only, no replicas) ends it with
     one line and exit status 3, never a traceback. What a command wrote before is safe: `enqueue`
     records each prompt before publishing it, so a re-run publishes only what is missing."""
+    from pydantic import ValidationError
+
+    from contract.settings import settings_refusal
     from contract.write_refusal import refusal
 
     try:
         app()
+    except ValidationError as exc:  # OUTPUT_DIR=gs://... and the like: one line, no traceback
+        err.print(f"[red]{escape(settings_refusal(exc))}[/red]", highlight=False)
+        sys.exit(2)
     except Exception as exc:
         refused = refusal(exc)
         if refused is None:

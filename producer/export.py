@@ -44,7 +44,7 @@ import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Callable
 
 import pyarrow as pa
@@ -56,8 +56,9 @@ import redis
 from contract.durable import fsync_path
 from contract.ledger import Entry, Ledger, shard_code
 from contract.names import PromptState
-from contract.schema import arrow_schema, shard_files
+from contract.schema import arrow_schema
 from contract.spec import RunSpec, check_run_name
+from contract.storage import store_for
 
 from . import formats
 from .export_folder import check_replaceable, swap_into_place, write_manifest
@@ -121,6 +122,7 @@ class _Share:
     folder: str
     rows_per_file: int
     index_only: bool
+    output_dir: str = ""  # where the shards are (`contract/storage`)
     redis_url: str | None = None
     files: list[dict] = field(default_factory=list)
     rows: int = 0
@@ -136,11 +138,13 @@ class _Share:
 def _write_export(spec: RunSpec, client: redis.Redis, output_dir: str, folder: Path, rows_per_file: int,
                   on_progress: Callable[[int], None] | None, jobs: int, redis_url: str | None,
                   index_only: bool, complete_only: bool = False) -> dict:
-    sources = [str(p) for p in shard_files(output_dir, spec.name)]
+    store = store_for(output_dir)
+    sizes = store.sizes(spec.name)
+    sources = list(sizes)
     if not jobs:
-        jobs = min(os.cpu_count() or 1, 8, sum(os.path.getsize(p) for p in sources) // JOB_BYTES)
+        jobs = min(os.cpu_count() or 1, 8, sum(sizes.values()) // JOB_BYTES)
     jobs = max(1, min(jobs if redis_url else 1, len(sources)))
-    shares = [_Share(n, spec.name, sources[n::jobs], str(folder), rows_per_file, index_only, redis_url,
+    shares = [_Share(n, spec.name, sources[n::jobs], str(folder), rows_per_file, index_only, output_dir, redis_url,
                      complete_only=complete_only) for n in range(jobs)]
     if jobs == 1:
         shares = [_export_share(shares[0], client, on_progress)]
@@ -163,7 +167,7 @@ def _write_export(spec: RunSpec, client: redis.Redis, output_dir: str, folder: P
         "source_shards": len(sources),
         "shards_whole": sum(s.whole for s in shares),
         "shards_rewritten": sum(s.rewritten for s in shares),
-        "source": str(Path(output_dir).resolve() / spec.name),
+        "source": store.where(spec.name),
         "index_only": index_only,
         "complete_only": complete_only,
         "dead_letters": dict(tally.reasons),
@@ -216,8 +220,9 @@ def _export_share(share: _Share, client: redis.Redis | None = None,
     folder = Path(share.folder)
     writer = (_RollingWriter(folder, f"keep-{share.number:03d}", None, KEEP_SCHEMA) if share.index_only
               else _RollingWriter(folder, f"part-{share.number:03d}", share.rows_per_file, arrow_schema()))
-    for number, path in enumerate(share.shards, start=1):
-        _export_shard(Path(path), ledger, writer, share)
+    store = store_for(share.output_dir)
+    for number, location in enumerate(share.shards, start=1):
+        _export_shard(location, store.source(location), ledger, writer, share)
         if _shards_done is not None:
             with _shards_done.get_lock():
                 _shards_done.value += 1
@@ -227,10 +232,12 @@ def _export_share(share: _Share, client: redis.Redis | None = None,
     return share
 
 
-def _export_shard(path: Path, ledger: Ledger, writer: "_RollingWriter", share: _Share) -> None:
+def _export_shard(path: str, source, ledger: Ledger, writer: "_RollingWriter", share: _Share) -> None:
     """The shard's canonical rows to `writer`: the whole shard as it is when the ledger says
-    every row of it is canonical (the usual case), else a batch at a time."""
-    shard = pq.ParquetFile(path)
+    every row of it is canonical (the usual case), else a batch at a time. `source` is what
+    pyarrow reads (`Store.source`: the file, or the object's bytes)."""
+    shard = pq.ParquetFile(source)
+    name = PurePosixPath(path).name
     rows = shard.metadata.num_rows
     whole = (rows and shard.schema_arrow.equals(arrow_schema())
              and (share.index_only or rows <= share.rows_per_file) and ledger.canonical_rows(path) == rows
@@ -241,14 +248,14 @@ def _export_shard(path: Path, ledger: Ledger, writer: "_RollingWriter", share: _
         share.rows += rows
         if share.index_only:
             ids = shard.read(columns=["id"]).column("id")
-            writer.write(pa.record_batch([pa.repeat(pa.scalar(path.name), rows), pa.array(range(rows), pa.int64()),
+            writer.write(pa.record_batch([pa.repeat(pa.scalar(name), rows), pa.array(range(rows), pa.int64()),
                                           ids.combine_chunks()], schema=KEEP_SCHEMA))
         else:
             share.models.update(_models(shard))
-            writer.adopt(path, rows)
+            writer.adopt(source, rows)
         return
     share.rewritten += 1
-    _export_rows(path, ledger, writer, share)
+    _export_rows(name, source, ledger, writer, share)
 
 
 def _models(shard: pq.ParquetFile) -> set[str]:
@@ -265,12 +272,12 @@ def _models(shard: pq.ParquetFile) -> set[str]:
     return found
 
 
-def _export_rows(path: Path, ledger: Ledger, writer: "_RollingWriter", share: _Share) -> None:
+def _export_rows(name: str, source, ledger: Ledger, writer: "_RollingWriter", share: _Share) -> None:
     """The shard's rows a batch at a time, each kept iff the ledger says its prompt is done
     with its canonical copy in this shard."""
-    canonical = b"%d" % shard_code(path)  # the stored state of a prompt done in this shard
+    canonical = b"%d" % shard_code(name)  # the stored state of a prompt done in this shard
     columns = ["id"] if share.index_only else None
-    dataset = pads.dataset(str(path), format="parquet", schema=arrow_schema())
+    dataset = _dataset(source)
     seen: set[str] = set()  # this shard's ids: a row written twice into one shard counts once
     offset = 0  # the batch's first row number in the shard
     for batch in dataset.to_batches(columns=columns, batch_size=BATCH_ROWS, batch_readahead=1):
@@ -284,12 +291,22 @@ def _export_rows(path: Path, ledger: Ledger, writer: "_RollingWriter", share: _S
         share.rows += kept.num_rows
         if share.index_only:
             rows = pc.filter(pa.array(range(offset, offset + len(ids)), pa.int64()), keep)
-            kept = pa.record_batch([pa.array([path.name] * kept.num_rows, pa.string()), rows, kept.column("id")],
+            kept = pa.record_batch([pa.array([name] * kept.num_rows, pa.string()), rows, kept.column("id")],
                                    schema=KEEP_SCHEMA)
         elif kept.num_rows:
             share.models.update(m for m in pc.unique(kept.column("model")).to_pylist() if m is not None)
         writer.write(kept)
         offset += len(ids)
+
+
+def _dataset(source) -> pads.Dataset:
+    """One shard as a dataset with the shard schema (so an older file's missing columns read
+    as nulls): from its path, or from an object's bytes already read."""
+    if isinstance(source, str):
+        return pads.dataset(source, format="parquet", schema=arrow_schema())
+    source.seek(0)
+    parquet = pads.ParquetFileFormat()
+    return pads.FileSystemDataset([parquet.make_fragment(source)], schema=arrow_schema(), format=parquet)
 
 
 def _of_complete_conversations(ledger: Ledger, ids: list[str], keep: list[bool], share: _Share) -> list[bool]:
@@ -356,14 +373,20 @@ class _RollingWriter:
             if self.limit is not None and self.in_file >= self.limit:
                 self._roll()
 
-    def adopt(self, shard: Path, rows: int) -> None:
+    def adopt(self, shard, rows: int) -> None:
+        """`shard`: a file's path (linked, or copied), or an object's bytes read already (written)."""
         name = self._next_name()
         target = self.folder / name
-        try:
-            os.link(shard, target)
-            digest = _sha256(target)
-        except OSError:  # another file system, or one without hard links
+        if not isinstance(shard, str):
+            shard.seek(0)
             digest = _copy(shard, target)
+        else:
+            try:
+                os.link(shard, target)
+                digest = _sha256(target)
+            except OSError:  # another file system, or one without hard links
+                with open(shard, "rb") as reader:
+                    digest = _copy(reader, target)
         self.files.append({"name": name, "rows": rows, "sha256": digest})
 
     def close(self) -> list[dict]:
@@ -399,10 +422,10 @@ class _RollingWriter:
         self.in_file = 0
 
 
-def _copy(source: Path, target: Path) -> str:
-    """Copy a file (fsynced), returning its SHA-256."""
+def _copy(reader, target: Path) -> str:
+    """Copy what `reader` holds into a new file (fsynced), returning its SHA-256."""
     digest = hashlib.sha256()
-    with open(source, "rb") as reader, open(target, "xb") as sink:
+    with open(target, "xb") as sink:
         while chunk := reader.read(4 * 2**20):
             digest.update(chunk)
             sink.write(chunk)

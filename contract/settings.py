@@ -31,5 +31,8 @@ class SharedSettings(BaseSettings):
 def settings_refusal(exc: ValidationError) -> str:
     """Why the environment's settings are refused, in one line that holds no value (a
     refused value the message needs is shown by its validator, credentials hidden)."""
-    return "; ".join(f"{'.'.join(map(str, e['loc'])) or 'settings'}: {e['msg'].removeprefix('Value error, ')}"
-                     for e in exc.errors())
+    lines = []
+    for error in exc.errors():
+        where, why = ".".join(map(str, error["loc"])) or "settings", error["msg"].removeprefix("Value error, ")
+        lines.append(why if why.startswith(where) else f"{where}: {why}")
+    return "; ".join(lines)

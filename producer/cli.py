@@ -363,7 +363,8 @@ def dead_purge(run: Optional[str] = RunOpt, reason: list[str] = typer.Option([])
 
 
 @app.command()
-def export(dest: Path = typer.Argument(..., help="A new or empty folder, or a previous export to replace."),
+def export(dest: str = typer.Argument(..., help="A new or empty folder, or a previous export to replace; or "
+                                      "s3://bucket/prefix (read it through its manifest.json)."),
            run: Optional[str] = RunOpt, rows_per_file: int = typer.Option(10_000, min=1),
            jobs: int = typer.Option(0, min=0, help="Processes sharing the shards (0: one per GiB of shards, "
                                     "at most one per core and 8)."),
@@ -396,9 +397,10 @@ def export(dest: Path = typer.Argument(..., help="A new or empty folder, or a pr
         raise typer.Exit(2)
     name = _run_name(run)
     settings, client = _connect(redis_url)
-    from contract.storage import store_for
+    from contract.storage import UnsupportedOutput, store_for
 
     from .export import export_run
+    from .export_bucket import is_bucket
     from .export_folder import ExportRefused, check_replaceable
 
     spec = _spec(client, name)
@@ -407,7 +409,8 @@ def export(dest: Path = typer.Argument(..., help="A new or empty folder, or a pr
                   f"has one generation per prompt[/red]")
         raise typer.Exit(2)
     try:
-        check_replaceable(dest.resolve())
+        if not is_bucket(dest):  # raises UnsupportedOutput (gs://...)
+            check_replaceable(Path(dest).resolve())
         total = len(store_for(settings.output_dir).shards(spec.name))
         with Progress(TextColumn("export"), BarColumn(), TextColumn("{task.completed}/{task.total} shards"),
                       console=err, transient=True) as bar:
@@ -417,7 +420,7 @@ def export(dest: Path = typer.Argument(..., help="A new or empty folder, or a pr
                                   jobs=jobs, redis_url=settings.redis_url, index_only=index_only, format=format,
                                   format_options={"prompts": prompts, "trust_remote_code": trust_remote_code},
                                   complete_only=complete_only)
-    except (ExportRefused, FormatRefused) as exc:
+    except (ExportRefused, FormatRefused, UnsupportedOutput) as exc:
         err.print(f"[red]{escape(str(exc))}[/red]")
         raise typer.Exit(2)
     left_out = ", ".join(f"{k}={v}" for k, v in manifest["left_out"].items()) or "none"

@@ -61,7 +61,8 @@ from contract.spec import RunSpec, check_run_name
 from contract.storage import store_for
 
 from . import formats
-from .export_folder import check_replaceable, swap_into_place, write_manifest
+from .export_bucket import Uploader, is_bucket, previous_parts, publish
+from .export_folder import ExportRefused, check_replaceable, swap_into_place, write_manifest
 
 BATCH_ROWS = 2048           # rows read (and looked up in the ledger) at a time
 GROUP_BYTES = 64 * 2**20    # a row group is written once this much is buffered
@@ -69,7 +70,7 @@ JOB_BYTES = 2**30           # jobs=0: a process per this much of shards (a proce
 KEEP_SCHEMA = pa.schema([("shard", pa.string()), ("row", pa.int64()), ("id", pa.string())])
 
 
-def export_run(spec: RunSpec, client: redis.Redis, output_dir: str, dest: Path,
+def export_run(spec: RunSpec, client: redis.Redis, output_dir: str, dest: Path | str,
                rows_per_file: int = 10_000, on_progress: Callable[[int], None] | None = None,
                jobs: int = 1, redis_url: str | None = None, index_only: bool = False,
                format: str = formats.PARQUET, format_options: dict | None = None,
@@ -82,6 +83,9 @@ def export_run(spec: RunSpec, client: redis.Redis, output_dir: str, dest: Path,
     check_run_name(spec.name)
     if format not in formats.NAMES or (index_only and format != formats.PARQUET):
         raise ValueError(f"format {format!r} is not one of {formats.NAMES}, or comes with --index-only")
+    if is_bucket(str(dest)):
+        return _export_to_bucket(spec, client, output_dir, str(dest), rows_per_file, on_progress, index_only,
+                                 format, complete_only)
     dest = Path(dest).resolve()  # a symlinked DEST: its target is replaced, the link stays
     check_replaceable(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -96,6 +100,28 @@ def export_run(spec: RunSpec, client: redis.Redis, output_dir: str, dest: Path,
         swap_into_place(staging, dest)
     finally:  # after a swap, `staging` holds the previous export
         shutil.rmtree(staging, ignore_errors=True)
+    return manifest
+
+
+def _export_to_bucket(spec: RunSpec, client: redis.Redis, output_dir: str, dest: str, rows_per_file: int,
+                      on_progress: Callable[[int], None] | None, index_only: bool, format: str,
+                      complete_only: bool) -> dict:
+    """The export at `s3://bucket/dest` (`export_bucket.py`): each part uploaded as it is
+    written, the manifest last; the previous export's parts deleted after."""
+    if format != formats.PARQUET:
+        raise ExportRefused(f"--format {format} is written to a folder; export to a folder, then copy it")
+    previous = previous_parts(dest)
+    uploader = Uploader(dest, count=not index_only)
+    staging = Path(tempfile.mkdtemp(prefix=".export-"))
+    try:
+        manifest = _write_export(spec, client, output_dir, staging, rows_per_file, on_progress, 1, None,
+                                 index_only, complete_only, on_file=uploader)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    manifest["export_id"] = uploader.export_id
+    if not index_only:
+        manifest["format"] = {"name": formats.PARQUET, **uploader.figures.to_dict()}
+    publish(dest, manifest, previous)
     return manifest
 
 
@@ -137,7 +163,8 @@ class _Share:
 
 def _write_export(spec: RunSpec, client: redis.Redis, output_dir: str, folder: Path, rows_per_file: int,
                   on_progress: Callable[[int], None] | None, jobs: int, redis_url: str | None,
-                  index_only: bool, complete_only: bool = False) -> dict:
+                  index_only: bool, complete_only: bool = False,
+                  on_file: Callable[[Path], str] | None = None) -> dict:
     store = store_for(output_dir)
     sizes = store.sizes(spec.name)
     sources = list(sizes)
@@ -147,7 +174,7 @@ def _write_export(spec: RunSpec, client: redis.Redis, output_dir: str, folder: P
     shares = [_Share(n, spec.name, sources[n::jobs], str(folder), rows_per_file, index_only, output_dir, redis_url,
                      complete_only=complete_only) for n in range(jobs)]
     if jobs == 1:
-        shares = [_export_share(shares[0], client, on_progress)]
+        shares = [_export_share(shares[0], client, on_progress, on_file)]
     else:
         shares = _in_processes(shares, on_progress)
     files = sorted((f for s in shares for f in s.files), key=lambda f: f["name"])
@@ -211,7 +238,8 @@ def _child_init(counter) -> None:
 
 
 def _export_share(share: _Share, client: redis.Redis | None = None,
-                  on_progress: Callable[[int], None] | None = None) -> _Share:
+                  on_progress: Callable[[int], None] | None = None,
+                  on_file: Callable[[Path], str] | None = None) -> _Share:
     if client is None:
         from contract.connections import redis_for
 
@@ -220,6 +248,7 @@ def _export_share(share: _Share, client: redis.Redis | None = None,
     folder = Path(share.folder)
     writer = (_RollingWriter(folder, f"keep-{share.number:03d}", None, KEEP_SCHEMA) if share.index_only
               else _RollingWriter(folder, f"part-{share.number:03d}", share.rows_per_file, arrow_schema()))
+    writer.on_file = on_file
     store = store_for(share.output_dir)
     for number, location in enumerate(share.shards, start=1):
         _export_shard(location, store.source(location), ledger, writer, share)
@@ -360,6 +389,7 @@ class _RollingWriter:
         self.current = ""  # the name of the file being written
         self.files: list[dict] = []
         self.sequence = 0
+        self.on_file: Callable[[Path], str] | None = None  # each finished file, to move elsewhere (a bucket)
 
     def write(self, batch: pa.RecordBatch) -> None:
         while batch.num_rows:
@@ -387,7 +417,7 @@ class _RollingWriter:
             except OSError:  # another file system, or one without hard links
                 with open(shard, "rb") as reader:
                     digest = _copy(reader, target)
-        self.files.append({"name": name, "rows": rows, "sha256": digest})
+        self._finished(target, rows, digest)
 
     def close(self) -> list[dict]:
         if self.in_file or not self.files and self.limit is None:  # an index is written even if empty
@@ -418,8 +448,13 @@ class _RollingWriter:
         temporary = self.folder / f".tmp-{self.current}"
         fsync_path(temporary)
         temporary.replace(self.folder / self.current)
-        self.files.append({"name": self.current, "rows": self.in_file, "sha256": _sha256(self.folder / self.current)})
+        final = self.folder / self.current
+        self._finished(final, self.in_file, _sha256(final))
         self.in_file = 0
+
+    def _finished(self, path: Path, rows: int, digest: str) -> None:
+        name = self.on_file(path) if self.on_file else path.name
+        self.files.append({"name": name, "rows": rows, "sha256": digest})
 
 
 def _copy(reader, target: Path) -> str:

@@ -48,12 +48,12 @@ class Store(Protocol):
     def preflight(self) -> None: ...
 
 
-def parse(output_dir: str) -> tuple[str, str, str]:
+def parse(output_dir: str, setting: str = "OUTPUT_DIR") -> tuple[str, str, str]:
     """(scheme, bucket, prefix) of an object store, or ("file", "", path) of a folder.
-    Raises `UnsupportedOutput` for anything else."""
+    Raises `UnsupportedOutput` (naming `setting`) for anything else."""
     value = str(output_dir).strip()
     if not value:
-        raise UnsupportedOutput(f"OUTPUT_DIR is empty; it must be {SUPPORTED}")
+        raise UnsupportedOutput(f"{setting} is empty; it must be {SUPPORTED}")
     head, colon, _ = value.partition(":")
     if not colon or "/" in head or len(head) == 1:  # a path (a Windows drive letter included)
         return "file", "", value
@@ -63,7 +63,7 @@ def parse(output_dir: str) -> tuple[str, str, str]:
         return "file", "", parts.path or "/"
     if scheme == "s3" and value.lower().startswith("s3://") and parts.hostname and "@" not in parts.netloc:
         if parts.port is not None or parts.query or parts.fragment:
-            raise UnsupportedOutput(f"OUTPUT_DIR={_shown(value)} has a port, query or fragment; it must be {SUPPORTED} "
+            raise UnsupportedOutput(f"{setting}={_shown(value)} has a port, query or fragment; it must be {SUPPORTED} "
                                     f"(an S3-compatible endpoint goes in AWS_ENDPOINT_URL)")
         return "s3", parts.hostname, parts.path.strip("/")
     if "@" in parts.netloc:
@@ -72,7 +72,7 @@ def parse(output_dir: str) -> tuple[str, str, str]:
         why = "an S3 location names its bucket after two slashes"
     else:
         why = f"scheme {scheme + ':'!r} is not supported"
-    raise UnsupportedOutput(f"OUTPUT_DIR={_shown(value)}: {why}; it must be {SUPPORTED}")
+    raise UnsupportedOutput(f"{setting}={_shown(value)}: {why}; it must be {SUPPORTED}")
 
 
 def _shown(value: str) -> str:

@@ -112,7 +112,7 @@ class S3Store:
         try:
             self.probe("")
         except OSError as exc:
-            raise StorageRefused(f"OUTPUT_DIR={self.where('').rstrip('/')} cannot be written: {exc}. "
+            raise StorageRefused(f"OUTPUT_DIR={self.where('').rstrip('/')} cannot be written: {str(exc).rstrip('.')}. "
                                  f"{_advice(exc)}") from None
 
     # -- reading --------------------------------------------------------------------------

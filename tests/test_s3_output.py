@@ -1,6 +1,6 @@
 """Shards in an S3 bucket: the same exactly-once promise as on disk, against a real S3 HTTP server.
 
-moto's server runs as its own process (`tests/s3_server.py`); workers and
+moto's server runs as its own process (`producer/local_s3.py`); workers and
 producer commands reach it through the standard AWS variables only, with
 `OUTPUT_DIR=s3://traces/runs`. Each case ends with the same checks: every
 prompt in exactly one place (done, or dead with its reason), every shard
@@ -22,7 +22,7 @@ import redis
 from contract.ledger import Ledger, shard_code
 
 from conftest import varied_prompts, write_prompts
-from s3_server import BUCKET, start_s3
+from producer.local_s3 import BUCKET, start_s3
 from waiting import wait_until
 
 OUTPUT = f"s3://{BUCKET}/runs"
@@ -141,8 +141,31 @@ def test_a_worker_that_dies_right_after_its_upload_is_reconciled_not_generated_a
     generations = httpx.get(f"{url}/standin/stats").json()["generations"]
     assert len(generations) == N and set(generations.values()) == {1}
     assert survivor.log.read_text().count("not generated again") == N
-    (shard,) = assert_exactly_once(fleet, s3, tmp_path, [p["id"] for p in prompts])
+    ids = [p["id"] for p in prompts]
+    (shard,) = assert_exactly_once(fleet, s3, tmp_path, ids)
     assert shard.startswith(RUN_PREFIX)
+
+    # and every reader reads the run where it is: an export into the bucket (twice: the
+    # second replaces the first through its manifest), the index, the report, show
+    for _ in range(2):
+        fleet.producer("export", f"s3://{BUCKET}/exports/default", **on_s3(s3))
+        assert sorted(exported_ids(s3, "exports/default/")) == ids
+    assert len([k for k in s3.keys("exports/default/") if k.endswith(".parquet")]) == 1  # the first one's gone
+    fleet.producer("export", "--index-only", str(tmp_path / "index"), **on_s3(s3))
+    keep = pq.read_table(tmp_path / "index" / "keep-000.parquet").to_pylist()
+    assert sorted(r["id"] for r in keep) == ids and {r["shard"] for r in keep} == {shard.rsplit("/", 1)[1]}
+    fleet.producer("report", "--out", str(tmp_path / "report.html"), **on_s3(s3))
+    assert f"{OUTPUT}/default/" in (tmp_path / "report.html").read_text()
+    shown = fleet.producer("show", ids[0], **on_s3(s3)).stdout
+    assert f"s3://{BUCKET}/{shard}" in shown
+
+
+def exported_ids(s3, prefix: str) -> list[str]:
+    """The ids of the export at `prefix`, read the way its readers are told to: through its manifest."""
+    client = s3.client()
+    manifest = json.loads(client.get_object(Bucket=BUCKET, Key=prefix + "manifest.json")["Body"].read())
+    return [i for f in manifest["files"] for i in pq.read_table(pa.BufferReader(
+        client.get_object(Bucket=BUCKET, Key=prefix + f["name"])["Body"].read()), columns=["id"]).column("id").to_pylist()]
 
 
 def test_two_workers_with_one_name_and_pid_never_replace_each_others_objects(fleet, s3, tmp_path):

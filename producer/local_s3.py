@@ -1,4 +1,5 @@
-"""A real S3 HTTP server for the tests: moto's server as its own process on a free loopback port.
+"""A real S3 HTTP server for the tests and the bench: moto's server as its own process on a free
+loopback port (moto is a test dependency; nothing of the fleet imports this).
 
 moto keeps its buckets in the process's memory, so an outage is made by
 freezing the process (SIGSTOP: connections are accepted by the kernel and never

@@ -18,7 +18,8 @@ Faults stay where they belong:
   building the group's rows one by one: either way only that row's task gets
   the error (`BadSample`), and the rest of its group is written.
 - Storage refusing writes (any `OSError`: a full disk, a read-only or missing
-  folder, a file where the run's folder should be) is nobody's prompt's fault:
+  folder, a file where the run's folder should be; a bucket that cannot be
+  reached, throttles or answers 5xx) is nobody's prompt's fault:
   the group goes back to the pending rows with its tasks still waiting, and
   is retried with backoff (on a probe file when nothing is pending) until
   storage takes it. `storage` says whether the last write worked and since
@@ -328,7 +329,7 @@ class ShardWriter:
             self._retry_at = time.monotonic() + self.storage.retry_delay(self.retry_base, self.retry_max)
 
     def _probe(self) -> None:
-        """Nothing pending while storage fails: try a small file where it last failed."""
+        """Nothing pending while storage fails: try a small file (object) where it last failed."""
         try:
             for run in sorted(self._failed_runs) or [""]:
                 self.store.probe(run)

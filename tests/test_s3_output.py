@@ -28,8 +28,12 @@ from waiting import wait_until
 OUTPUT = f"s3://{BUCKET}/runs"
 RUN_PREFIX = "runs/default/"
 LEASE = {"FLEET_LEASE_SECONDS": "8", "FLEET_RESTORE_INTERVAL": "1"}
-FAULTS = ["--step-base", "0.01", "--output-len-max", "64", "--fault-missing-think-end", "0.1",
-          "--fault-http500-first", "0.1"]
+FAULTS = ["--step-base", "0.02", "--output-len-max", "100", "--fault-missing-think-end", "0.1",
+          "--fault-http500-first", "0.1"]  # about two seconds a generation
+# Four prompts at a time per worker, so the run outlasts the faults; an upload to a frozen store
+# gives up within the commit timeout (connect and answer a quarter of it each, two attempts).
+SLOW_RUN = {"FLEET_CONCURRENCY": "4", "FLEET_MAX_INFLIGHT_PER_SERVER": "4", "FLEET_SHARD_MAX_ROWS": "8",
+            "FLEET_SHARD_COMMIT_TIMEOUT": "20", "FLEET_RETRY_BACKOFF": "0.05"}
 
 
 @pytest.fixture
@@ -89,11 +93,11 @@ def test_a_run_with_faults_a_killed_worker_and_a_20s_store_outage_stores_each_pr
     _, url = fleet.standin(*FAULTS)
     prompts = varied_prompts(60)
     ids = [p["id"] for p in prompts]
-    workers = [fleet.worker(name, [url], **on_s3(s3, FLEET_SHARD_MAX_ROWS="8", **LEASE)) for name in ("w1", "w2")]
+    workers = [fleet.worker(name, [url], **on_s3(s3, **SLOW_RUN, **LEASE)) for name in ("w1", "w2")]
     fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", prompts)), **on_s3(s3))
 
     # When one worker is SIGKILLed mid-run
-    wait_until(lambda: fleet.states().get("done", 0) >= 10, 180, "a sixth of the run stored", fleet)
+    wait_until(lambda: fleet.states().get("done", 0) >= 8, 180, "the first shards stored", fleet)
     workers[1].kill()
     assert workers[1].popen.returncode == -signal.SIGKILL
 

@@ -80,7 +80,33 @@ def assert_exactly_once(fleet, s3, tmp_path, prompts: list[str]) -> dict:
                        for i in pq.read_table(export / f["name"], columns=["id"]).column("id").to_pylist())
     assert set(exported) == done and set(exported.values()) == {1}
     assert manifest["source"] == f"{OUTPUT}/default/" and manifest["source_shards"] == len(shards)
+    assert s3.env["AWS_SECRET_ACCESS_KEY"] not in (export / "manifest.json").read_text()
     return shards
+
+
+def test_an_object_is_created_once_whole_and_a_failed_upload_in_parts_is_aborted(s3, monkeypatch):
+    from contract.storage import store_for
+
+    # Given the bucket store, told to upload in 5 MiB parts anything above 1 MiB
+    for key, value in s3.env.items():
+        monkeypatch.setenv(key, value)
+    store = store_for(OUTPUT, 60.0)
+    store.single_put_max, store.part_bytes = 2**20, 5 * 2**20
+    body = bytes(range(256)) * (6 * 2**20 // 256)
+
+    # When a shard of 6 MiB is created, it is one whole object
+    location = store.create("r", "part-big.parquet", lambda sink: sink.write(body))
+    assert store.stream(location).read() == body and store.shards("r") == [location]
+
+    # and creating the same name again, in one PUT or in parts, is refused (412), never a replace,
+    # and the refused upload in parts is aborted, not left behind
+    with pytest.raises(FileExistsError):
+        store.create("r", "part-big.parquet", lambda sink: sink.write(b"x" * 7 * 2**20))
+    store.single_put_max = 2**30
+    with pytest.raises(FileExistsError):
+        store.create("r", "part-big.parquet", lambda sink: sink.write(b"small"))
+    assert store.stream(location).read() == body
+    assert s3.client().list_multipart_uploads(Bucket=BUCKET).get("Uploads", []) == []
 
 
 def storage_seen(fleet, s3, up: bool) -> bool:
@@ -106,6 +132,8 @@ def test_a_run_with_faults_a_killed_worker_and_a_20s_store_outage_stores_each_pr
     frozen = time.monotonic()
     try:
         wait_until(lambda: storage_seen(fleet, s3, up=False), 120, "the worker seeing the store down", fleet)
+        status = fleet.producer("status", "--json", **on_s3(s3)).stdout
+        assert "ReadTimeout" in status and s3.env["AWS_SECRET_ACCESS_KEY"] not in status
         done_during = fleet.states().get("done", 0)
         time.sleep(max(0.0, 20 - (time.monotonic() - frozen)))  # the outage's length, not a synchronisation
         assert fleet.states().get("done", 0) == done_during  # nothing is marked done without its shard
@@ -119,7 +147,8 @@ def test_a_run_with_faults_a_killed_worker_and_a_20s_store_outage_stores_each_pr
     reasons = {letter["reason"] for letter in fleet.dead_letters()}
     assert reasons <= {"missing_think_end"}  # the planted fault only: the outage dead-lettered nothing
     assert "storage failing" in workers[0].log.read_text()
-    assert s3.env["AWS_SECRET_ACCESS_KEY"] not in workers[0].log.read_text()
+    secret = s3.env["AWS_SECRET_ACCESS_KEY"]
+    assert secret not in workers[0].log.read_text() and secret not in json.dumps(fleet.dead_letters())
 
 
 def test_a_worker_that_dies_right_after_its_upload_is_reconciled_not_generated_again(fleet, s3, tmp_path):

@@ -192,12 +192,14 @@ def worker_figures(d: dict) -> list[Figure]:
 
 
 def storage_figures(d: dict) -> list[Figure]:
-    part, local, s3 = "6 object storage", d["local"], d["s3"]
+    part, local, s3 = "8 object storage", d["local"], d["s3"]
     shape = f"{d['samples']} samples of ~{d['output_len']} tokens, FLEET_SHARD_MAX_ROWS {d['max_rows']}"
     return [
-        Figure(part, "shard commit, S3 / local (mean time)", d["commit_ratio"], "{:.1f}",
+        Figure(part, "shard commit, S3 / local (mean time)", d["commit_ratio"], "{:.2f}",
                note=f"{s3['commit_ms']:.0f} ms vs {local['commit_ms']:.0f} ms per shard of "
-                    f"{s3['rows_per_commit']:.0f} rows ({s3['commits']:.0f} / {local['commits']:.0f} commits); {shape}"),
+                    f"{s3['rows_per_commit']:.0f} rows, {s3['bytes_per_commit'] / 1e6:.2f} MB "
+                    f"({s3['mb_per_s']:.1f} vs {local['mb_per_s']:.1f} MB/s committed, {s3['commits']:.0f} / "
+                    f"{local['commits']:.0f} commits); {shape}"),
         Figure(part, "worker CPU per sample, S3 / local", d["cpu_ratio"], "{:.2f}",
                note=f"{s3['cpu_ms_per_sample']:.1f} ms vs {local['cpu_ms_per_sample']:.1f} ms; the S3 server "
                     f"(moto) spent {s3['s3_server_cpu_ms_per_sample']:.1f} ms per sample besides"),

@@ -44,9 +44,16 @@ def run_storage_cost(lab: Lab, opts: StorageOptions, log) -> dict:
     s3 = start_s3(lab.logs)
     try:
         sides = {}
-        for side, output in (("local", str(lab.output_dir("storage-local"))), ("s3", f"s3://{BUCKET}/runs")):
+        folder = lab.output_dir("storage-local")
+        for side, output in (("local", str(folder)), ("s3", f"s3://{BUCKET}/runs")):
             log(f"storage cost: {side} ({opts.samples} samples, shards of up to {opts.max_rows} rows)")
             sides[side] = _side(lab, opts, side, {"OUTPUT_DIR": output, **s3.env}, s3.process.popen.pid)
+        sides["local"]["bytes"] = sum(p.stat().st_size for p in (folder / "st-local-cost").glob("part-*.parquet"))
+        pages = s3.client().get_paginator("list_objects_v2").paginate(Bucket=BUCKET, Prefix="runs/st-s3-cost/")
+        sides["s3"]["bytes"] = sum(o["Size"] for page in pages for o in page.get("Contents", ()))
+        for side in sides.values():
+            side["bytes_per_commit"] = side["bytes"] / max(1, side["commits"])
+            side["mb_per_s"] = side["bytes"] / 1e6 / (side["commit_ms"] * side["commits"] / 1000)
     finally:
         s3.stop()
     local, remote = sides["local"], sides["s3"]

@@ -24,7 +24,6 @@ import time
 from pathlib import Path
 
 from contract.storage import parse, store_for
-from contract.storage.s3 import _call
 
 from . import formats
 from .export_folder import MANIFEST, ExportRefused
@@ -52,14 +51,14 @@ def previous_parts(dest: str) -> list[str]:
     """The keys of the export at `dest` to delete once a new one is in place; refuses a
     `dest/` holding objects that no previous export there names."""
     store = store_for(dest)
-    base = store.where("")
-    keys = _keys(store, store.prefix + "/" if store.prefix else "")
+    base = store.where("")  # s3://bucket/dest/
+    prefix = base.split("/", 3)[3]
+    keys = store.keys(prefix)
     if not keys:
         return []
     manifest = _read_manifest(store, base)
-    named = {base.split("/", 3)[3] + f["name"] for f in manifest.get("files", [])} if manifest else set()
-    manifest_key = base.split("/", 3)[3] + MANIFEST
-    strangers = [k for k in keys if k != manifest_key and k not in named]
+    named = {prefix + f["name"] for f in manifest.get("files", [])} if manifest else set()
+    strangers = [k for k in keys if k != prefix + MANIFEST and k not in named]
     if manifest is None or strangers:
         raise ExportRefused(f"{base} holds objects that are not a previous export "
                             f"({', '.join(strangers[:5] or keys[:5])}); export to an empty prefix")
@@ -69,18 +68,10 @@ def previous_parts(dest: str) -> list[str]:
 def publish(dest: str, manifest: dict, previous: list[str]) -> None:
     """The manifest, last and whole (it is what readers open); then the previous parts go."""
     store = store_for(dest)
-    key = store.where("").split("/", 3)[3] + MANIFEST
     body = json.dumps(manifest, indent=2, sort_keys=True).encode()
-    _call("upload", key, lambda: store.client.put_object(Bucket=store.bucket, Key=key, Body=body,
-                                                         ContentType="application/json"))
+    store.replace(store.where("").split("/", 3)[3] + MANIFEST, body, "application/json")
     for old in previous:
-        _call("delete", old, lambda: store.client.delete_object(Bucket=store.bucket, Key=old))
-
-
-def _keys(store, prefix: str) -> list[str]:
-    pages = store.client.get_paginator("list_objects_v2").paginate(Bucket=store.bucket, Prefix=prefix)
-    return sorted(item["Key"] for page in _call("list", prefix, lambda: list(pages))
-                  for item in page.get("Contents", ()))
+        store.delete(old)
 
 
 def _read_manifest(store, base: str) -> dict | None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 import io
 import os
 import secrets
+from pathlib import PurePosixPath
 from typing import BinaryIO, Callable
 
 import boto3
@@ -31,7 +32,6 @@ from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
 from contract.schema import is_shard
-from pathlib import PurePosixPath
 
 from . import StorageRefused
 
@@ -115,7 +115,22 @@ class S3Store:
             raise StorageRefused(f"OUTPUT_DIR={self.where('').rstrip('/')} cannot be written: {str(exc).rstrip('.')}. "
                                  f"{_advice(exc)}") from None
 
+    def replace(self, key: str, body: bytes, content_type: str) -> None:
+        """One object that is meant to be replaced whole (an export's manifest: one PUT, so a
+        reader sees the old one or the new one). Never used for a shard."""
+        _call("upload", key, lambda: self.client.put_object(Bucket=self.bucket, Key=key, Body=body,
+                                                            ContentType=content_type))
+
+    def delete(self, key: str) -> None:
+        _call("delete", key, lambda: self.client.delete_object(Bucket=self.bucket, Key=key))
+
     # -- reading --------------------------------------------------------------------------
+
+    def keys(self, prefix: str) -> list[str]:
+        """Every key under `prefix` (all levels), in order."""
+        pages = self.client.get_paginator("list_objects_v2").paginate(Bucket=self.bucket, Prefix=prefix)
+        return sorted(item["Key"] for page in _call("list", prefix, lambda: list(pages))
+                      for item in page.get("Contents", ()))
 
     def sizes(self, run: str) -> dict[str, int]:
         """Each shard object of the run (its location) and its size, in name order."""

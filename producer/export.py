@@ -27,6 +27,10 @@ Invariants, and why they hold:
   the export is written into a fresh folder beside DEST and swapped into
   place (`export_folder.py`, which also refuses a DEST that is not a
   previous export).
+- **DEST may be a bucket** (`s3://bucket/dest`, `export_bucket.py`): the same
+  selection, each file uploaded as soon as it is finished, the manifest written
+  last, which is what readers open. The shards themselves are read wherever
+  `OUTPUT_DIR` keeps them (`contract/storage`), one at a time.
 - **Every format holds the same rows.** `--format specforge|speculators|text`
   is written (`producer/formats/`) from a Parquet export made inside the fresh
   folder and removed before the swap, so the selection above is the one code

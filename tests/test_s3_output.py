@@ -197,8 +197,8 @@ def exported_ids(s3, prefix: str) -> list[str]:
     """The ids of the export at `prefix`, read the way its readers are told to: through its manifest."""
     client = s3.client()
     manifest = json.loads(client.get_object(Bucket=BUCKET, Key=prefix + "manifest.json")["Body"].read())
-    return [i for f in manifest["files"] for i in pq.read_table(pa.BufferReader(
-        client.get_object(Bucket=BUCKET, Key=prefix + f["name"])["Body"].read()), columns=["id"]).column("id").to_pylist()]
+    parts = [client.get_object(Bucket=BUCKET, Key=prefix + f["name"])["Body"].read() for f in manifest["files"]]
+    return [i for part in parts for i in pq.read_table(pa.BufferReader(part), columns=["id"]).column("id").to_pylist()]
 
 
 def test_two_workers_with_one_name_and_pid_never_replace_each_others_objects(fleet, s3, tmp_path):

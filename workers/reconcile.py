@@ -15,13 +15,15 @@ the shard writer's one way to Redis, one call each):
    which deletes the entries; only then are the tasks released (and acknowledged).
 
 A delivery reads its prompt's ids and entry in one call (`Ledger.intake`). An
-entry whose shard exists under that name (in the folder or bucket `OUTPUT_DIR` names) and holds the prompt's id (its `id`
-and `output_len` columns are read, once per shard) means the sample is durable
-there: the prompt is marked done with that shard as its canonical copy,
-without generating (`reconciled`). An entry whose file is missing, or does
-not hold the id (the worker died before linking, or the file is on another
-node's disk), is dropped and the prompt generated as usual. A linked name is final and holds the rows it was
-written with (`shards.py`), so the check cannot be fooled by a later file.
+entry whose shard exists under that name (in the folder or bucket `OUTPUT_DIR`
+names) and holds the prompt's id (its `id` and `output_len` columns are read,
+once per shard) means the sample is durable there: the prompt is marked done
+with that shard as its canonical copy, without generating (`reconciled`). An
+entry whose shard is missing, or does not hold the id (the worker died before
+its final name was made, or the file is on another node's disk), is dropped
+and the prompt generated as usual. A final name is never replaced and holds the
+rows it was written with (`contract/storage`), so the check cannot be fooled by
+a later shard.
 
 The hash holds only in-flight groups (not one field per prompt of the run):
 `mark_group_done` and `bury` delete entries, and one a dead worker left goes at

@@ -28,6 +28,7 @@ def _check_storage(sender=None, **_) -> None:
     if not _running_worker() or sender is None or not hasattr(sender, "fleet_settings"):
         return
     try:
-        store_for(sender.fleet_settings.output_dir).preflight()
+        settings = sender.fleet_settings  # the store the shard writer will use, with its bounds
+        store_for(settings.output_dir, settings.shard_commit_timeout).preflight()
     except StorageRefused as exc:
         raise SystemExit(f"worker refused to start: {exc}") from None

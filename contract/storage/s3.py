@@ -31,6 +31,7 @@ import pyarrow as pa
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
+from contract.connections import redact_text
 from contract.schema import is_shard
 
 from . import StorageRefused
@@ -213,9 +214,10 @@ def as_os_error(exc: Exception, what: str, key: str) -> OSError:
             return PermissionError(line)
         return OSError(line)
     name = type(exc).__name__
+    text = redact_text(str(exc), os.environ.get("AWS_ENDPOINT_URL", ""))  # an endpoint may carry user:pass@
     if name in ("NoCredentialsError", "PartialCredentialsError", "NoRegionError"):
-        return PermissionError(f"S3 {what} of {key}: {exc}")
-    return OSError(f"S3 {what} of {key}: {name}: {exc}")
+        return PermissionError(f"S3 {what} of {key}: {text}")
+    return OSError(f"S3 {what} of {key}: {name}: {text}")
 
 
 def _advice(exc: OSError) -> str:

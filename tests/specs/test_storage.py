@@ -100,3 +100,10 @@ def test_a_folder_store_never_replaces_a_shard_and_lists_only_final_names(tmp_pa
     store.probe("r")
     assert store.shards("r") == [first]
     assert store.stream(first).read() == b"first"
+
+
+def test_an_outage_message_never_shows_a_password_in_the_endpoint(monkeypatch):
+    monkeypatch.setenv("AWS_ENDPOINT_URL", "http://minio:hunter2@127.0.0.1:1")
+    error = EndpointConnectionError(endpoint_url="http://minio:hunter2@127.0.0.1:1/traces")
+    mapped = as_os_error(error, "upload", "k")
+    assert "hunter2" not in str(mapped) and "127.0.0.1:1" in str(mapped)

@@ -61,8 +61,12 @@ def start_s3(logs: Path, auth: bool = False) -> S3Server:
            "AWS_REGION": "us-east-1", "AWS_CONFIG_FILE": "/nonexistent", "AWS_SHARED_CREDENTIALS_FILE": "/nonexistent",
            "AWS_EC2_METADATA_DISABLED": "true"}
     server = S3Server(process, url, aws)
-    wait_for(lambda: httpx.get(f"{url}/moto-api/data.json", timeout=2).status_code == 200, 60,
-             f"S3 server on port {port}", process)
-    if not auth:
-        server.client().create_bucket(Bucket=BUCKET)
+    try:
+        wait_for(lambda: httpx.get(f"{url}/moto-api/data.json", timeout=2).status_code == 200, 60,
+                 f"S3 server on port {port}", process)
+        if not auth:
+            server.client().create_bucket(Bucket=BUCKET)
+    except BaseException:
+        server.stop()
+        raise
     return server

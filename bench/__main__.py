@@ -10,6 +10,8 @@ Parts (each can be chosen with --parts, each sized by its flags):
                    (not in the default set: about 15 minutes here; --parts scale)
   inflight         worker CPU per sample at 16, 256 and 2,048 requests in flight, beside the
                    ideal client's CPU per request (not in the default set: --parts inflight)
+  storage          shard commit time and worker CPU per sample with OUTPUT_DIR on an S3 server
+                   (moto, a separate process) vs a local folder, same run
 
 Defaults are sized to finish in about ten minutes on a 2-core machine; every
 goal is a ratio or a size measured within the same run.
@@ -29,7 +31,7 @@ from rich.console import Console
 
 from .report import Figure, at_least, at_most, print_table, write_json
 
-PARTS = ("saturation", "producer", "worker", "redis", "producer-memory", "scale", "inflight")
+PARTS = ("saturation", "producer", "worker", "redis", "producer-memory", "scale", "inflight", "storage")
 DEFAULT_PARTS = tuple(p for p in PARTS if p not in ("scale", "inflight"))
 MiB = 1024 * 1024
 MEMORY_SCALE = 10_000  # worker RSS: after 10,000 and after 100,000 samples, as the issue sets it
@@ -86,6 +88,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     f.add_argument("--inflight-output-len", type=float, default=100, help="output tokens per answer")
     f.add_argument("--inflight-request-seconds", type=float, default=0.0,
                    help="0: an instant stand-in; else each request lasts about this long (more really in flight)")
+    o = p.add_argument_group("object storage")
+    o.add_argument("--storage-samples", type=int, default=1000, help="samples per side, after a warm-up")
+    o.add_argument("--storage-max-rows", type=int, default=100, help="FLEET_SHARD_MAX_ROWS on both sides")
+    o.add_argument("--storage-output-len", type=int, default=1000, help="output tokens per sample")
     c = p.add_argument_group("scale")
     c.add_argument("--scale-sizes", default="10000,100000,1000000", help="run sizes, comma-separated")
     c.add_argument("--scale-real-prompts", type=int, default=10_000,
@@ -185,6 +191,21 @@ def worker_figures(d: dict) -> list[Figure]:
     ]
 
 
+def storage_figures(d: dict) -> list[Figure]:
+    part, local, s3 = "8 object storage", d["local"], d["s3"]
+    shape = f"{d['samples']} samples of ~{d['output_len']} tokens, FLEET_SHARD_MAX_ROWS {d['max_rows']}"
+    return [
+        Figure(part, "shard commit, S3 / local (mean time)", d["commit_ratio"], "{:.2f}",
+               note=f"{s3['commit_ms']:.0f} ms vs {local['commit_ms']:.0f} ms per shard of "
+                    f"{s3['rows_per_commit']:.0f} rows, {s3['bytes_per_commit'] / 1e6:.2f} MB "
+                    f"({s3['mb_per_s']:.1f} vs {local['mb_per_s']:.1f} MB/s committed, {s3['commits']:.0f} / "
+                    f"{local['commits']:.0f} commits); {shape}"),
+        Figure(part, "worker CPU per sample, S3 / local", d["cpu_ratio"], "{:.2f}",
+               note=f"{s3['cpu_ms_per_sample']:.1f} ms vs {local['cpu_ms_per_sample']:.1f} ms; the S3 server "
+                    f"(moto) spent {s3['s3_server_cpu_ms_per_sample']:.1f} ms per sample besides"),
+    ]
+
+
 def _exit_on_sigterm(signum, frame) -> None:
     raise SystemExit(128 + signum)  # so the Lab stops every process it started
 
@@ -266,6 +287,13 @@ def main(argv: list[str] | None = None) -> int:
                     output_len_max=int(args.inflight_output_len * 1.1),
                     request_seconds=args.inflight_request_seconds), log)
                 figures += inflight_figures(d)
+            if "storage" in args.parts:
+                from .storage_cost import StorageOptions, run_storage_cost
+
+                d = details["storage"] = run_storage_cost(lab, StorageOptions(
+                    samples=args.storage_samples, max_rows=args.storage_max_rows,
+                    output_len=args.storage_output_len), log)
+                figures += storage_figures(d)
             if "scale" in args.parts:
                 from .scale import ScaleOptions, run_scale
                 from .scale_figures import real_run_figures, scale_figures

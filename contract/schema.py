@@ -1,7 +1,7 @@
 """The shard contract: Parquet columns, and the `Sample` record a worker fills.
 
-A shard is a Parquet file under `OUTPUT_DIR/<run>/` whose name does not start
-with `.` or `_` (temporary and metadata files). `input_ids` is the prompt's
+A shard is a Parquet file (or object) under `OUTPUT_DIR/<run>/` whose name does
+not start with `.` or `_` (temporary and metadata files). `input_ids` is the prompt's
 ids then the server's `output_ids`, exactly; `prompt_len` says where one ends.
 The Arrow schema is built from `Sample`'s fields, so the record a worker fills
 and the columns a reader sees cannot drift apart; pyarrow is imported only
@@ -98,6 +98,7 @@ def is_shard(path: Path) -> bool:
 
 
 def shard_files(output_dir: str | Path, run: str) -> list[Path]:
-    """A run's shards, in name order."""
-    folder = Path(output_dir) / run
-    return sorted(p for p in folder.glob("*.parquet") if is_shard(p)) if folder.exists() else []
+    """A run's shards in a folder, in name order (`contract/storage` lists them wherever they are)."""
+    from .storage.local import LocalStore
+
+    return [Path(p) for p in LocalStore(str(output_dir)).shards(run)]

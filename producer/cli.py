@@ -363,7 +363,8 @@ def dead_purge(run: Optional[str] = RunOpt, reason: list[str] = typer.Option([])
 
 
 @app.command()
-def export(dest: Path = typer.Argument(..., help="A new or empty folder, or a previous export to replace."),
+def export(dest: str = typer.Argument(..., help="A new or empty folder, or a previous export to replace; or "
+                                      "s3://bucket/prefix (read it through its manifest.json)."),
            run: Optional[str] = RunOpt, rows_per_file: int = typer.Option(10_000, min=1),
            jobs: int = typer.Option(0, min=0, help="Processes sharing the shards (0: one per GiB of shards, "
                                     "at most one per core and 8)."),
@@ -396,7 +397,10 @@ def export(dest: Path = typer.Argument(..., help="A new or empty folder, or a pr
         raise typer.Exit(2)
     name = _run_name(run)
     settings, client = _connect(redis_url)
-    from .export import export_run, shard_files
+    from contract.storage import UnsupportedOutput, store_for
+
+    from .export import export_run
+    from .export_bucket import is_bucket
     from .export_folder import ExportRefused, check_replaceable
 
     spec = _spec(client, name)
@@ -405,8 +409,9 @@ def export(dest: Path = typer.Argument(..., help="A new or empty folder, or a pr
                   f"has one generation per prompt[/red]")
         raise typer.Exit(2)
     try:
-        check_replaceable(dest.resolve())
-        total = len(shard_files(settings.output_dir, spec.name))
+        if not is_bucket(dest):  # raises UnsupportedOutput (gs://...)
+            check_replaceable(Path(dest).resolve())
+        total = len(store_for(settings.output_dir).shards(spec.name))
         with Progress(TextColumn("export"), BarColumn(), TextColumn("{task.completed}/{task.total} shards"),
                       console=err, transient=True) as bar:
             task = bar.add_task("export", total=total)
@@ -415,7 +420,7 @@ def export(dest: Path = typer.Argument(..., help="A new or empty folder, or a pr
                                   jobs=jobs, redis_url=settings.redis_url, index_only=index_only, format=format,
                                   format_options={"prompts": prompts, "trust_remote_code": trust_remote_code},
                                   complete_only=complete_only)
-    except (ExportRefused, FormatRefused) as exc:
+    except (ExportRefused, FormatRefused, UnsupportedOutput) as exc:
         err.print(f"[red]{escape(str(exc))}[/red]")
         raise typer.Exit(2)
     left_out = ", ".join(f"{k}={v}" for k, v in manifest["left_out"].items()) or "none"
@@ -479,10 +484,16 @@ def main() -> None:
     """Run a command; Redis refusing writes (out of memory, read-only, no replicas) ends it with
     one line and exit status 3, never a traceback. What a command wrote before is safe: `enqueue`
     records each prompt before publishing it, so a re-run publishes only what is missing."""
+    from pydantic import ValidationError
+
+    from contract.settings import settings_refusal
     from contract.write_refusal import refusal
 
     try:
         app()
+    except ValidationError as exc:  # OUTPUT_DIR=gs://... and the like: one line, no traceback
+        err.print(f"[red]{escape(settings_refusal(exc))}[/red]", highlight=False)
+        sys.exit(2)
     except Exception as exc:
         refused = refusal(exc)
         if refused is None:

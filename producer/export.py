@@ -27,6 +27,10 @@ Invariants, and why they hold:
   the export is written into a fresh folder beside DEST and swapped into
   place (`export_folder.py`, which also refuses a DEST that is not a
   previous export).
+- **DEST may be a bucket** (`s3://bucket/dest`, `export_bucket.py`): the same
+  selection, each file uploaded as soon as it is finished, the manifest written
+  last, which is what readers open. The shards themselves are read wherever
+  `OUTPUT_DIR` keeps them (`contract/storage`), one at a time.
 - **Every format holds the same rows.** `--format specforge|speculators|text`
   is written (`producer/formats/`) from a Parquet export made inside the fresh
   folder and removed before the swap, so the selection above is the one code
@@ -44,7 +48,7 @@ import time
 from collections import Counter
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Callable
 
 import pyarrow as pa
@@ -56,11 +60,13 @@ import redis
 from contract.durable import fsync_path
 from contract.ledger import Entry, Ledger, shard_code
 from contract.names import PromptState
-from contract.schema import arrow_schema, shard_files
+from contract.schema import arrow_schema
 from contract.spec import RunSpec, check_run_name
+from contract.storage import store_for
 
 from . import formats
-from .export_folder import check_replaceable, swap_into_place, write_manifest
+from .export_bucket import Uploader, is_bucket, previous_parts, publish
+from .export_folder import ExportRefused, check_replaceable, swap_into_place, write_manifest
 
 BATCH_ROWS = 2048           # rows read (and looked up in the ledger) at a time
 GROUP_BYTES = 64 * 2**20    # a row group is written once this much is buffered
@@ -68,7 +74,7 @@ JOB_BYTES = 2**30           # jobs=0: a process per this much of shards (a proce
 KEEP_SCHEMA = pa.schema([("shard", pa.string()), ("row", pa.int64()), ("id", pa.string())])
 
 
-def export_run(spec: RunSpec, client: redis.Redis, output_dir: str, dest: Path,
+def export_run(spec: RunSpec, client: redis.Redis, output_dir: str, dest: Path | str,
                rows_per_file: int = 10_000, on_progress: Callable[[int], None] | None = None,
                jobs: int = 1, redis_url: str | None = None, index_only: bool = False,
                format: str = formats.PARQUET, format_options: dict | None = None,
@@ -81,6 +87,9 @@ def export_run(spec: RunSpec, client: redis.Redis, output_dir: str, dest: Path,
     check_run_name(spec.name)
     if format not in formats.NAMES or (index_only and format != formats.PARQUET):
         raise ValueError(f"format {format!r} is not one of {formats.NAMES}, or comes with --index-only")
+    if is_bucket(str(dest)):
+        return _export_to_bucket(spec, client, output_dir, str(dest), rows_per_file, on_progress, index_only,
+                                 format, complete_only)
     dest = Path(dest).resolve()  # a symlinked DEST: its target is replaced, the link stays
     check_replaceable(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -95,6 +104,28 @@ def export_run(spec: RunSpec, client: redis.Redis, output_dir: str, dest: Path,
         swap_into_place(staging, dest)
     finally:  # after a swap, `staging` holds the previous export
         shutil.rmtree(staging, ignore_errors=True)
+    return manifest
+
+
+def _export_to_bucket(spec: RunSpec, client: redis.Redis, output_dir: str, dest: str, rows_per_file: int,
+                      on_progress: Callable[[int], None] | None, index_only: bool, format: str,
+                      complete_only: bool) -> dict:
+    """The export at `s3://bucket/dest` (`export_bucket.py`): each part uploaded as it is
+    written, the manifest last; the previous export's parts deleted after."""
+    if format != formats.PARQUET:
+        raise ExportRefused(f"--format {format} is written to a folder; export to a folder, then copy it")
+    previous = previous_parts(dest)
+    uploader = Uploader(dest, count=not index_only)
+    staging = Path(tempfile.mkdtemp(prefix=".export-"))
+    try:
+        manifest = _write_export(spec, client, output_dir, staging, rows_per_file, on_progress, 1, None,
+                                 index_only, complete_only, on_file=uploader)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    manifest["export_id"] = uploader.export_id
+    if not index_only:
+        manifest["format"] = {"name": formats.PARQUET, **uploader.figures.to_dict()}
+    publish(dest, manifest, previous)
     return manifest
 
 
@@ -121,6 +152,7 @@ class _Share:
     folder: str
     rows_per_file: int
     index_only: bool
+    output_dir: str = ""  # where the shards are (`contract/storage`)
     redis_url: str | None = None
     files: list[dict] = field(default_factory=list)
     rows: int = 0
@@ -135,15 +167,18 @@ class _Share:
 
 def _write_export(spec: RunSpec, client: redis.Redis, output_dir: str, folder: Path, rows_per_file: int,
                   on_progress: Callable[[int], None] | None, jobs: int, redis_url: str | None,
-                  index_only: bool, complete_only: bool = False) -> dict:
-    sources = [str(p) for p in shard_files(output_dir, spec.name)]
+                  index_only: bool, complete_only: bool = False,
+                  on_file: Callable[[Path], str] | None = None) -> dict:
+    store = store_for(output_dir)
+    sizes = store.sizes(spec.name)
+    sources = list(sizes)
     if not jobs:
-        jobs = min(os.cpu_count() or 1, 8, sum(os.path.getsize(p) for p in sources) // JOB_BYTES)
+        jobs = min(os.cpu_count() or 1, 8, sum(sizes.values()) // JOB_BYTES)
     jobs = max(1, min(jobs if redis_url else 1, len(sources)))
-    shares = [_Share(n, spec.name, sources[n::jobs], str(folder), rows_per_file, index_only, redis_url,
+    shares = [_Share(n, spec.name, sources[n::jobs], str(folder), rows_per_file, index_only, output_dir, redis_url,
                      complete_only=complete_only) for n in range(jobs)]
     if jobs == 1:
-        shares = [_export_share(shares[0], client, on_progress)]
+        shares = [_export_share(shares[0], client, on_progress, on_file)]
     else:
         shares = _in_processes(shares, on_progress)
     files = sorted((f for s in shares for f in s.files), key=lambda f: f["name"])
@@ -163,7 +198,7 @@ def _write_export(spec: RunSpec, client: redis.Redis, output_dir: str, folder: P
         "source_shards": len(sources),
         "shards_whole": sum(s.whole for s in shares),
         "shards_rewritten": sum(s.rewritten for s in shares),
-        "source": str(Path(output_dir).resolve() / spec.name),
+        "source": store.where(spec.name),
         "index_only": index_only,
         "complete_only": complete_only,
         "dead_letters": dict(tally.reasons),
@@ -207,7 +242,8 @@ def _child_init(counter) -> None:
 
 
 def _export_share(share: _Share, client: redis.Redis | None = None,
-                  on_progress: Callable[[int], None] | None = None) -> _Share:
+                  on_progress: Callable[[int], None] | None = None,
+                  on_file: Callable[[Path], str] | None = None) -> _Share:
     if client is None:
         from contract.connections import redis_for
 
@@ -216,8 +252,10 @@ def _export_share(share: _Share, client: redis.Redis | None = None,
     folder = Path(share.folder)
     writer = (_RollingWriter(folder, f"keep-{share.number:03d}", None, KEEP_SCHEMA) if share.index_only
               else _RollingWriter(folder, f"part-{share.number:03d}", share.rows_per_file, arrow_schema()))
-    for number, path in enumerate(share.shards, start=1):
-        _export_shard(Path(path), ledger, writer, share)
+    writer.on_file = on_file
+    store = store_for(share.output_dir)
+    for number, location in enumerate(share.shards, start=1):
+        _export_shard(location, store.source(location), ledger, writer, share)
         if _shards_done is not None:
             with _shards_done.get_lock():
                 _shards_done.value += 1
@@ -227,10 +265,12 @@ def _export_share(share: _Share, client: redis.Redis | None = None,
     return share
 
 
-def _export_shard(path: Path, ledger: Ledger, writer: "_RollingWriter", share: _Share) -> None:
+def _export_shard(path: str, source, ledger: Ledger, writer: "_RollingWriter", share: _Share) -> None:
     """The shard's canonical rows to `writer`: the whole shard as it is when the ledger says
-    every row of it is canonical (the usual case), else a batch at a time."""
-    shard = pq.ParquetFile(path)
+    every row of it is canonical (the usual case), else a batch at a time. `source` is what
+    pyarrow reads (`Store.source`: the file, or the object's bytes)."""
+    shard = pq.ParquetFile(source)
+    name = PurePosixPath(path).name
     rows = shard.metadata.num_rows
     whole = (rows and shard.schema_arrow.equals(arrow_schema())
              and (share.index_only or rows <= share.rows_per_file) and ledger.canonical_rows(path) == rows
@@ -241,14 +281,14 @@ def _export_shard(path: Path, ledger: Ledger, writer: "_RollingWriter", share: _
         share.rows += rows
         if share.index_only:
             ids = shard.read(columns=["id"]).column("id")
-            writer.write(pa.record_batch([pa.repeat(pa.scalar(path.name), rows), pa.array(range(rows), pa.int64()),
+            writer.write(pa.record_batch([pa.repeat(pa.scalar(name), rows), pa.array(range(rows), pa.int64()),
                                           ids.combine_chunks()], schema=KEEP_SCHEMA))
         else:
             share.models.update(_models(shard))
-            writer.adopt(path, rows)
+            writer.adopt(source, rows)
         return
     share.rewritten += 1
-    _export_rows(path, ledger, writer, share)
+    _export_rows(name, source, ledger, writer, share)
 
 
 def _models(shard: pq.ParquetFile) -> set[str]:
@@ -265,12 +305,12 @@ def _models(shard: pq.ParquetFile) -> set[str]:
     return found
 
 
-def _export_rows(path: Path, ledger: Ledger, writer: "_RollingWriter", share: _Share) -> None:
+def _export_rows(name: str, source, ledger: Ledger, writer: "_RollingWriter", share: _Share) -> None:
     """The shard's rows a batch at a time, each kept iff the ledger says its prompt is done
     with its canonical copy in this shard."""
-    canonical = b"%d" % shard_code(path)  # the stored state of a prompt done in this shard
+    canonical = b"%d" % shard_code(name)  # the stored state of a prompt done in this shard
     columns = ["id"] if share.index_only else None
-    dataset = pads.dataset(str(path), format="parquet", schema=arrow_schema())
+    dataset = _dataset(source)
     seen: set[str] = set()  # this shard's ids: a row written twice into one shard counts once
     offset = 0  # the batch's first row number in the shard
     for batch in dataset.to_batches(columns=columns, batch_size=BATCH_ROWS, batch_readahead=1):
@@ -284,12 +324,22 @@ def _export_rows(path: Path, ledger: Ledger, writer: "_RollingWriter", share: _S
         share.rows += kept.num_rows
         if share.index_only:
             rows = pc.filter(pa.array(range(offset, offset + len(ids)), pa.int64()), keep)
-            kept = pa.record_batch([pa.array([path.name] * kept.num_rows, pa.string()), rows, kept.column("id")],
+            kept = pa.record_batch([pa.array([name] * kept.num_rows, pa.string()), rows, kept.column("id")],
                                    schema=KEEP_SCHEMA)
         elif kept.num_rows:
             share.models.update(m for m in pc.unique(kept.column("model")).to_pylist() if m is not None)
         writer.write(kept)
         offset += len(ids)
+
+
+def _dataset(source) -> pads.Dataset:
+    """One shard as a dataset with the shard schema (so an older file's missing columns read
+    as nulls): from its path, or from an object's bytes already read."""
+    if isinstance(source, str):
+        return pads.dataset(source, format="parquet", schema=arrow_schema())
+    source.seek(0)
+    parquet = pads.ParquetFileFormat()
+    return pads.FileSystemDataset([parquet.make_fragment(source)], schema=arrow_schema(), format=parquet)
 
 
 def _of_complete_conversations(ledger: Ledger, ids: list[str], keep: list[bool], share: _Share) -> list[bool]:
@@ -343,6 +393,7 @@ class _RollingWriter:
         self.current = ""  # the name of the file being written
         self.files: list[dict] = []
         self.sequence = 0
+        self.on_file: Callable[[Path], str] | None = None  # each finished file, to move elsewhere (a bucket)
 
     def write(self, batch: pa.RecordBatch) -> None:
         while batch.num_rows:
@@ -356,15 +407,21 @@ class _RollingWriter:
             if self.limit is not None and self.in_file >= self.limit:
                 self._roll()
 
-    def adopt(self, shard: Path, rows: int) -> None:
+    def adopt(self, shard, rows: int) -> None:
+        """`shard`: a file's path (linked, or copied), or an object's bytes read already (written)."""
         name = self._next_name()
         target = self.folder / name
-        try:
-            os.link(shard, target)
-            digest = _sha256(target)
-        except OSError:  # another file system, or one without hard links
+        if not isinstance(shard, str):
+            shard.seek(0)
             digest = _copy(shard, target)
-        self.files.append({"name": name, "rows": rows, "sha256": digest})
+        else:
+            try:
+                os.link(shard, target)
+                digest = _sha256(target)
+            except OSError:  # another file system, or one without hard links
+                with open(shard, "rb") as reader:
+                    digest = _copy(reader, target)
+        self._finished(target, rows, digest)
 
     def close(self) -> list[dict]:
         if self.in_file or not self.files and self.limit is None:  # an index is written even if empty
@@ -395,14 +452,19 @@ class _RollingWriter:
         temporary = self.folder / f".tmp-{self.current}"
         fsync_path(temporary)
         temporary.replace(self.folder / self.current)
-        self.files.append({"name": self.current, "rows": self.in_file, "sha256": _sha256(self.folder / self.current)})
+        final = self.folder / self.current
+        self._finished(final, self.in_file, _sha256(final))
         self.in_file = 0
 
+    def _finished(self, path: Path, rows: int, digest: str) -> None:
+        name = self.on_file(path) if self.on_file else path.name
+        self.files.append({"name": name, "rows": rows, "sha256": digest})
 
-def _copy(source: Path, target: Path) -> str:
-    """Copy a file (fsynced), returning its SHA-256."""
+
+def _copy(reader, target: Path) -> str:
+    """Copy what `reader` holds into a new file (fsynced), returning its SHA-256."""
     digest = hashlib.sha256()
-    with open(source, "rb") as reader, open(target, "xb") as sink:
+    with open(target, "xb") as sink:
         while chunk := reader.read(4 * 2**20):
             digest.update(chunk)
             sink.write(chunk)

@@ -19,7 +19,7 @@ import pyarrow.compute as pc
 
 from contract.codec import b64_to_ids
 from contract.deadletters import DeadLetter
-from contract.schema import COLUMNS
+from contract.schema import COLUMNS, arrow_schema
 from contract.spec import RunSpec
 
 Segment = tuple[str, bool]  # (text, is a special token)
@@ -88,16 +88,21 @@ def load_decoder(spec: RunSpec, trust_remote_code: bool = False) -> Decoder:
 
 
 def find_samples(output_dir: str, run: str, ids: list[str]) -> dict[str, list[dict]]:
-    """Every stored copy of each id (a redelivered prompt can be stored twice), with its shard file."""
-    from .report.read import run_dataset
+    """Every stored copy of each id (a redelivered prompt can be stored twice), with its shard
+    (`__filename`), read one shard at a time."""
+    import pyarrow.parquet as pq
 
-    dataset = run_dataset(output_dir, run)
-    if dataset is None or not ids:
-        return {}
-    table = dataset.to_table(columns=[*COLUMNS, "__filename"], filter=pc.field("id").isin(ids))
+    from contract.storage import store_for
+
+    store = store_for(output_dir)
     found: dict[str, list[dict]] = {}
-    for row in table.to_pylist():
-        found.setdefault(row["id"], []).append(row)
+    if not ids:
+        return found
+    for location in store.shards(run):
+        table = pq.read_table(store.source(location), schema=arrow_schema(), columns=list(COLUMNS),
+                              filters=pc.field("id").isin(ids))
+        for row in table.to_pylist():
+            found.setdefault(row["id"], []).append({**row, "__filename": location})
     return found
 
 

@@ -70,7 +70,8 @@ def test_a_sample_stored_just_before_its_worker_died_is_not_generated_again(flee
     assert sorted(exported) == pids
 
 
-def die_between_link_and_done(worker: Process, folder: Path, client: redis.Redis, run: str = "default") -> None:
+def die_between_link_and_done(worker: Process, folder: Path | None, client: redis.Redis, run: str = "default",
+                              shards=None) -> None:
     """SIGKILL `worker` after its group's shard has its final name, before the group is marked done.
 
     The group commit's steps are: note the group's writing entries (one HSET), write and link
@@ -83,11 +84,13 @@ def die_between_link_and_done(worker: Process, folder: Path, client: redis.Redis
     4. once the final name exists the worker is SIGKILLed, and Redis takes writes again once it
        has dropped the dead worker's connections, so the waiting call dies with them.
     """
+    shards = shards or (lambda: shard_files(folder.parent, run))  # in a bucket: its listing
     writing = RunKeys(run).writing
     pause = ("CLIENT", "PAUSE", 120_000, "WRITE")
     client.execute_command(*pause)
     try:
-        assert not client.exists(writing) and not _entries(folder), "the commit began before Redis paused"
+        assert not client.exists(writing) and not (_entries(folder) if folder else shards()), \
+            "the commit began before Redis paused"
         wait_until(lambda: _waiting(client, "hset"), 60, "the worker's writing entries waiting on Redis")
         os.kill(worker.popen.pid, signal.SIGSTOP)
         wait_until(lambda: _stopped(worker.popen.pid), 10, "every thread of the worker stopped")
@@ -95,7 +98,7 @@ def die_between_link_and_done(worker: Process, folder: Path, client: redis.Redis
         wait_until(lambda: client.hlen(writing) == N, 10, "the group's writing entries recorded")
         client.execute_command(*pause)
         os.kill(worker.popen.pid, signal.SIGCONT)
-        wait_until(lambda: shard_files(folder.parent, run), 60, "the shard linked into place")
+        wait_until(shards, 60, "the shard linked into place")
         worker.kill()
         assert worker.popen.returncode == -signal.SIGKILL
         wait_until(lambda: len(client.client_list()) == 1, 30, "Redis dropped the dead worker's connections")

@@ -23,13 +23,13 @@ from producer.local import free_port, spawn
 from conftest import varied_prompts, write_prompts
 
 
-def _as_pid_one(fleet, name: str, servers: list[str]) -> tuple[object, int]:
+def _as_pid_one(fleet, name: str, servers: list[str], **extra: str) -> tuple[object, int]:
     """`celery -A workers worker` as pid 1 of a new pid namespace, named `same@node`; and its metrics port."""
     argv = ["unshare", "--pid", "--fork", "--kill-child", "--mount-proc", sys.executable, "-m", "celery",
             "-A", "workers", "worker", "-n", "same@node", "-l", "INFO", "--without-mingle", "--without-gossip"]
     port = free_port()
     env = fleet.env(SGLANG_URLS=",".join(servers), FLEET_SHARD_MAX_ROWS="2", FLEET_SHARD_MAX_WAIT="0.05",
-                    FLEET_METRICS_PORT=str(port))
+                    FLEET_METRICS_PORT=str(port), **extra)
     process = spawn(name, argv, fleet.logs, env=env)
     fleet.processes.append(process)
     return process, port

@@ -14,13 +14,16 @@ import os
 import signal
 
 from celery import signals
+from pydantic import ValidationError
 
 from contract import kombu_redis
 from contract.broker import celery_app
 from contract.clock import CLOCK
 from contract.connections import redis_for
+from contract.settings import settings_refusal
 
 from . import flower_guard  # noqa: F401  (Flower refuses to listen beyond localhost without auth)
+from . import storage_guard  # noqa: F401  (a worker refuses to start when OUTPUT_DIR takes no writes)
 from . import lifeline
 from .audit import LostMessageAudit
 from .events import BatchedEvents
@@ -31,7 +34,10 @@ from .settings import Settings
 from .shutdown import ShutdownGrace
 
 kombu_redis.require()  # the kombu and Celery internals the fleet relies on are where it read them
-settings = Settings()
+try:
+    settings = Settings()
+except ValidationError as _refused:  # OUTPUT_DIR=gs://... and the like: the worker does not start
+    raise SystemExit(f"worker refused to start: {settings_refusal(_refused)}") from None
 kombu_redis.reuse_clients()  # a client object per channel, not one per message and ack
 kombu_redis.use_clock(lambda: CLOCK.now(redis_for(settings.redis_url)))  # lease scores on Redis's clock
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise

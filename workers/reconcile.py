@@ -1,7 +1,8 @@
 """A sample stored just before its worker died is found, not generated again.
 
-A group commit is two effects in two systems: the shard file (linked into
-place once durable) and the ledger's `done`. A worker that dies between them
+A group commit is two effects in two systems: the shard (given its final name
+once durable: a hard link in a folder, a create-only upload in a bucket,
+`contract/storage`) and the ledger's `done`. A worker that dies between them
 leaves a durable sample whose prompt is still queued, and the redelivery would
 generate it again. So the group's ledger work brackets the write (`ShardBook`,
 the shard writer's one way to Redis, one call each):
@@ -10,17 +11,19 @@ the shard writer's one way to Redis, one call each):
    file's final name (`Ledger.writing`); a retry after a storage failure gets
    a new name and new entries, and a failed write drops the ones naming it
    (`Ledger.unwritten`), so a sample withdrawn meanwhile is left without one;
-2. after the link, the group is marked done in one script (`Ledger.mark_group_done`),
+2. after the shard is created, the group is marked done in one script (`Ledger.mark_group_done`),
    which deletes the entries; only then are the tasks released (and acknowledged).
 
 A delivery reads its prompt's ids and entry in one call (`Ledger.intake`). An
-entry whose file exists under that name and holds the prompt's id (its `id`
-and `output_len` columns are read, once per shard) means the sample is durable
-there: the prompt is marked done with that shard as its canonical copy,
-without generating (`reconciled`). An entry whose file is missing, or does
-not hold the id (the worker died before linking, or the file is on another
-node's disk), is dropped and the prompt generated as usual. A linked name is final and holds the rows it was
-written with (`shards.py`), so the check cannot be fooled by a later file.
+entry whose shard exists under that name (in the folder or bucket `OUTPUT_DIR`
+names) and holds the prompt's id (its `id` and `output_len` columns are read,
+once per shard) means the sample is durable there: the prompt is marked done
+with that shard as its canonical copy, without generating (`reconciled`). An
+entry whose shard is missing, or does not hold the id (the worker died before
+its final name was made, or the file is on another node's disk), is dropped
+and the prompt generated as usual. A final name is never replaced and holds the
+rows it was written with (`contract/storage`), so the check cannot be fooled by
+a later shard.
 
 The hash holds only in-flight groups (not one field per prompt of the run):
 `mark_group_done` and `bury` delete entries, and one a dead worker left goes at
@@ -31,7 +34,7 @@ from __future__ import annotations
 
 import logging
 from functools import lru_cache
-from pathlib import Path
+from pathlib import PurePosixPath
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -42,6 +45,7 @@ from contract.write_refusal import refusal
 from contract.names import PromptState
 from contract.replication import replicated
 from contract.schema import Sample, is_shard
+from contract.storage import store_for
 
 from . import deliveries, metrics
 
@@ -77,7 +81,7 @@ class ShardBook:
         except redis.RedisError as exc:
             log.warning("could not drop the writing entries of %d samples of run %s (%r)", len(rows), run, exc)
 
-    def mark_done(self, run: str, rows: list[Sample], shard: Path) -> None:
+    def mark_done(self, run: str, rows: list[Sample], shard: str) -> None:
         """The group is durable in `shard`: mark it done and forget its deliveries, one round
         trip (raises if Redis fails: its tasks then fail, and their redeliveries find the entries).
         Returns once a replica has the done marks (`replicated`), so no task is acknowledged
@@ -98,44 +102,44 @@ class ShardBook:
 
 
 def reconciled(ledger: Ledger, output_dir: str, prompt_id: str, shard: str) -> str | None:
-    """The prompt's sample is in `shard` (its writing entry's file): mark it done there and say
+    """The prompt's sample is in `shard` (its writing entry's name): mark it done there and say
     so; None when it is not (the entry is dropped and the prompt is to be generated). Raises
     `OSError` when storage cannot tell (the caller gives the prompt back, entry kept)."""
-    path = Path(output_dir) / ledger.run / shard
-    if Path(shard).name != shard or not is_shard(Path(shard)):
+    location = store_for(output_dir).location(ledger.run, shard)
+    if PurePosixPath(shard).name != shard or not is_shard(PurePosixPath(shard)):
         output_len = None  # not a final shard name: nothing to look for
     else:
-        output_len = _output_len(path, prompt_id)
+        output_len = _output_len(output_dir, location, prompt_id)
     if output_len is None:
         ledger.unwritten([prompt_id], shard)
         log.info("prompt %s: its sample was being written to %s, which does not hold it; generating it",
                  prompt_id, shard)
         return None
     with replicated(ledger.client):  # then the delivery is acknowledged
-        found = ledger.mark_done(prompt_id, output_len, shard=path)
+        found = ledger.mark_done(prompt_id, output_len, shard=shard)
     if found in (PromptState.QUEUED, PromptState.DEAD):
         metrics.PROMPTS.labels(ledger.run, "stored").inc()
         metrics.RECONCILED.inc()
     log.warning("prompt %s: its sample was stored in %s just before its worker died; marked done there, "
-                "not generated again", prompt_id, path.name)
-    return f"reconciled: {path}"
+                "not generated again", prompt_id, shard)
+    return f"reconciled: {location}"
 
 
-def _output_len(path: Path, prompt_id: str) -> int | None:
-    """The prompt's row's output length in the shard at `path`; None when the file or the
-    row is not there."""
+def _output_len(output_dir: str, location: str, prompt_id: str) -> int | None:
+    """The prompt's row's output length in the shard at `location`; None when the shard or
+    the row is not there."""
     try:
-        return _rows_of(path).get(prompt_id)
-    except FileNotFoundError:  # not cached: a live worker may still link it
+        return _rows_of(output_dir, location).get(prompt_id)
+    except FileNotFoundError:  # not cached: a live worker may still create it
         return None
-    except pa.ArrowInvalid as exc:  # never for a linked shard (written whole, then linked)
-        log.warning("shard %s is unreadable (%s): not a place to find prompt %s in", path.name, exc, prompt_id)
+    except pa.ArrowInvalid as exc:  # never for a final name (created whole)
+        log.warning("shard %s is unreadable (%s): not a place to find prompt %s in", location, exc, prompt_id)
         return None
 
 
 @lru_cache(maxsize=4)
-def _rows_of(path: Path) -> dict[str, int]:
+def _rows_of(output_dir: str, location: str) -> dict[str, int]:
     """A shard's ids and output lengths (those two columns only). A final name never changes
     its content, so the prompts of one dead worker's group read their shard once."""
-    table = pq.read_table(path, columns=["id", "output_len"])
+    table = pq.read_table(store_for(output_dir).source(location), columns=["id", "output_len"])
     return dict(zip(table.column("id").to_pylist(), table.column("output_len").to_pylist()))

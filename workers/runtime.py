@@ -74,7 +74,8 @@ def _build(s: Settings, worker: str) -> Runtime:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     pool = ServerPool(s.server_urls, s.max_inflight_per_server)
     client = redis_for(s.redis_url)
-    shards = ShardWriter(s.output_dir, worker, s.group_rows, s.shard_max_wait, book=ShardBook(client))
+    shards = ShardWriter(s.output_dir, worker, s.group_rows, s.shard_max_wait, book=ShardBook(client),
+                         commit_timeout=s.shard_commit_timeout)
     http = make_client(s.pool_size, s.connect_timeout, s.request_timeout, key, s.server_urls)
     writes = RedisWrites()
 

@@ -2,9 +2,11 @@
 
 A task hands its sample to the writer and waits; the writer gathers samples
 until a shard is full or its oldest sample has waited `max_wait` seconds,
-writes one Parquet file under a temporary name, fsyncs it, links it into
-place, marks the whole group done in the ledger in one call, and only then
-releases the waiting tasks, which are then acknowledged. So an acknowledged
+creates one Parquet shard through the store `OUTPUT_DIR` names
+(`contract/storage`: in a folder, a temporary file fsynced and hard-linked
+into place; in a bucket, one create-only upload), marks the whole group done
+in the ledger in one call, and only then releases the waiting tasks, which
+are then acknowledged. So an acknowledged
 prompt is always in a shard and done, and shards stay large. Just before the
 write, the group's prompts get writing entries naming the shard, so a worker
 that dies between the link and the ledger's `done` leaves samples that their
@@ -16,7 +18,8 @@ Faults stay where they belong:
   building the group's rows one by one: either way only that row's task gets
   the error (`BadSample`), and the rest of its group is written.
 - Storage refusing writes (any `OSError`: a full disk, a read-only or missing
-  folder, a file where the run's folder should be) is nobody's prompt's fault:
+  folder, a file where the run's folder should be; a bucket that cannot be
+  reached, throttles or answers 5xx) is nobody's prompt's fault:
   the group goes back to the pending rows with its tasks still waiting, and
   is retried with backoff (on a probe file when nothing is pending) until
   storage takes it. `storage` says whether the last write worked and since
@@ -29,10 +32,10 @@ Faults stay where they belong:
   prompt given back is never written afterwards (nor left with an entry:
   entries are made only for the group being written).
 
-Two workers never write the same file, even when their node names and pids
+Two workers never write the same shard, even when their node names and pids
 coincide (containers where every worker is pid 1): each name carries a random
-component, the temporary file is created exclusively, and the final name is
-made with a hard link, which fails rather than replace an existing file.
+component, and the store creates a name only if it does not exist (a hard link;
+`If-None-Match: *`), failing rather than replacing a shard.
 """
 from __future__ import annotations
 
@@ -44,13 +47,12 @@ import threading
 import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Protocol
 
 import pyarrow.parquet as pq
 
-from contract.durable import fsync_path
 from contract.schema import INT32_MAX, Sample, samples_to_table
+from contract.storage import store_for
 
 from . import lifeline, metrics
 
@@ -62,7 +64,7 @@ class Book(Protocol):
 
     def writing(self, run: str, rows: list[Sample], shard: str) -> None: ...
     def unwritten(self, run: str, rows: list[Sample], shard: str) -> None: ...
-    def mark_done(self, run: str, rows: list[Sample], shard: Path) -> None: ...
+    def mark_done(self, run: str, rows: list[Sample], shard: str) -> None: ...
 
 
 class BadSample(ValueError):
@@ -135,8 +137,9 @@ class ShardWriter:
     """One per worker process; thread-safe."""
 
     def __init__(self, output_dir: str, worker: str, max_rows: int, max_wait: float,
-                 retry_base: float = 0.5, retry_max: float = 5.0, book: Book | None = None):
-        self.root = Path(output_dir)
+                 retry_base: float = 0.5, retry_max: float = 5.0, book: Book | None = None,
+                 commit_timeout: float | None = None):
+        self.store = store_for(output_dir, commit_timeout)  # one call is bounded by the commit timeout
         self.book = book  # None: files only (the ledger is the caller's)
         self.worker = re.sub(r"[^A-Za-z0-9_.-]+", "-", worker).strip("-.") or "worker"
         self.max_rows, self.max_wait = max_rows, max_wait
@@ -153,7 +156,7 @@ class ShardWriter:
         self._thread.start()
 
     def submit(self, run: str, row: Sample) -> Future:
-        """Queue one sample; the future resolves to its shard path once durable.
+        """Queue one sample; the future resolves to its shard's location once durable.
         Raises `BadSample` for a row no shard can hold."""
         check_sample(row)
         future: Future = Future()
@@ -269,7 +272,7 @@ class ShardWriter:
         try:
             if self.book:  # raises OSError when Redis refuses the note: held like a storage outage
                 self.book.writing(run, pending.rows, name)
-            path = self._write(run, table, name)
+            path = self.store.create(run, name, lambda sink: pq.write_table(table, sink, compression="zstd"))
         except OSError as exc:  # storage, not the rows
             self._unwritten(run, pending, name)
             self._hold(run, pending, exc)
@@ -290,7 +293,7 @@ class ShardWriter:
         if self.book:
             self.book.unwritten(run, pending.rows, name)
 
-    def _release(self, run: str, pending: _Pending, path: Path) -> None:
+    def _release(self, run: str, pending: _Pending, path: str) -> None:
         """The shard is durable: mark its samples done (one ledger call), then release their tasks."""
         self.storage.recovered()
         self._failed_runs.discard(run)
@@ -301,12 +304,12 @@ class ShardWriter:
                 self.book.mark_done(run, pending.rows, path)
         except Exception as exc:  # Redis gave up: the tasks fail, their redeliveries find the entries
             log.error("shard %s is durable but marking its %d samples done failed: %r",
-                      path.name, len(pending.rows), exc)
+                      path, len(pending.rows), exc)
             for future in pending.futures:
                 future.set_exception(exc)
             return
         for future in pending.futures:
-            future.set_result(str(path))
+            future.set_result(path)
 
     def _hold(self, run: str, pending: _Pending, error: OSError) -> None:
         """Storage refused the group: keep it (with its tasks waiting) for a retry after
@@ -326,18 +329,10 @@ class ShardWriter:
             self._retry_at = time.monotonic() + self.storage.retry_delay(self.retry_base, self.retry_max)
 
     def _probe(self) -> None:
-        """Nothing pending while storage fails: try a small file where it last failed."""
+        """Nothing pending while storage fails: try a small file (object) where it last failed."""
         try:
             for run in sorted(self._failed_runs) or [""]:
-                folder = self.root / run
-                folder.mkdir(parents=True, exist_ok=True)
-                probe = folder / f".probe-{secrets.token_hex(6)}"
-                try:
-                    with open(probe, "xb") as sink:
-                        sink.write(b"probe")
-                        os.fsync(sink.fileno())
-                finally:  # a full disk fails the close: the probe's name must not stay either
-                    _discard(probe)
+                self.store.probe(run)
         except OSError as exc:
             self.storage.failed(exc)
             with self._lock:
@@ -352,22 +347,6 @@ class ShardWriter:
         stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
         return f"part-{self.worker}-{os.getpid()}-{stamp}-{self._seq:06d}-{secrets.token_hex(6)}.parquet"
 
-    def _write(self, run: str, table, name: str) -> Path:
-        folder = self.root / run
-        folder.mkdir(parents=True, exist_ok=True)
-        final, temporary = folder / name, folder / f".tmp-{name}"
-        try:
-            with open(temporary, "xb") as sink:  # exclusive: never another writer's file
-                pq.write_table(table, sink, compression="zstd")
-                sink.flush()
-                os.fsync(sink.fileno())
-            _publish(temporary, final)
-        finally:
-            _discard(temporary)
-        fsync_path(folder)
-        return final
-
-
 def _to_table(rows: list[Sample]) -> tuple[object | None, str]:
     """The rows' Arrow table, or None and why they do not fit the shard schema."""
     try:
@@ -379,24 +358,3 @@ def _to_table(rows: list[Sample]) -> tuple[object | None, str]:
 def _refuse(row: Sample, future: Future, why: str) -> None:
     log.warning("sample of prompt %s cannot be stored: %s", row.id, why)
     future.set_exception(BadSample(f"the shard writer refused its sample: {why}"))
-
-
-def _publish(temporary: Path, final: Path) -> None:
-    """Give the file its final name without ever replacing one (a link fails if it exists)."""
-    try:
-        os.link(temporary, final)
-    except FileExistsError:
-        raise
-    except OSError:  # a file system without hard links: the random name keeps it unique
-        if final.exists():
-            raise FileExistsError(final)
-        os.rename(temporary, final)
-
-
-def _discard(temporary: Path) -> None:
-    """The temporary name goes, whether the shard made it or not (best effort: storage
-    may be what failed)."""
-    try:
-        temporary.unlink()
-    except OSError:
-        pass

@@ -28,7 +28,7 @@ from contract.keys import queue_for
 from contract.ledger import Ledger, shard_code
 from contract.names import PromptState, Reason, Thinking
 from contract.publish import publish_prompts
-from contract.schema import shard_files
+from contract.storage import store_for
 from contract.spec import RunSpec
 
 log = logging.getLogger(__name__)
@@ -150,14 +150,16 @@ def _canonical_row(output_dir: str, run: str, prompt_id: str, code: int | None) 
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
 
-    for path in shard_files(output_dir, run):
-        if shard_code(path) != code:
+    store = store_for(output_dir)
+    for location in store.shards(run):
+        if shard_code(location) != code:
             continue
-        table = pq.read_table(path, columns=["id", "input_ids", "prompt_len"], filters=pc.field("id") == prompt_id)
+        table = pq.read_table(store.source(location), columns=["id", "input_ids", "prompt_len"],
+                              filters=pc.field("id") == prompt_id)
         if table.num_rows:
             row = table.slice(0, 1).to_pylist()[0]
-            return str(path), row["input_ids"], row["prompt_len"]
-    raise LookupError(f"turn {prompt_id}: no shard of run {run!r} under {Path(output_dir)} holds its stored row "
+            return location, row["input_ids"], row["prompt_len"]
+    raise LookupError(f"turn {prompt_id}: no shard of run {run!r} under {store.where(run)} holds its stored row "
                       f"(shard code {code})")
 
 

@@ -59,10 +59,15 @@ def parquet_figures(parquet_files: list[Path]) -> dict:
     """The Parquet export's figures, from its small columns alone (the token ids are not read)."""
     figures = Figures()
     for path in parquet_files:
-        shard = pq.ParquetFile(path)
-        columns = [c for c in ("id", "prompt_len", "output_len", "conversation") if c in shard.schema_arrow.names]
-        for batch in shard.iter_batches(batch_size=65536, columns=columns):
-            figures.add_columns(batch.column("id").to_pylist(), batch.column("prompt_len"),
-                                batch.column("output_len"),
-                                batch.column("conversation") if "conversation" in columns else None)
+        count_parquet(figures, path)
     return {"name": PARQUET, **figures.to_dict()}
+
+
+def count_parquet(figures: Figures, path: Path) -> None:
+    """One Parquet file's rows into `figures` (an export to a bucket counts each part before it goes)."""
+    shard = pq.ParquetFile(path)
+    columns = [c for c in ("id", "prompt_len", "output_len", "conversation") if c in shard.schema_arrow.names]
+    for batch in shard.iter_batches(batch_size=65536, columns=columns):
+        figures.add_columns(batch.column("id").to_pylist(), batch.column("prompt_len"),
+                            batch.column("output_len"),
+                            batch.column("conversation") if "conversation" in columns else None)

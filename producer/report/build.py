@@ -13,7 +13,7 @@ from pathlib import Path
 import redis
 
 from contract.deadletters import DeadLetters
-from contract.schema import shard_files
+from contract.storage import store_for
 from contract.spec import RunSpec
 
 from ..show import find_samples, letter_view, load_decoder, sample_view
@@ -44,7 +44,7 @@ def build_report(client: redis.Redis, spec: RunSpec, output_dir: str, queue_pref
     if repeated:
         data["examples"]["repeated"] = _repeated_ids(output_dir, spec.name, repeated)
     built = {"at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-             "shards": len(shard_files(output_dir, spec.name)), "folder": str(Path(output_dir, spec.name))}
+             "shards": len(store_for(output_dir).shards(spec.name)), "folder": store_for(output_dir).where(spec.name)}
     charts = [(chart, *draw(chart, data)) for chart in CHARTS]
     examples = _examples(client, spec, output_dir, data["examples"], trust_remote_code)
     _write(out, page(spec, status, data, charts, examples, built))

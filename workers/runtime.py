@@ -17,6 +17,7 @@ from contract.connections import redact_url, redis_for
 from contract.write_refusal import READ_ONLY
 
 from . import metrics
+from .affinity import Affinity
 from .deliveries import STARTED
 from .health import HealthMonitor
 from .server_auth import ServerCredentials
@@ -40,6 +41,7 @@ class Runtime:
     redis: redis.Redis
     shards: ShardWriter
     writes: RedisWrites = field(default_factory=RedisWrites)
+    affinity: Affinity = field(default_factory=Affinity)
 
     def close(self) -> None:
         self.monitor.stop()
@@ -72,7 +74,7 @@ def close_runtime() -> None:
 def _build(s: Settings, worker: str) -> Runtime:
     key = s.sglang_api_key.get_secret_value() if s.sglang_api_key else None
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    pool = ServerPool(s.server_urls, s.max_inflight_per_server)
+    pool = ServerPool(s.server_urls, s.max_inflight_per_server, s.affinity_margin)
     client = redis_for(s.redis_url)
     shards = ShardWriter(s.output_dir, worker, s.group_rows, s.shard_max_wait, book=ShardBook(client))
     http = make_client(s.pool_size, s.connect_timeout, s.request_timeout, key, s.server_urls)
@@ -93,7 +95,7 @@ def _build(s: Settings, worker: str) -> Runtime:
     monitor = HealthMonitor(pool, s, headers, after_round=heartbeat,
                             cut=lambda binding, why: http.cut(binding.url, why))
     runtime = Runtime(settings=s, worker=worker, pool=pool, monitor=monitor, http=http, redis=client,
-                      shards=shards, writes=writes)
+                      shards=shards, writes=writes, affinity=Affinity(s.affinity))
     monitor.client.auth = ServerCredentials(s.server_urls)  # bindings hold redacted URLs
     log.warning("worker %s bound to %s; broker %s; shards to %s; %d threads, at most %d in flight per server",
                 worker, ", ".join(b.url for b in pool.bindings), redact_url(s.redis_url), s.output_dir,

@@ -172,7 +172,8 @@ def _next_turn(app, rt: Runtime, spec, prompt_id: str, row=None, path: str | Non
     """A conversation's turn is stored: queue its next turn (`turns.advance`). A failure here
     never fails the task, whose turn is stored: the conversation waits at this turn for the
     audit's sweep (`turns.stalled`, `turns.resume`), which tries again."""
-    stored = (path, row.input_ids, row.prompt_len) if row is not None and row.id == prompt_id and path else None
+    stored = (path, row.input_ids, row.prompt_len, row.server) if row is not None and row.id == prompt_id and path \
+        else None
     try:
         outcome = turns.advance(app, rt, spec, prompt_id, stored)
         log.debug("turn %s stored; its conversation: %s", prompt_id, outcome)

@@ -8,7 +8,8 @@ its shard), its history is rendered with the run's own tokenizer and template
 template fingerprint differs from the run's refuses to render rather than
 render differently), and `ConversationLedger.advance` keeps the answer and
 queues turn k+1 with its ids in one conditional step, then its message is
-published. A crash anywhere in between leaves the conversation at turn k with
+published. The server that generated turn k goes into the ledger with it, so
+turn k+1 is sent where its prefix is cached (`workers/affinity.py`). A crash anywhere in between leaves the conversation at turn k with
 turn k done, which the redelivery of turn k's message and the audit's sweep
 (`stalled`, `resume`) both finish, and `advance` lets only one call through, so no
 turn is queued twice and no stored turn is generated again. A message lost
@@ -58,10 +59,10 @@ def chat_for(spec: RunSpec):
     return chat
 
 
-def advance(app, rt, spec: RunSpec, prompt_id: str, stored: tuple[str, list[int], int] | None = None) -> str:
+def advance(app, rt, spec: RunSpec, prompt_id: str, stored: tuple[str, list[int], int, str] | None = None) -> str:
     """Move the conversation of turn `prompt_id` past it, if that turn is done and the
-    conversation still at it. `stored`: (shard path, input ids, prompt length) of the row this
-    task just stored, used when it is the canonical one. Returns what happened, for the log."""
+    conversation still at it. `stored`: (shard path, input ids, prompt length, server) of the row
+    this task just stored, used when it is the canonical one. Returns what happened, for the log."""
     conversation, turn = split_turn_id(prompt_id)
     conversations = ConversationLedger(rt.redis, spec.name)
     place = conversations.in_progress(conversation)
@@ -73,18 +74,18 @@ def advance(app, rt, spec: RunSpec, prompt_id: str, stored: tuple[str, list[int]
     chat = chat_for(spec)
     if stored is None or shard_code(stored[0]) != entry.shard:
         stored = _canonical_row(rt.settings.output_dir, spec.name, prompt_id, entry.shard)
-    _, input_ids, prompt_len = stored
+    _, input_ids, prompt_len, server = stored
     answer = answer_message(input_ids[prompt_len:], spec.think_start_id, spec.think_end_id, spec.stop_ids,
                             lambda ids: chat.tok.decode(ids, skip_special_tokens=False))
     if not spec.history_reasoning:  # the template drops it: Redis need not keep it
         answer.pop("reasoning_content", None)
     if turn + 1 >= place.turns:
-        return conversations.advance(conversation, turn, answer, place.turns)
+        return conversations.advance(conversation, turn, answer, place.turns, server=server)
     history = turn_history(place.shape, conversations.answers(conversation, turn) + [answer], turn + 1)
     next_ids, failure = _render(chat, spec, history)
     letter = None if failure is None else (str(Reason.WORKER_ERROR), _letter(rt, spec, conversation, turn + 1,
                                                                             failure))
-    outcome = conversations.advance(conversation, turn, answer, place.turns, next_ids, letter)
+    outcome = conversations.advance(conversation, turn, answer, place.turns, next_ids, letter, server)
     following = turn_id(conversation, turn + 1)
     if outcome == QUEUED_NEXT:
         publish_prompts(app, spec.name, queue_for(rt.settings.queue_prefix, spec.served_model),
@@ -145,7 +146,7 @@ def _letter(rt, spec: RunSpec, conversation: str, turn: int, failure: str) -> st
                       sampling=dict(spec.sampling), excerpt={"conversation": conversation, "turn": turn}).to_json()
 
 
-def _canonical_row(output_dir: str, run: str, prompt_id: str, code: int | None) -> tuple[str, list[int], int]:
+def _canonical_row(output_dir: str, run: str, prompt_id: str, code: int | None) -> tuple[str, list[int], int, str]:
     """The stored row the ledger names for a turn: found by its shard's code among the run's shards."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -153,10 +154,11 @@ def _canonical_row(output_dir: str, run: str, prompt_id: str, code: int | None) 
     for path in shard_files(output_dir, run):
         if shard_code(path) != code:
             continue
-        table = pq.read_table(path, columns=["id", "input_ids", "prompt_len"], filters=pc.field("id") == prompt_id)
+        table = pq.read_table(path, columns=["id", "input_ids", "prompt_len", "server"],
+                              filters=pc.field("id") == prompt_id)
         if table.num_rows:
             row = table.slice(0, 1).to_pylist()[0]
-            return str(path), row["input_ids"], row["prompt_len"]
+            return str(path), row["input_ids"], row["prompt_len"], row["server"]
     raise LookupError(f"turn {prompt_id}: no shard of run {run!r} under {Path(output_dir)} holds its stored row "
                       f"(shard code {code})")
 

@@ -40,7 +40,7 @@ import httpx
 
 from .lab import Lab, Standin
 from .prompts import long_prompts, write_jsonl
-from .publish import build_spec, chat_tokenizer, enqueue, sampling_params, token_count
+from .publish import build_spec, chat_tokenizer, enqueue, prepare, sampling_params, token_count
 from .saturation import server_throughput
 
 SIDES = ("oracle", "fleet", "fleet, affinity off")
@@ -55,7 +55,7 @@ class CacheOptions:
     system_prompts: int = 8
     system_tokens: int = 1500
     user_tokens: int = 150              # one user message
-    conversation_cache_tokens: int = 40_000   # per server: a quarter of the conversations fits, not all
+    conversation_cache_tokens: int = 96_000   # per server: a quarter of the conversations fits, not all
     shared_cache_tokens: int = 6_000          # per server: 2 system prompts and the answers fit, not 8
     output_len_median: float = 120
     output_len_sigma: float = 0.5
@@ -243,10 +243,16 @@ def measure_fleet(lab: Lab, workload: str, prompt_file: Path, total: int, opts: 
     output_dir = lab.output_dir("cache")
     standins = lab.standins(opts.servers, opts.standin_options(_cache_tokens(workload, opts)))
     workers = []
+    turns = "all" if workload == "conversations" else "last"
     try:
-        enqueue(prompt_file, run, opts.max_new_tokens, turns="all" if workload == "conversations" else "last")
+        # A worker that has been up a while: it has loaded the run's tokenizer (to render next
+        # turns) before the first prompt, as the oracle has; `workers.turns.warm` logs it.
+        prepare(run, opts.max_new_tokens, turns)
         workers = [lab.worker(run, {"SGLANG_URLS": ",".join(s.url for s in standins),
                                     "OUTPUT_DIR": str(output_dir), **env})]
+        if turns == "all":
+            _wait_logged(workers[0], "tokenizer bundled loaded", opts.timeout)
+        enqueue(prompt_file, run, opts.max_new_tokens, turns=turns)
         states = lab.wait_finished(run, total, opts.timeout, [*workers, *(s.process for s in standins)])
         summary = _summary(standins)
     finally:
@@ -254,6 +260,14 @@ def measure_fleet(lab: Lab, workload: str, prompt_file: Path, total: int, opts: 
     if set(states) != {"done"}:
         raise RuntimeError(f"fleet run {run}: not every prompt stored: {states}")
     return {**summary, "states": states, "env": env}
+
+
+def _wait_logged(process, line: str, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while line not in process.tail(400):
+        if not process.alive() or time.monotonic() > deadline:
+            raise RuntimeError(f"{process.name} never logged {line!r}:\n{process.tail(30)}")
+        time.sleep(0.25)
 
 
 def _cache_tokens(workload: str, opts: CacheOptions) -> int:

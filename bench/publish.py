@@ -31,6 +31,16 @@ def build_spec(run: str, max_new_tokens: int, temperature: float = 0.6, top_p: f
     return new_spec(chat_tokenizer(), run, "bundled", max_new_tokens, temperature, top_p, turns=turns)
 
 
+def prepare(run: str, max_new_tokens: int, turns: str = "last"):
+    """Record the run's spec before any prompt (as `enqueue` does first): a worker started now
+    knows the run, and warms its tokenizer for a run of conversations."""
+    from contract.connections import redis_for
+    from contract.settings import SharedSettings
+    from producer.enqueue import prepare_run
+
+    return prepare_run(redis_for(SharedSettings().redis_url), build_spec(run, max_new_tokens, turns=turns))
+
+
 def enqueue(path: Path, run: str, max_new_tokens: int, turns: str = "last"):
     """Publish a prompt file as run `run`; returns the producer's EnqueueSummary."""
     from contract.broker import celery_app

@@ -16,7 +16,11 @@ in two common cases, and this module names the server that holds them:
   whole blocks (up to `MAX_BLOCKS`) to the server last sent it, an LRU of at
   most `ENTRIES` entries: bounded memory whatever the run's size. A prompt
   is recorded when it is sent (as SGLang's gateway inserts at routing time),
-  so a burst of prompts under one new system prompt follows the first one.
+  so a burst of prompts under one new system prompt follows the first one;
+  but a prompt the load guard sent elsewhere (a spill) leaves the prefix's
+  server as it was: moving it on every spill made each prefix wander over
+  every server and miss (the bench's hit share fell from 0.9 of the
+  oracle's to 0.75), while a server that is down or refused does move it.
   The map is the worker's own, not shared in Redis: it costs no round trip
   per prompt, and a second worker bound to the same servers learns its own
   placement after one prompt per prefix (the price: a prefix may be cached
@@ -25,9 +29,9 @@ in two common cases, and this module names the server that holds them:
 **The load guard** (`sticky`): the preferred server is used only while its
 load exceeds the least loaded candidate's by at most `margin`
 (`FLEET_AFFINITY_MARGIN`, default 0.125), loads as shares of capacity
-(`load`: the larger of the worker's own requests in flight there and the
-running plus waiting requests the server last reported, so other workers'
-requests count too). Beyond it load wins, as in SGLang's gateway, which
+(`load`: the worker's own requests in flight there, plus the other
+clients' that the server's last report of its running and waiting requests
+shows, so other workers' requests count too). Beyond it load wins, as in SGLang's gateway, which
 drops affinity once the busiest worker has both 64 more requests and 1.5
 times the least busy one's. The gateway queues without limit at its workers;
 the fleet keeps each server at its batch plus an eighth (`capacity.headroom`),
@@ -70,16 +74,22 @@ class Loaded(Protocol):
     in_flight: int
     target: int
     capacity: int | None
-    reported: tuple[int, float] | None  # running + waiting the server last reported, and when (monotonic)
+    reported: tuple[int, float] | None  # others' requests the server last reported, and when (monotonic)
+
+
+def others(reported_running: int, reported_waiting: int, in_flight: int) -> int:
+    """Requests on the server that are not this worker's, by its report and this worker's count."""
+    return max(0, reported_running + reported_waiting - in_flight)
 
 
 def load(binding: Loaded, now: float | None = None) -> float:
-    """Requests on the server as a share of its capacity (its target where capacity is unknown)."""
+    """Requests on the server as a share of its capacity (its target where capacity is unknown):
+    this worker's in flight there, plus the others' its last report counted (while fresh)."""
     held = binding.in_flight
     if binding.reported is not None:
         count, at = binding.reported
         if (time.monotonic() if now is None else now) - at <= REPORT_FRESH:
-            held = max(held, count)
+            held += count
     return held / max(1, binding.capacity or binding.target)
 
 
@@ -165,9 +175,10 @@ class Affinity:
         server = self.prefixes.server_for(keys)
         return Route(server, keys, "prefix" if server else "")
 
-    def sent(self, route: Route, server: str) -> None:
-        """The prompt went to `server`: its leading blocks point there now."""
-        if self.enabled and route.keys:
+    def sent(self, route: Route, server: str, spilled: bool = False) -> None:
+        """The prompt went to `server`: its leading blocks point there now, unless the load
+        guard spilled it there from its preferred server, which keeps them."""
+        if self.enabled and route.keys and not spilled:
             self.prefixes.sent(route.keys, server)
 
 

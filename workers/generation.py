@@ -223,7 +223,7 @@ def _generation(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int
         avoid = tries.servers[-1] if tries.servers else None
         try:
             with rt.pool.acquire(spec.served_model, s.server_wait, avoid=avoid, prefer=route.prefer) as binding:
-                rt.affinity.sent(route, binding.url)
+                rt.affinity.sent(route, binding.url, rt.pool.spilled(route.prefer, binding, spec.served_model))
                 if binding.max_model_len and len(prompt_ids) >= binding.max_model_len:
                     raise Unfit(_dead(rt, spec, prompt_id, prompt_ids, sampling, tries, Reason.PROMPT_TOO_LONG,
                                       f"{len(prompt_ids)} prompt tokens do not fit the context of "

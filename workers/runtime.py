@@ -16,7 +16,7 @@ from contract import heartbeats
 from contract.connections import redact_url, redis_for
 from contract.write_refusal import READ_ONLY
 
-from . import metrics
+from . import metrics, turns
 from .affinity import Affinity
 from .deliveries import STARTED
 from .health import HealthMonitor
@@ -102,6 +102,7 @@ def _build(s: Settings, worker: str) -> Runtime:
                 s.pool_size, s.max_inflight_per_server)
     monitor.start()
     metrics.serve(runtime, s.metrics_port)
+    threading.Thread(target=turns.warm_runs, args=(client,), name="fleet-warm-runs", daemon=True).start()
     return runtime
 
 

@@ -62,7 +62,7 @@ class ServerBinding:
     tuner: Tuner = field(default_factory=lambda: Tuner(bound=1024))
     gateway_workers: list[str] | None = None  # a model gateway: the workers it routes to
     dp_size: int = 1
-    reported: tuple[int, float] | None = None  # running + waiting the server last reported, when (monotonic)
+    reported: tuple[int, float] | None = None  # others' requests the server last reported, when (monotonic)
 
     @property
     def capacity(self) -> int | None:
@@ -122,6 +122,10 @@ class ServerPool:
 
     def any_usable(self) -> bool:
         return any(b.usable for b in self.bindings)
+
+    def spilled(self, prefer: str | None, chosen: ServerBinding, model: str | None) -> bool:
+        """Whether the load guard sent a prompt to `chosen` though its preferred server could take it."""
+        return prefer is not None and chosen.url != prefer and any(b.url == prefer for b in self.usable(model))
 
     @contextmanager
     def acquire(self, model: str | None, wait: float, avoid: str | None = None,
@@ -198,7 +202,7 @@ class ServerPool:
         """A load report for the whole server: may move its target (and wake threads waiting for room)."""
         now = time.monotonic() if now is None else now
         with self._lock:
-            binding.reported = (load.running + load.waiting, now)
+            binding.reported = (affinity.others(load.running, load.waiting, binding.in_flight), now)
             if binding.tuner.observe(load, binding.in_flight, now):
                 log.info("server %s: %d in flight now (capacity %s, load %d running / %d waiting)",
                          binding.url, binding.target, binding.capacity, load.running, load.waiting)

@@ -106,6 +106,8 @@ def _generate(self, run: str, prompt_id: str, max_new_tokens: int | None) -> str
             if not intake.noted:  # its last chance (noted once alone here), or a write to reconcile
                 STARTED.start(rt.redis, run, prompt_id, rt.worker)
             spec = cached_spec(rt.settings.redis_url, run)
+            if spec.turns == "all":  # its next turn is rendered here: the tokenizer loads meanwhile
+                turns.warm(spec)
             with TaskSamples(rt.shards) as samples:
                 outcome = process_prompt(rt, spec, prompt_id, unpack_ids(raw), max_new_tokens, samples.submit)
         STARTED.finish(rt.redis, run, prompt_id, cleared=samples.marked_done())

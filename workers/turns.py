@@ -59,6 +59,46 @@ def chat_for(spec: RunSpec):
     return chat
 
 
+_WARMED: set[tuple[str, bool]] = set()
+
+
+def warm(spec: RunSpec) -> None:
+    """Load a conversation run's tokenizer in the background, once per process: loading it
+    (transformers, the tokenizer files) takes seconds, and a worker that began it only when its
+    first turns were stored held every one of them, and so its whole prefetch, waiting for it."""
+    key = (spec.tokenizer, spec.trust_remote_code)
+    with _LOADING:
+        if key in _WARMED:
+            return
+        _WARMED.add(key)
+    threading.Thread(target=_load, args=(spec,), name="fleet-warm-tokenizer", daemon=True).start()
+
+
+def warm_runs(client) -> None:
+    """At a worker's start: warm the tokenizers of the conversation runs in Redis."""
+    from contract.spec import OlderLayout, load_spec
+    from contract.keys import RUNS
+
+    try:
+        for raw in sorted(client.smembers(RUNS)):
+            try:
+                spec = load_spec(client, raw.decode())
+            except (OlderLayout, ValueError):
+                continue
+            if spec is not None and spec.turns == "all":
+                warm(spec)
+    except Exception as exc:  # Redis not up yet: the first turn of a conversation run warms it
+        log.debug("tokenizers not warmed at start: %r", exc)
+
+
+def _load(spec: RunSpec) -> None:
+    try:
+        chat_for(spec)
+        log.info("tokenizer %s loaded for conversation run %s", spec.tokenizer, spec.name)
+    except Exception as exc:  # this worker will say so, per turn, when it tries to render
+        log.warning("tokenizer %s of conversation run %s could not be loaded: %r", spec.tokenizer, spec.name, exc)
+
+
 def advance(app, rt, spec: RunSpec, prompt_id: str, stored: tuple[str, list[int], int, str] | None = None) -> str:
     """Move the conversation of turn `prompt_id` past it, if that turn is done and the
     conversation still at it. `stored`: (shard path, input ids, prompt length, server) of the row

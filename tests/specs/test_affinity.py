@@ -197,3 +197,24 @@ def test_with_affinity_off_a_prompt_is_routed_by_load_alone():
     on = Affinity()
     on.sent(on.route(None, "r", False, "p", prompt), "a")
     assert on.route(None, "r", False, "q", prompt).prefer == "a"
+
+
+def test_a_prompt_the_guard_spills_leaves_its_prefix_where_it_was_and_a_down_server_moves_it():
+    # Given a prefix last sent to a
+    p, affinity = pool("a", "b"), Affinity()
+    prompt = list(range(4 * BLOCK))
+    affinity.sent(affinity.route(None, "r", False, "p0", prompt), "a")
+    # When a is loaded beyond the margin, the next prompt of that prefix is spilled to b
+    busy(p, a=12, b=0)
+    route = affinity.route(None, "r", False, "p1", prompt)
+    with p.acquire("m", 0.05, prefer=route.prefer) as binding:
+        assert binding.url == "b"
+        affinity.sent(route, binding.url, p.spilled(route.prefer, binding, "m"))
+    # Then the prefix still points at a, whose cache holds it
+    assert affinity.route(None, "r", False, "p2", prompt).prefer == "a"
+    # and once a is down, the prompt that goes to b moves it there
+    p.bindings[0].state = ServerState.DOWN
+    route = affinity.route(None, "r", False, "p3", prompt)
+    with p.acquire("m", 0.05, prefer=route.prefer) as binding:
+        affinity.sent(route, binding.url, p.spilled(route.prefer, binding, "m"))
+    assert affinity.route(None, "r", False, "p4", prompt).prefer == "b"

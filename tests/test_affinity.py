@@ -14,6 +14,8 @@ import httpx
 import redis
 
 from contract.keys import RunKeys
+from sglang_standin.config import StandinConfig
+from sglang_standin.outputs import generate_output
 
 from conftest import write_prompts
 from waiting import health_rounds, wait_until
@@ -66,34 +68,53 @@ def test_a_conversations_turns_stay_on_one_server_across_a_worker_restart(fleet,
 
 
 def test_a_server_loaded_beyond_the_margin_loses_its_affinity_to_the_least_loaded(fleet, tmp_path):
-    # Given two stand-ins of batch 4 and a worker bound to both
-    _, a = fleet.standin("--max-running-requests", "4", *SLOW)
-    _, b = fleet.standin("--max-running-requests", "4", *SLOW)
+    # Given two stand-ins of batch 16 (margin: 2 requests) and a worker bound to both
+    _, a = fleet.standin(*BATCH_16)
+    _, b = fleet.standin(*BATCH_16)
     fleet.worker("w", [a, b])
-    # and prompts under one long system prompt, sent one at a time, that all went to one server
-    for i in range(2):
-        fleet.producer("enqueue", str(write_prompts(tmp_path / f"p{i}.jsonl", [_under_system(f"before-{i}")])),
-                       "--max-new-tokens", "256")
-        fleet.wait_finished()
-    before = {row["id"]: row["server"] for row in fleet.rows()}
-    sticky = before["before-0"]
-    assert before["before-1"] == sticky
+    # and a prompt under a long system prompt, generated on one of them
+    _enqueue_under_system(fleet, tmp_path, "before-0")
+    sticky = _servers(fleet)["before-0"]
     other = b if sticky == a else a
+    # When another client keeps one long request there (within the margin), and the worker read it
+    with Flood(sticky, clients=1, prompt=_long_prompt()):
+        wait_until(lambda: _load(sticky)[0] >= 1, 60, "the other client's request running", fleet)
+        health_rounds(fleet.redis_url, 2, fleet=fleet)
+        # Then the next prompt under that system prompt still goes there (load alone: to the idle one)
+        _enqueue_under_system(fleet, tmp_path, "before-1")
+    assert _servers(fleet)["before-1"] == sticky
 
-    # When another client fills that server far beyond its batch, and the worker has read its load
-    flood = threading.Thread(target=_flood, args=(sticky, 48), daemon=True)
-    flood.start()
-    wait_until(lambda: _waiting(sticky) >= 8, 60, "a queue on the sticky server", fleet)
-    health_rounds(fleet.redis_url, 2, fleet=fleet)
-    # and more prompts under the same system prompt arrive
-    later = [_under_system(f"after-{i}") for i in range(3)]
-    fleet.producer("enqueue", str(write_prompts(tmp_path / "later.jsonl", later)), "--max-new-tokens", "256")
-    fleet.wait_finished()
+    # When other clients keep that server far beyond its batch, and the worker has read its load
+    with Flood(sticky, clients=48):
+        wait_until(lambda: _load(sticky)[1] >= 16, 60, "a queue on the sticky server", fleet)
+        health_rounds(fleet.redis_url, 2, fleet=fleet)
+        # and more prompts under the same system prompt arrive
+        _enqueue_under_system(fleet, tmp_path, *(f"after-{i}" for i in range(3)))
 
     # Then load wins: they were generated on the other server
-    after = {row["id"]: row["server"] for row in fleet.rows() if row["id"].startswith("after-")}
+    after = {pid: server for pid, server in _servers(fleet).items() if pid.startswith("after-")}
     assert after == {f"after-{i}": other for i in range(3)}
-    flood.join(120)
+
+
+BATCH_16 = ("--max-running-requests", "16", "--step-base", "0.05", "--output-len-median", "30",
+            "--output-len-sigma", "1.0", "--output-len-max", "400")
+
+
+def _long_prompt() -> list[int]:
+    """A prompt the stand-in answers with 400 tokens (20 s at these steps), found by its own rule."""
+    cfg = StandinConfig(output_len_median=30, output_len_sigma=1.0, output_len_max=400)
+    return next(ids for i in range(10_000) if len(generate_output(ids := [100 + i, 200, 300], 1000, cfg)[0]) == 400)
+
+
+def _enqueue_under_system(fleet, tmp_path, *prompt_ids: str) -> None:
+    records = [_under_system(pid) for pid in prompt_ids]
+    fleet.producer("enqueue", str(write_prompts(tmp_path / f"{prompt_ids[0]}.jsonl", records)),
+                   "--max-new-tokens", "1024")
+    fleet.wait_finished()
+
+
+def _servers(fleet) -> dict[str, str]:
+    return {row["id"]: row["server"] for row in fleet.rows()}
 
 
 def _under_system(prompt_id: str) -> dict:
@@ -101,22 +122,34 @@ def _under_system(prompt_id: str) -> dict:
                                           {"role": "user", "content": f"{prompt_id}: what is 6 * 7?"}]}
 
 
-def _flood(url: str, count: int) -> None:
-    """`count` requests straight to the server, all at once, as another client would send them."""
-    def one(i: int) -> None:
-        httpx.post(f"{url}/generate", json={"input_ids": [100 + i, 200, 300, 400], "rid": f"flood-{i}",
-                                            "sampling_params": {"max_new_tokens": 120}}, timeout=300)
+class Flood:
+    """Other clients, each sending request after request straight to the server while in the block."""
 
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(count)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(300)
+    def __init__(self, url: str, clients: int, prompt: list[int] | None = None):
+        self.url, self.prompt, self.stop = url, prompt, threading.Event()
+        self.threads = [threading.Thread(target=self._client, args=(i,), daemon=True) for i in range(clients)]
+
+    def __enter__(self) -> "Flood":
+        for thread in self.threads:
+            thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()  # each client stops after its request in flight
+
+    def _client(self, i: int) -> None:
+        body = {"input_ids": self.prompt or [100 + i, 200, 300, 400], "sampling_params": {"max_new_tokens": 400}}
+        while not self.stop.is_set():
+            try:
+                httpx.post(f"{self.url}/generate", json=body, timeout=300)
+            except httpx.HTTPError:  # the test is over and its stand-in stopped
+                return
 
 
-def _waiting(url: str) -> int:
+def _load(url: str) -> tuple[int, int]:
+    """(running, waiting) as the server reports them."""
     loads = httpx.get(f"{url}/v1/loads", timeout=10).json()["loads"]
-    return sum(entry["num_waiting_reqs"] for entry in loads)
+    return sum(e["num_running_reqs"] for e in loads), sum(e["num_waiting_reqs"] for e in loads)
 
 
 def _cached_tokens(url: str) -> float:

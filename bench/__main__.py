@@ -282,7 +282,8 @@ def main(argv: list[str] | None = None) -> int:
                 details["cache"] = run_cache(lab, CacheOptions(
                     workloads=tuple(w.strip() for w in args.cache_workloads.split(",") if w.strip()),
                     conversations=args.cache_conversations, shared_prompts=args.cache_shared_prompts,
-                    batch=args.cache_batch, prefill_per_token=args.cache_prefill_per_token), log)
+                    batch=args.cache_batch, prefill_per_token=args.cache_prefill_per_token,
+                    fleet_env=_env_pairs(args.fleet_env)), log)
                 figures += cache_figures(details["cache"], hit_goal=0.9, speed_goal=args.ratio_goal)
             if "scale" in args.parts:
                 from .scale import ScaleOptions, run_scale

@@ -67,6 +67,7 @@ class CacheOptions:
     seed: int = 7
     timeout: float = 900.0
     workloads: tuple[str, ...] = ("conversations", "shared")
+    fleet_env: dict = field(default_factory=dict)  # extra worker settings on both fleet sides (--fleet-env)
 
     def standin_options(self, cache_tokens: int) -> list[str]:
         return ["--max-running-requests", str(self.batch), "--prefix-cache-tokens", str(cache_tokens),
@@ -239,7 +240,7 @@ def measure_oracle(lab: Lab, workload: str, records: list[dict], opts: CacheOpti
 def measure_fleet(lab: Lab, workload: str, prompt_file: Path, total: int, opts: CacheOptions,
                   env: dict[str, str]) -> dict:
     lab.flush()
-    run = f"cache-{workload}-{'on' if not env else 'off'}"
+    run = f"cache-{workload}-{'off' if env.get('FLEET_AFFINITY') == 'off' else 'on'}"
     output_dir = lab.output_dir("cache")
     standins = lab.standins(opts.servers, opts.standin_options(_cache_tokens(workload, opts)))
     workers = []
@@ -287,7 +288,8 @@ def run_cache(lab: Lab, opts: CacheOptions, log) -> dict:
         sides["oracle"] = measure_oracle(lab, workload, records, opts)
         log(f"  hit share {sides['oracle']['hit_share']:.3f}, "
             f"{sides['oracle']['throughput']['tokens_per_s']:,.0f} tok/s")
-        for side, env in (("fleet", {}), ("fleet, affinity off", {"FLEET_AFFINITY": "off"})):
+        for side, env in (("fleet", dict(opts.fleet_env)), ("fleet, affinity off",
+                                                              {**opts.fleet_env, "FLEET_AFFINITY": "off"})):
             log(f"cache {workload}: {side}")
             sides[side] = measure_fleet(lab, workload, prompt_file, total, opts, env)
             log(f"  hit share {sides[side]['hit_share']:.3f}, "

@@ -16,11 +16,13 @@ in two common cases, and this module names the server that holds them:
   whole blocks (up to `MAX_BLOCKS`) to the server last sent it, an LRU of at
   most `ENTRIES` entries: bounded memory whatever the run's size. A prompt
   is recorded when it is sent (as SGLang's gateway inserts at routing time),
-  so a burst of prompts under one new system prompt follows the first one;
-  but a prompt the load guard sent elsewhere (a spill) leaves the prefix's
-  server as it was: moving it on every spill made each prefix wander over
-  every server and miss (the bench's hit share fell from 0.9 of the
-  oracle's to 0.75), while a server that is down or refused does move it.
+  so a burst of prompts under one new system prompt follows the first one.
+  A prompt the load guard sent elsewhere (a spill) moves its prefix only
+  after `MOVE_AFTER` spills in a row: moving it on every spill made each
+  prefix wander over every server and miss (in the bench, 45 moves per
+  system prompt in 160 prompts), never moving it left a server that got
+  three of the eight system prompts spilling a third of its prompts for
+  good. A server that is down or refused moves it at once.
   The map is the worker's own, not shared in Redis: it costs no round trip
   per prompt, and a second worker bound to the same servers learns its own
   placement after one prompt per prefix (the price: a prefix may be cached
@@ -66,6 +68,7 @@ MAX_BLOCKS = 128     # affinity by the leading 8,192 tokens at most: enough to t
 ENTRIES = 1 << 16    # blocks remembered per worker (a few MiB); shared prefixes stay, being re-sent
 DEFAULT_MARGIN = 0.125
 REPORT_FRESH = 10.0  # seconds a server's reported load counts in `load`
+MOVE_AFTER = 4       # spills in a row that move a prefix to the server it spilled to
 
 
 class Loaded(Protocol):
@@ -117,29 +120,40 @@ def block_keys(ids: Sequence[int]) -> list[int]:
 
 
 class RecentPrefixes:
-    """Leading blocks -> the server last sent them; least recently sent forgotten past `entries`."""
+    """Leading blocks -> the server they were sent to; least recently sent forgotten past `entries`.
+
+    A block's server moves when a prompt with it is sent elsewhere, except that a spill (the load
+    guard sent it elsewhere though its server could take it) moves it only after `MOVE_AFTER`
+    spills in a row: a server that stays loaded sheds a prefix, one that spills now and then
+    keeps it (`Affinity.sent`)."""
 
     def __init__(self, entries: int = ENTRIES):
         self.entries = entries
-        self._servers: OrderedDict[int, str] = OrderedDict()
+        self._servers: OrderedDict[int, list] = OrderedDict()  # key -> [server, spills in a row]
         self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._servers)
 
     def server_for(self, keys: Sequence[int]) -> str | None:
-        """The server sent the longest of these leading runs, if any was sent."""
+        """The server of the longest of these leading runs, if any was sent."""
         with self._lock:
             for key in reversed(keys):
-                server = self._servers.get(key)
-                if server is not None:
-                    return server
+                entry = self._servers.get(key)
+                if entry is not None:
+                    return entry[0]
         return None
 
-    def sent(self, keys: Sequence[int], server: str) -> None:
+    def sent(self, keys: Sequence[int], server: str, spilled: bool = False) -> None:
         with self._lock:
             for key in keys:
-                self._servers[key] = server
+                entry = self._servers.get(key)
+                if entry is None or entry[0] == server or not spilled:
+                    self._servers[key] = [server, 0]
+                else:
+                    entry[1] += 1
+                    if entry[1] >= MOVE_AFTER:
+                        entry[:] = [server, 0]
                 self._servers.move_to_end(key)
             while len(self._servers) > self.entries:
                 self._servers.popitem(last=False)
@@ -176,10 +190,9 @@ class Affinity:
         return Route(server, keys, "prefix" if server else "")
 
     def sent(self, route: Route, server: str, spilled: bool = False) -> None:
-        """The prompt went to `server`: its leading blocks point there now, unless the load
-        guard spilled it there from its preferred server, which keeps them."""
-        if self.enabled and route.keys and not spilled:
-            self.prefixes.sent(route.keys, server)
+        """The prompt went to `server` (`spilled`: by the load guard, from its preferred server)."""
+        if self.enabled and route.keys:
+            self.prefixes.sent(route.keys, server, spilled)
 
 
 def _conversation_server(client: redis.Redis, run: str, prompt_id: str) -> str | None:

@@ -20,7 +20,7 @@ from contract.conversation_ledger import ConversationLedger
 from contract.conversations import skeleton
 from contract.ledger import Ledger
 from contract.names import ServerState
-from workers.affinity import BLOCK, MAX_BLOCKS, Affinity, RecentPrefixes, block_keys, load
+from workers.affinity import BLOCK, MAX_BLOCKS, MOVE_AFTER, Affinity, RecentPrefixes, block_keys, load
 from workers.capacity import Load
 from workers.servers import ServerPool
 
@@ -212,9 +212,14 @@ def test_a_prompt_the_guard_spills_leaves_its_prefix_where_it_was_and_a_down_ser
         affinity.sent(route, binding.url, p.spilled(route.prefer, binding, "m"))
     # Then the prefix still points at a, whose cache holds it
     assert affinity.route(None, "r", False, "p2", prompt).prefer == "a"
-    # and once a is down, the prompt that goes to b moves it there
+    # but spills in a row (a stays loaded) move it to where they went
+    for i in range(MOVE_AFTER - 1):
+        affinity.sent(affinity.route(None, "r", False, f"s{i}", prompt), "b", spilled=True)
+    assert affinity.route(None, "r", False, "p3", prompt).prefer == "b"
+    affinity.sent(affinity.route(None, "r", False, "p4", prompt), "a")
+    # and once a is down, the prompt that goes to b moves it there at once
     p.bindings[0].state = ServerState.DOWN
-    route = affinity.route(None, "r", False, "p3", prompt)
+    route = affinity.route(None, "r", False, "p5", prompt)
     with p.acquire("m", 0.05, prefer=route.prefer) as binding:
         affinity.sent(route, binding.url, p.spilled(route.prefer, binding, "m"))
-    assert affinity.route(None, "r", False, "p4", prompt).prefer == "b"
+    assert affinity.route(None, "r", False, "p6", prompt).prefer == "b"

@@ -97,7 +97,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     c.add_argument("--scale-skip", default="", help="comma-separated: export, worst-case, producer")
     k = p.add_argument_group("prefix cache")
     k.add_argument("--cache-workloads", default="conversations,shared", help="conversations, shared, or both")
-    k.add_argument("--cache-conversations", type=int, default=240, help="conversations of 3-6 turns")
+    k.add_argument("--cache-conversations", type=int, default=480, help="conversations of 3-6 turns")
     k.add_argument("--cache-shared-prompts", type=int, default=1280, help="prompts under 8 shared system prompts")
     k.add_argument("--cache-batch", type=int, default=16, help="batch of each of the 4 stand-ins")
     k.add_argument("--cache-prefill-per-token", type=float, default=0.00001,

@@ -50,12 +50,12 @@ SIDES = ("oracle", "fleet", "fleet, affinity off")
 class CacheOptions:
     servers: int = 4
     batch: int = 16
-    conversations: int = 240            # 3-6 turns each
+    conversations: int = 480            # 3-6 turns each
     shared_prompts: int = 1280          # under `system_prompts` system prompts
     system_prompts: int = 8
     system_tokens: int = 1500
     user_tokens: int = 150              # one user message
-    conversation_cache_tokens: int = 96_000   # per server: a quarter of the conversations fits, not all
+    conversation_cache_tokens: int = 0        # per server; 0: 400 x conversations (a quarter of them fit, not all)
     shared_cache_tokens: int = 6_000          # per server: 2 system prompts and the answers fit, not 8
     output_len_median: float = 120
     output_len_sigma: float = 0.5
@@ -272,7 +272,9 @@ def _wait_logged(process, line: str, timeout: float) -> None:
 
 
 def _cache_tokens(workload: str, opts: CacheOptions) -> int:
-    return opts.conversation_cache_tokens if workload == "conversations" else opts.shared_cache_tokens
+    if workload == "conversations":
+        return opts.conversation_cache_tokens or 400 * opts.conversations
+    return opts.shared_cache_tokens
 
 
 def run_cache(lab: Lab, opts: CacheOptions, log) -> dict:

@@ -9,15 +9,15 @@ on `/generate`, is refused until it goes down and comes back.
 
 Routing picks, among the usable servers below their own in-flight target
 (`workers/capacity.py`: the server's running batch plus a short queue), the
-least loaded (`affinity.load`: its requests as a share of its capacity, the
-larger of this worker's count and the count the server last reported), so a
-batch-64 and a batch-256 server behind one worker each get their fill; unless the prompt prefers a
-server (`workers/affinity.py`: its conversation's or its prefix's) whose load
-is within the margin of the least loaded's, which it then takes, or waits
-for a slot there. A waiting thread waits on its preferred server's condition
-(or on the pool's, without one), so a freed slot wakes a thread that wants
-that server, else one that wants any, else one whose preferred server is now
-beyond the margin. A binding may be SGLang's model
+least loaded (`affinity.load`: its requests as a share of its capacity, this
+worker's in flight there plus the other clients' the server last reported),
+so a batch-64 and a batch-256 server behind one worker each get their fill;
+unless the prompt prefers a server (`workers/affinity.py`: its conversation's
+or its prefix's) whose load is within the margin of the least loaded's, which
+it then takes, or waits for a slot there. A waiting thread waits on its
+preferred server's condition (or on the pool's, without one), so a freed slot
+wakes a thread that wants that server, else one that wants any, else one
+whose preferred server is now beyond the margin. A binding may be SGLang's model
 gateway (`gateway_workers` set by the preflight): one server to the fleet,
 whose capacity is the sum of its workers'.
 """

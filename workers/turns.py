@@ -4,14 +4,16 @@ Turn k+1 of a conversation (`enqueue --turns all`) is made here, in a worker,
 once turn k is durably stored: its answer is read from turn k's canonical row
 (the row the ledger names; the one this task just stored, else read back from
 its shard), its history is rendered with the run's own tokenizer and template
-(`contract.chat`, loaded once per process; a worker whose tokenizer or
+(`contract.chat`, loaded once per process, in the background from the
+worker's start or a conversation run's first turn: `warm`; a worker whose tokenizer or
 template fingerprint differs from the run's refuses to render rather than
 render differently), and `ConversationLedger.advance` keeps the answer and
 queues turn k+1 with its ids in one conditional step, then its message is
 published. The server that generated turn k goes into the ledger with it, so
-turn k+1 is sent where its prefix is cached (`workers/affinity.py`). A crash anywhere in between leaves the conversation at turn k with
-turn k done, which the redelivery of turn k's message and the audit's sweep
-(`stalled`, `resume`) both finish, and `advance` lets only one call through, so no
+turn k+1 is sent where its prefix is cached (`workers/affinity.py`). A crash
+anywhere in between leaves the conversation at turn k with turn k done, which
+the redelivery of turn k's message and the audit's sweep (`stalled`,
+`resume`) both finish, and `advance` lets only one call through, so no
 turn is queued twice and no stored turn is generated again. A message lost
 after `advance` leaves turn k+1 queued without one, which the audit republishes.
 """
@@ -99,7 +101,8 @@ def _load(spec: RunSpec) -> None:
         log.warning("tokenizer %s of conversation run %s could not be loaded: %r", spec.tokenizer, spec.name, exc)
 
 
-def advance(app, rt, spec: RunSpec, prompt_id: str, stored: tuple[str, list[int], int, str] | None = None) -> str:
+def advance(app, rt, spec: RunSpec, prompt_id: str,
+            stored: tuple[str, list[int], int, str] | None = None) -> str:
     """Move the conversation of turn `prompt_id` past it, if that turn is done and the
     conversation still at it. `stored`: (shard path, input ids, prompt length, server) of the row
     this task just stored, used when it is the canonical one. Returns what happened, for the log."""

@@ -30,10 +30,9 @@ class Settings(SharedSettings):
     concurrency: int = 0
     # Affinity (workers/affinity.py): a conversation's next turn to the server of its last turn,
     # a prompt to the server recently sent its leading tokens, while that server's load is within
-    # this share of capacity of the least loaded one's (the eighth of queue kept behind a full batch).
-    # FLEET_AFFINITY=off routes by load alone.
+    # this share of capacity of the least loaded one's. FLEET_AFFINITY=off routes by load alone.
     affinity: bool = True
-    affinity_margin: float = Field(0.125, ge=0.0)
+    affinity_margin: float = Field(0.25, ge=0.0)
 
     # Health checks: SGLang answers /health in about a second, so never time
     # out below two seconds.

@@ -85,8 +85,8 @@ def test_a_server_loaded_beyond_the_margin_loses_its_affinity_to_the_least_loade
     assert _servers(fleet)["before-1"] == sticky
 
     # When other clients keep that server far beyond its batch, and the worker has read its load
-    with Flood(sticky, clients=48):
-        wait_until(lambda: _load(sticky)[1] >= 16, 60, "a queue on the sticky server", fleet)
+    with Flood(sticky, clients=96):
+        wait_until(lambda: _load(sticky)[1] >= 48, 60, "a queue on the sticky server", fleet)
         health_rounds(fleet.redis_url, 2, fleet=fleet)
         # and more prompts under the same system prompt arrive
         _enqueue_under_system(fleet, tmp_path, *(f"after-{i}" for i in range(3)))

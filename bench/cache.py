@@ -15,8 +15,10 @@ request of one conversation, or of one system prompt, to one server (each
 server gets an equal share: conversations placed longest first on the server
 with the fewest turns, system prompt j on server j mod 4), with each server's
 batch of requests always in flight, and each next turn the moment its
-previous one answers; (b) the **fleet** at its defaults: the producer enqueues,
-one real worker drains; (c) the same fleet with `FLEET_AFFINITY=off`.
+previous one answers; (b) the **fleet** at its defaults: one real worker,
+started once the run's spec exists and warm (it has loaded the run's
+tokenizer, as the oracle has), drains what the producer enqueues; (c) the
+same fleet with `FLEET_AFFINITY=off`.
 
 Figures, from the servers' own counters: the **hit share** is the sum of
 `sglang:cached_tokens_total` over the sum of `sglang:prompt_tokens_total`

@@ -11,7 +11,6 @@ recorded for its last turn.
 from __future__ import annotations
 
 import threading
-import time
 
 import pytest
 

@@ -12,6 +12,9 @@ Parts (each can be chosen with --parts, each sized by its flags):
                    ideal client's CPU per request (not in the default set: --parts inflight)
   storage          shard commit time and worker CPU per sample with OUTPUT_DIR on an S3 server
                    (moto, a separate process) vs a local folder, same run
+  cache            prefix-cache hit share and throughput of the fleet (affinity on and off)
+                   against an oracle client, on conversations and shared system prompts
+                   (not in the default set: --parts cache)
 
 Defaults are sized to finish in about ten minutes on a 2-core machine; every
 goal is a ratio or a size measured within the same run.
@@ -31,8 +34,8 @@ from rich.console import Console
 
 from .report import Figure, at_least, at_most, print_table, write_json
 
-PARTS = ("saturation", "producer", "worker", "redis", "producer-memory", "scale", "inflight", "storage")
-DEFAULT_PARTS = tuple(p for p in PARTS if p not in ("scale", "inflight"))
+PARTS = ("saturation", "producer", "worker", "redis", "producer-memory", "scale", "inflight", "storage", "cache")
+DEFAULT_PARTS = tuple(p for p in PARTS if p not in ("scale", "inflight", "cache"))
 MiB = 1024 * 1024
 MEMORY_SCALE = 10_000  # worker RSS: after 10,000 and after 100,000 samples, as the issue sets it
 
@@ -98,6 +101,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                    help="prompts of the real run through producer, Redis and a worker (0: none; 100000: the issue's)")
     c.add_argument("--scale-row-tokens", type=int, default=256, help="tokens per exported row")
     c.add_argument("--scale-skip", default="", help="comma-separated: export, worst-case, producer")
+    k = p.add_argument_group("prefix cache")
+    k.add_argument("--cache-workloads", default="conversations,shared", help="conversations, shared, or both")
+    k.add_argument("--cache-conversations", type=int, default=480, help="conversations of 3-6 turns")
+    k.add_argument("--cache-shared-prompts", type=int, default=1280, help="prompts under 8 shared system prompts")
+    k.add_argument("--cache-batch", type=int, default=16, help="batch of each of the 4 stand-ins")
+    k.add_argument("--cache-prefill-per-token", type=float, default=0.00001,
+                   help="seconds per uncached prompt token (a 1,500-token prefill: about 2 decode steps)")
     args = p.parse_args(argv)
     args.parts = [x.strip() for x in args.parts.split(",") if x.strip()]
     unknown = set(args.parts) - set(PARTS)
@@ -294,6 +304,15 @@ def main(argv: list[str] | None = None) -> int:
                     samples=args.storage_samples, max_rows=args.storage_max_rows,
                     output_len=args.storage_output_len), log)
                 figures += storage_figures(d)
+            if "cache" in args.parts:
+                from .cache import CacheOptions, cache_figures, run_cache
+
+                details["cache"] = run_cache(lab, CacheOptions(
+                    workloads=tuple(w.strip() for w in args.cache_workloads.split(",") if w.strip()),
+                    conversations=args.cache_conversations, shared_prompts=args.cache_shared_prompts,
+                    batch=args.cache_batch, prefill_per_token=args.cache_prefill_per_token,
+                    fleet_env=_env_pairs(args.fleet_env)), log)
+                figures += cache_figures(details["cache"], hit_goal=0.9, speed_goal=args.ratio_goal)
             if "scale" in args.parts:
                 from .scale import ScaleOptions, run_scale
                 from .scale_figures import real_run_figures, scale_figures

@@ -24,14 +24,24 @@ def token_count(text: str) -> int:
     return len(chat_tokenizer().tok(text, add_special_tokens=False)["input_ids"])
 
 
-def build_spec(run: str, max_new_tokens: int, temperature: float = 0.6, top_p: float = 0.95):
-    """The RunSpec `python -m producer enqueue --run RUN --max-new-tokens M` would store."""
+def build_spec(run: str, max_new_tokens: int, temperature: float = 0.6, top_p: float = 0.95, turns: str = "last"):
+    """The RunSpec `python -m producer enqueue --run RUN --max-new-tokens M [--turns all]` would store."""
     from producer.enqueue import new_spec
 
-    return new_spec(chat_tokenizer(), run, "bundled", max_new_tokens, temperature, top_p)
+    return new_spec(chat_tokenizer(), run, "bundled", max_new_tokens, temperature, top_p, turns=turns)
 
 
-def enqueue(path: Path, run: str, max_new_tokens: int):
+def prepare(run: str, max_new_tokens: int, turns: str = "last"):
+    """Record the run's spec before any prompt (as `enqueue` does first): a worker started now
+    knows the run, and warms its tokenizer for a run of conversations."""
+    from contract.connections import redis_for
+    from contract.settings import SharedSettings
+    from producer.enqueue import prepare_run
+
+    return prepare_run(redis_for(SharedSettings().redis_url), build_spec(run, max_new_tokens, turns=turns))
+
+
+def enqueue(path: Path, run: str, max_new_tokens: int, turns: str = "last"):
     """Publish a prompt file as run `run`; returns the producer's EnqueueSummary."""
     from contract.broker import celery_app
     from contract.connections import redis_for
@@ -41,7 +51,7 @@ def enqueue(path: Path, run: str, max_new_tokens: int):
     settings = SharedSettings()
     app = celery_app(settings.redis_url, queue=settings.queue_prefix)
     client = redis_for(settings.redis_url)
-    spec = prepare_run(client, build_spec(run, max_new_tokens))
+    spec = prepare_run(client, build_spec(run, max_new_tokens, turns=turns))
     summary = enqueue_file(path, spec, chat_tokenizer(), client, app, settings.queue_prefix)
     if summary.rejected or summary.published == 0:
         raise RuntimeError(f"enqueue of {path} published {summary.published}, "

@@ -2,15 +2,18 @@
 
 A conversation (`enqueue --turns all`) moves one turn at a time. Its turns are
 prompts of the run's `Ledger` (id `<conversation>#<turn>`, `conversations.py`),
-and the conversation itself is four small entries (`RunKeys.conversation_*`):
+and the conversation itself is five small entries (`RunKeys.conversation_*`):
 its number of turns (kept for the run's life), and while it is in progress its
-skeleton, the turn it is at, and the answers of its stored turns. Two scripts
+skeleton, the turn it is at, the answers of its stored turns, and the server
+that generated its last stored turn (where the next turn's prefix is cached:
+`workers/affinity.py` sends the next turn there). Two scripts
 change them, each one atomic, conditional step:
 
     register   (none)  -> at 0       the producer, just before it enqueues turn 0
-    advance    at k    -> at k + 1   turn k is done: its answer is kept and turn k+1
-                                     becomes a queued prompt with its ids (or a dead one
-                                     with its letter, when its history cannot be rendered)
+    advance    at k    -> at k + 1   turn k is done: its answer and server are kept and
+                                     turn k+1 becomes a queued prompt with its ids (or a
+                                     dead one with its letter, when its history cannot be
+                                     rendered)
     advance    at k    -> complete   turn k is the last and done: the in-progress
                                      entries go, the count of complete conversations grows
 
@@ -43,7 +46,7 @@ from .scripts import Lua, lua_string
 
 QUEUED_NEXT, BURIED_NEXT, COMPLETE = "queued", "buried", "complete"
 
-# KEYS[B+1..B+4] (after the ledger's own): turns, shapes, at, answers. Per conversation 1
+# KEYS[B+1..B+5] (after the ledger's own): turns, shapes, at, answers, servers. Per conversation 1
 # (registered) or 0 (the run has it).
 _REGISTER = Lua("""
 local turns, shapes, at = KEYS[B + 1], KEYS[B + 2], KEYS[B + 3]
@@ -62,13 +65,13 @@ flush()
 return out
 """, prelude=PRELUDE, each=("conversation", "turns", "shape"), records="conversations")
 
-# KEYS[B+1..B+4]: turns, shapes, at, answers; KEYS[B+5]: turn k's bucket; KEYS[B+6]: turn k+1's.
-# `a.mode`: 'last' (turn k is the last), 'queue' (turn k+1 with `next_ids`) or 'bury' (turn k+1
-# with its `reason` and `letter`).
+# KEYS[B+1..B+5]: turns, shapes, at, answers, servers; KEYS[B+6]: turn k's bucket; KEYS[B+7]:
+# turn k+1's. `a.mode`: 'last' (turn k is the last), 'queue' (turn k+1 with `next_ids`) or 'bury'
+# (turn k+1 with its `reason` and `letter`); `a.server`: turn k's server ('' if unknown).
 _ADVANCE = Lua(f"""
-local shapes, at, answers = KEYS[B + 2], KEYS[B + 3], KEYS[B + 4]
+local shapes, at, answers, servers = KEYS[B + 2], KEYS[B + 3], KEYS[B + 4], KEYS[B + 5]
 if redis.call('HGET', at, a.conversation) ~= a.turn then return 'stale' end
-local found = kind(state({{key = KEYS[B + 5], field = a.field}}))
+local found = kind(state({{key = KEYS[B + 6], field = a.field}}))
 if found ~= 'done' then return found or '' end
 if a.mode == 'last' then
   local fields = {{}}
@@ -76,13 +79,16 @@ if a.mode == 'last' then
   if #fields > 0 then redis.call('HDEL', answers, unpack(fields)) end
   redis.call('HDEL', shapes, a.conversation)
   redis.call('HDEL', at, a.conversation)
+  redis.call('HDEL', servers, a.conversation)
   add('conversations_complete', 1)
   flush()
   return 'complete'
 end
 redis.call('HSET', answers, a.id, a.answer)
 redis.call('HSET', at, a.conversation, tonumber(a.turn) + 1)
-local following = {{key = KEYS[B + 6], field = a.next_field, id = a.next_id, ids = a.next_ids, tokens = a.next_tokens}}
+if a.server ~= '' then redis.call('HSET', servers, a.conversation, a.server)
+else redis.call('HDEL', servers, a.conversation) end
+local following = {{key = KEYS[B + 7], field = a.next_field, id = a.next_id, ids = a.next_ids, tokens = a.next_tokens}}
 if state(following) then return 'had' end
 if a.mode == 'queue' then
   queue(following, 'q', nil)
@@ -93,7 +99,8 @@ bury(following, nil, a.reason, a.letter)
 flush()
 return 'buried'
 """, prelude=PRELUDE, head=("conversation", "turn", "field", "id", "answer", "mode",
-                             "next_field", "next_id", "next_ids", "next_tokens", "reason", "letter"))
+                             "next_field", "next_id", "next_ids", "next_tokens", "reason", "letter",
+                             "server"))
 
 
 @dataclass(frozen=True)
@@ -112,7 +119,8 @@ class ConversationLedger:
 
     def _own(self) -> list[str]:
         k = self.keys
-        return [k.conversation_turns, k.conversation_shapes, k.conversation_at, k.conversation_answers]
+        return [k.conversation_turns, k.conversation_shapes, k.conversation_at, k.conversation_answers,
+                k.conversation_server]
 
     # -- reads ------------------------------------------------------------------------------
 
@@ -135,6 +143,11 @@ class ConversationLedger:
         if any(r is None for r in raw):
             raise LookupError(f"conversation {conversation!r}: an answer before turn {before} is missing")
         return [json.loads(r) for r in raw]
+
+    def server(self, conversation: str) -> str | None:
+        """The server that generated the conversation's last stored turn (None: not known, or none yet)."""
+        found = self.client.hget(self.keys.conversation_server, conversation)
+        return found.decode() if found is not None else None
 
     def turns(self, conversations: list[str]) -> list[int | None]:
         """Each conversation's number of turns (None: not in the run)."""
@@ -169,14 +182,16 @@ class ConversationLedger:
                 for registered in self.ledger.call(_REGISTER, self._own(), each=each[start:start + READ_CHUNK])]
 
     def advance(self, conversation: str, turn: int, answer: dict, turns: int,
-                next_ids: list[int] | None = None, letter: tuple[str, str] | None = None) -> str:
-        """Turn `turn` is done with `answer`: queue the next turn with `next_ids` (or bury it with
-        (reason, letter JSON) when its prompt cannot be made), or complete the conversation.
+                next_ids: list[int] | None = None, letter: tuple[str, str] | None = None,
+                server: str | None = None) -> str:
+        """Turn `turn` is done with `answer` (generated by `server`): queue the next turn with
+        `next_ids` (or bury it with (reason, letter JSON) when its prompt cannot be made), or
+        complete the conversation.
         Returns QUEUED_NEXT, BURIED_NEXT, COMPLETE, or what stopped it ('stale': not at that
         turn; 'had': the next turn existed; a state of turn `turn` other than done)."""
         this = turn_id(conversation, turn)
         head = {"conversation": conversation, "turn": turn, "id": this,
-                "answer": json.dumps(answer, ensure_ascii=False)}
+                "answer": json.dumps(answer, ensure_ascii=False), "server": server or ""}
         if turn + 1 >= turns:
             head["mode"] = "last"
         elif letter is None:

@@ -65,6 +65,9 @@ class RunKeys:
         self.conversation_at = f"{base}:conv:at"
         # hash: turn id -> the stored turn's answer as later turns' history holds it (JSON), while in progress
         self.conversation_answers = f"{base}:conv:answers"
+        # hash: conversation id -> the server (a worker's binding URL, redacted) that generated its
+        # last stored turn, where its next turn's prefix is cached (workers/affinity.py), while in progress
+        self.conversation_server = f"{base}:conv:server"
 
     def state_bucket(self, n: int) -> str:
         """The hash that holds the states of the prompts whose id hashes to bucket `n`."""

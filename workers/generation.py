@@ -29,6 +29,7 @@ from contract.names import PromptState, Reason
 from contract.schema import Sample
 from contract.spec import RunSpec
 
+from .affinity import NO_ROUTE, Route
 from .answers import BadOutput, answer_cap, id_bound
 from .preflight import credentials_refusal
 from .runtime import Runtime
@@ -77,9 +78,10 @@ def process_prompt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[
     if max_new_tokens:
         sampling["max_new_tokens"] = max_new_tokens
     tries = Attempts()
+    route = rt.affinity.route(rt.redis, spec.name, spec.turns == "all", prompt_id, prompt_ids)
     try:
         while True:
-            generation = _generation(rt, spec, prompt_id, prompt_ids, sampling, tries)
+            generation = _generation(rt, spec, prompt_id, prompt_ids, sampling, tries, route)
             verdict = verify(generation.output_ids, generation.meta_info, len(prompt_ids), spec)
             if verdict.ok:
                 return _store(rt, spec, prompt_id, prompt_ids, tries, generation, verdict, submit)
@@ -205,7 +207,7 @@ def _wait(future, timeout: float) -> str:
 
 
 def _generation(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], sampling: dict,
-                tries: Attempts) -> Generation:
+                tries: Attempts, route: Route = NO_ROUTE) -> Generation:
     """Requests until a server answers. Raises `Unfit` when the prompt ends as a dead letter,
     `GiveBack` when no usable server is left.
 
@@ -213,13 +215,15 @@ def _generation(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int
     transient failures and bad answers `max_attempts`, connection failures
     `max_unavailable`, a refusal of our credentials refuses that server, and a
     cut follows its server's going down; no usable server gives the prompt back
-    to the queue.
+    to the queue. `route` names the server the prompt's prefix is cached on, which it takes
+    while the load guard allows (`workers/affinity.py`).
     """
     s = rt.settings
     while True:
         avoid = tries.servers[-1] if tries.servers else None
         try:
-            with rt.pool.acquire(spec.served_model, s.server_wait, avoid=avoid) as binding:
+            with rt.pool.acquire(spec.served_model, s.server_wait, avoid=avoid, prefer=route.prefer) as binding:
+                rt.affinity.sent(route, binding.url, rt.pool.spilled(route.prefer, binding, spec.served_model))
                 if binding.max_model_len and len(prompt_ids) >= binding.max_model_len:
                     raise Unfit(_dead(rt, spec, prompt_id, prompt_ids, sampling, tries, Reason.PROMPT_TOO_LONG,
                                       f"{len(prompt_ids)} prompt tokens do not fit the context of "

@@ -16,7 +16,8 @@ from contract import heartbeats
 from contract.connections import redact_url, redis_for
 from contract.write_refusal import READ_ONLY
 
-from . import cache_hits, metrics
+from . import cache_hits, metrics, turns
+from .affinity import Affinity
 from .deliveries import STARTED
 from .health import HealthMonitor
 from .server_auth import ServerCredentials
@@ -40,6 +41,7 @@ class Runtime:
     redis: redis.Redis
     shards: ShardWriter
     writes: RedisWrites = field(default_factory=RedisWrites)
+    affinity: Affinity = field(default_factory=Affinity)
 
     def close(self) -> None:
         self.monitor.stop()
@@ -72,7 +74,7 @@ def close_runtime() -> None:
 def _build(s: Settings, worker: str) -> Runtime:
     key = s.sglang_api_key.get_secret_value() if s.sglang_api_key else None
     headers = {"Authorization": f"Bearer {key}"} if key else {}
-    pool = ServerPool(s.server_urls, s.max_inflight_per_server)
+    pool = ServerPool(s.server_urls, s.max_inflight_per_server, s.affinity_margin)
     client = redis_for(s.redis_url)
     shards = ShardWriter(s.output_dir, worker, s.group_rows, s.shard_max_wait, book=ShardBook(client),
                          commit_timeout=s.shard_commit_timeout)
@@ -95,13 +97,14 @@ def _build(s: Settings, worker: str) -> Runtime:
     monitor = HealthMonitor(pool, s, headers, after_round=heartbeat,
                             cut=lambda binding, why: http.cut(binding.url, why))
     runtime = Runtime(settings=s, worker=worker, pool=pool, monitor=monitor, http=http, redis=client,
-                      shards=shards, writes=writes)
+                      shards=shards, writes=writes, affinity=Affinity(s.affinity))
     monitor.client.auth = ServerCredentials(s.server_urls)  # bindings hold redacted URLs
     log.warning("worker %s bound to %s; broker %s; shards to %s; %d threads, at most %d in flight per server",
                 worker, ", ".join(b.url for b in pool.bindings), redact_url(s.redis_url), s.output_dir,
                 s.pool_size, s.max_inflight_per_server)
     monitor.start()
     metrics.serve(runtime, s.metrics_port)
+    threading.Thread(target=turns.warm_runs, args=(client,), name="fleet-warm-runs", daemon=True).start()
     return runtime
 
 

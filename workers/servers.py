@@ -9,8 +9,15 @@ on `/generate`, is refused until it goes down and comes back.
 
 Routing picks, among the usable servers below their own in-flight target
 (`workers/capacity.py`: the server's running batch plus a short queue), the
-one with the largest share of its target free, so a batch-64 and a batch-256
-server behind one worker each get their fill. A binding may be SGLang's model
+least loaded (`affinity.load`: its requests as a share of its capacity, this
+worker's in flight there plus the other clients' the server last reported),
+so a batch-64 and a batch-256 server behind one worker each get their fill;
+unless the prompt prefers a server (`workers/affinity.py`: its conversation's
+or its prefix's) whose load is within the margin of the least loaded's, which
+it then takes, or waits for a slot there. A waiting thread waits on its
+preferred server's condition (or on the pool's, without one), so a freed slot
+wakes a thread that wants that server, else one that wants any, else one
+whose preferred server is now beyond the margin. A binding may be SGLang's model
 gateway (`gateway_workers` set by the preflight): one server to the fleet,
 whose capacity is the sum of its workers'.
 """
@@ -26,6 +33,7 @@ from typing import Iterator
 from contract.connections import redact_url
 from contract.names import ServerState
 
+from . import affinity
 from .capacity import Load, Tuner, load_from_meta
 
 log = logging.getLogger(__name__)
@@ -54,6 +62,7 @@ class ServerBinding:
     tuner: Tuner = field(default_factory=lambda: Tuner(bound=1024))
     gateway_workers: list[str] | None = None  # a model gateway: the workers it routes to
     dp_size: int = 1
+    reported: tuple[int, float] | None = None  # others' requests the server last reported, when (monotonic)
 
     @property
     def capacity(self) -> int | None:
@@ -94,11 +103,16 @@ class NoServer(Exception):
 class ServerPool:
     """The bindings of one worker process, shared by its task threads."""
 
-    def __init__(self, urls: list[str], max_inflight: int):
+    def __init__(self, urls: list[str], max_inflight: int, margin: float = affinity.DEFAULT_MARGIN):
         # Recorded redacted: credentials in a URL travel only in workers/server_auth.py.
-        # `max_inflight` (FLEET_MAX_INFLIGHT_PER_SERVER) bounds every binding's tuned target.
+        # `max_inflight` (FLEET_MAX_INFLIGHT_PER_SERVER) bounds every binding's tuned target;
+        # `margin` (FLEET_AFFINITY_MARGIN) is the load guard of a preferred server.
         self.bindings = [ServerBinding(redact_url(u), tuner=Tuner(bound=max_inflight)) for u in urls]
-        self._cond = threading.Condition()
+        self.margin = margin
+        self._lock = threading.Lock()
+        # Threads waiting for a slot: on their preferred server's condition, or on None's (any server).
+        self._conds = {key: threading.Condition(self._lock) for key in [None, *(b.url for b in self.bindings)]}
+        self._waiting = dict.fromkeys(self._conds, 0)
 
     def usable(self, model: str | None = None) -> list[ServerBinding]:
         return [b for b in self.bindings if b.usable and b.serves(model)]
@@ -109,13 +123,19 @@ class ServerPool:
     def any_usable(self) -> bool:
         return any(b.usable for b in self.bindings)
 
+    def spilled(self, prefer: str | None, chosen: ServerBinding, model: str | None) -> bool:
+        """Whether the load guard sent a prompt to `chosen` though its preferred server could take it."""
+        return prefer is not None and chosen.url != prefer and any(b.url == prefer for b in self.usable(model))
+
     @contextmanager
-    def acquire(self, model: str | None, wait: float, avoid: str | None = None) -> Iterator[ServerBinding]:
-        """Hold a slot on the least-loaded usable server, waiting up to `wait` seconds."""
+    def acquire(self, model: str | None, wait: float, avoid: str | None = None,
+                prefer: str | None = None) -> Iterator[ServerBinding]:
+        """Hold a slot on the preferred server while the load guard allows it, else on the
+        least-loaded usable server, waiting up to `wait` seconds."""
         deadline = time.monotonic() + wait
-        with self._cond:
+        with self._lock:
             while True:
-                chosen = self._pick(model, avoid)
+                chosen, hold_for = self._pick(model, avoid, prefer)
                 if chosen:
                     break
                 left = deadline - time.monotonic()
@@ -123,22 +143,50 @@ class ServerPool:
                     raise NoServer(f"no healthy server for model {model or 'any'} within {wait:.0f}s")
                 # Every change that can free a slot notifies (a release, a new target, each health
                 # round): no timed re-check, which at 2,048 in flight woke ~500 waiters a second.
-                self._cond.wait(left)
+                self._waiting[hold_for] += 1
+                try:
+                    self._conds[hold_for].wait(left)
+                finally:
+                    self._waiting[hold_for] -= 1
             chosen.in_flight += 1
             chosen.sent += 1
         try:
             yield chosen
         finally:
-            with self._cond:
+            with self._lock:
                 chosen.in_flight -= 1
-                self._cond.notify()
+                self._wake(chosen)
 
-    def _pick(self, model: str | None, avoid: str | None) -> ServerBinding | None:
-        free = [b for b in self.usable(model) if b.in_flight < b.target]
+    def _pick(self, model: str | None, avoid: str | None,
+              prefer: str | None) -> tuple[ServerBinding | None, str | None]:
+        """(the server to take now, or None and the server whose slot to wait for: None for any)."""
+        candidates = self.usable(model)
+        held = affinity.sticky(prefer, candidates, self.margin, avoid)
+        if held is not None:
+            return (held, None) if held.in_flight < held.target else (None, held.url)
+        free = [b for b in candidates if b.in_flight < b.target]
         if not free:
-            return None
+            return None, None
         others = [b for b in free if b.url != avoid]
-        return min(others or free, key=lambda b: (b.in_flight / b.target, -b.target))
+        now = time.monotonic()  # least loaded as the guard counts load: other workers' requests too
+        return min(others or free, key=lambda b: (affinity.load(b, now), b.in_flight / b.target, -b.target)), None
+
+    def _wake(self, freed: ServerBinding) -> None:
+        """A slot came free on `freed`: wake one thread that wants it, else one that takes any
+        server, else one holding out for a server now beyond the margin over this one."""
+        for key in (freed.url, None):
+            if self._waiting[key]:
+                self._conds[key].notify()
+                return
+        spare = affinity.load(freed)
+        for binding in self.bindings:
+            if self._waiting[binding.url] and affinity.load(binding) - spare > self.margin:
+                self._conds[binding.url].notify()
+                return
+
+    def _notify_all(self) -> None:
+        for cond in self._conds.values():
+            cond.notify_all()
 
     def targets(self) -> int:
         """Requests this worker means to keep in flight now, over its usable servers."""
@@ -146,17 +194,19 @@ class ServerPool:
 
     def reset_capacity(self, binding: ServerBinding, capacity: int | None) -> None:
         """A (re)started server: its capacity as just read, its target from scratch."""
-        with self._cond:
+        with self._lock:
             binding.tuner.reset(capacity)
-            self._cond.notify_all()
+            self._notify_all()
 
     def observe_load(self, binding: ServerBinding, load: Load, now: float | None = None) -> None:
         """A load report for the whole server: may move its target (and wake threads waiting for room)."""
-        with self._cond:
-            if binding.tuner.observe(load, binding.in_flight, time.monotonic() if now is None else now):
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            binding.reported = (affinity.others(load.running, load.waiting, binding.in_flight), now)
+            if binding.tuner.observe(load, binding.in_flight, now):
                 log.info("server %s: %d in flight now (capacity %s, load %d running / %d waiting)",
                          binding.url, binding.target, binding.capacity, load.running, load.waiting)
-                self._cond.notify_all()
+                self._notify_all()
 
     def observe_answer(self, binding: ServerBinding, meta: dict) -> None:
         """The load a 2026 SGLang copies into each answer's meta_info, where it is the whole server's."""
@@ -165,8 +215,8 @@ class ServerPool:
             self.observe_load(binding, load)
 
     def changed(self) -> None:
-        with self._cond:
-            self._cond.notify_all()
+        with self._lock:
+            self._notify_all()
 
     def snapshot(self) -> list[dict]:
         return [b.snapshot() for b in self.bindings]

@@ -28,6 +28,11 @@ class Settings(SharedSettings):
     # start only when a prompt needs one, and the prompts held follow the tuned capacity
     # (workers/gate.py), so the default costs nothing on small servers.
     concurrency: int = 0
+    # Affinity (workers/affinity.py): a conversation's next turn to the server of its last turn,
+    # a prompt to the server recently sent its leading tokens, while that server's load is within
+    # this share of capacity of the least loaded one's. FLEET_AFFINITY=off routes by load alone.
+    affinity: bool = True
+    affinity_margin: float = Field(0.25, ge=0.0)
 
     # Health checks: SGLang answers /health in about a second, so never time
     # out below two seconds.

@@ -106,6 +106,8 @@ def _generate(self, run: str, prompt_id: str, max_new_tokens: int | None) -> str
             if not intake.noted:  # its last chance (noted once alone here), or a write to reconcile
                 STARTED.start(rt.redis, run, prompt_id, rt.worker)
             spec = cached_spec(rt.settings.redis_url, run)
+            if spec.turns == "all":  # its next turn is rendered here: the tokenizer loads meanwhile
+                turns.warm(spec)
             with TaskSamples(rt.shards) as samples:
                 outcome = process_prompt(rt, spec, prompt_id, unpack_ids(raw), max_new_tokens, samples.submit)
         STARTED.finish(rt.redis, run, prompt_id, cleared=samples.marked_done())
@@ -172,7 +174,8 @@ def _next_turn(app, rt: Runtime, spec, prompt_id: str, row=None, path: str | Non
     """A conversation's turn is stored: queue its next turn (`turns.advance`). A failure here
     never fails the task, whose turn is stored: the conversation waits at this turn for the
     audit's sweep (`turns.stalled`, `turns.resume`), which tries again."""
-    stored = (path, row.input_ids, row.prompt_len) if row is not None and row.id == prompt_id and path else None
+    stored = (path, row.input_ids, row.prompt_len, row.server) if row is not None and row.id == prompt_id and path \
+        else None
     try:
         outcome = turns.advance(app, rt, spec, prompt_id, stored)
         log.debug("turn %s stored; its conversation: %s", prompt_id, outcome)

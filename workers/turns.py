@@ -4,13 +4,16 @@ Turn k+1 of a conversation (`enqueue --turns all`) is made here, in a worker,
 once turn k is durably stored: its answer is read from turn k's canonical row
 (the row the ledger names; the one this task just stored, else read back from
 its shard), its history is rendered with the run's own tokenizer and template
-(`contract.chat`, loaded once per process; a worker whose tokenizer or
+(`contract.chat`, loaded once per process, in the background from the
+worker's start or a conversation run's first turn: `warm`; a worker whose tokenizer or
 template fingerprint differs from the run's refuses to render rather than
 render differently), and `ConversationLedger.advance` keeps the answer and
 queues turn k+1 with its ids in one conditional step, then its message is
-published. A crash anywhere in between leaves the conversation at turn k with
-turn k done, which the redelivery of turn k's message and the audit's sweep
-(`stalled`, `resume`) both finish, and `advance` lets only one call through, so no
+published. The server that generated turn k goes into the ledger with it, so
+turn k+1 is sent where its prefix is cached (`workers/affinity.py`). A crash
+anywhere in between leaves the conversation at turn k with turn k done, which
+the redelivery of turn k's message and the audit's sweep (`stalled`,
+`resume`) both finish, and `advance` lets only one call through, so no
 turn is queued twice and no stored turn is generated again. A message lost
 after `advance` leaves turn k+1 queued without one, which the audit republishes.
 """
@@ -19,7 +22,6 @@ from __future__ import annotations
 import logging
 import threading
 from functools import lru_cache
-from pathlib import Path
 
 from contract.conversation_ledger import BURIED_NEXT, COMPLETE, QUEUED_NEXT, ConversationLedger
 from contract.conversations import answer_message, split_turn_id, turn_history, turn_id
@@ -58,10 +60,51 @@ def chat_for(spec: RunSpec):
     return chat
 
 
-def advance(app, rt, spec: RunSpec, prompt_id: str, stored: tuple[str, list[int], int] | None = None) -> str:
+_WARMED: set[tuple[str, bool]] = set()
+
+
+def warm(spec: RunSpec) -> None:
+    """Load a conversation run's tokenizer in the background, once per process: loading it
+    (transformers, the tokenizer files) takes seconds, and a worker that began it only when its
+    first turns were stored held every one of them, and so its whole prefetch, waiting for it."""
+    key = (spec.tokenizer, spec.trust_remote_code)
+    with _LOADING:
+        if key in _WARMED:
+            return
+        _WARMED.add(key)
+    threading.Thread(target=_load, args=(spec,), name="fleet-warm-tokenizer", daemon=True).start()
+
+
+def warm_runs(client) -> None:
+    """At a worker's start: warm the tokenizers of the conversation runs in Redis."""
+    from contract.spec import OlderLayout, load_spec
+    from contract.keys import RUNS
+
+    try:
+        for raw in sorted(client.smembers(RUNS)):
+            try:
+                spec = load_spec(client, raw.decode())
+            except (OlderLayout, ValueError):
+                continue
+            if spec is not None and spec.turns == "all":
+                warm(spec)
+    except Exception as exc:  # Redis not up yet: the first turn of a conversation run warms it
+        log.debug("tokenizers not warmed at start: %r", exc)
+
+
+def _load(spec: RunSpec) -> None:
+    try:
+        chat_for(spec)
+        log.info("tokenizer %s loaded for conversation run %s", spec.tokenizer, spec.name)
+    except Exception as exc:  # this worker will say so, per turn, when it tries to render
+        log.warning("tokenizer %s of conversation run %s could not be loaded: %r", spec.tokenizer, spec.name, exc)
+
+
+def advance(app, rt, spec: RunSpec, prompt_id: str,
+            stored: tuple[str, list[int], int, str] | None = None) -> str:
     """Move the conversation of turn `prompt_id` past it, if that turn is done and the
-    conversation still at it. `stored`: (shard path, input ids, prompt length) of the row this
-    task just stored, used when it is the canonical one. Returns what happened, for the log."""
+    conversation still at it. `stored`: (shard path, input ids, prompt length, server) of the row
+    this task just stored, used when it is the canonical one. Returns what happened, for the log."""
     conversation, turn = split_turn_id(prompt_id)
     conversations = ConversationLedger(rt.redis, spec.name)
     place = conversations.in_progress(conversation)
@@ -73,18 +116,18 @@ def advance(app, rt, spec: RunSpec, prompt_id: str, stored: tuple[str, list[int]
     chat = chat_for(spec)
     if stored is None or shard_code(stored[0]) != entry.shard:
         stored = _canonical_row(rt.settings.output_dir, spec.name, prompt_id, entry.shard)
-    _, input_ids, prompt_len = stored
+    _, input_ids, prompt_len, server = stored
     answer = answer_message(input_ids[prompt_len:], spec.think_start_id, spec.think_end_id, spec.stop_ids,
                             lambda ids: chat.tok.decode(ids, skip_special_tokens=False))
     if not spec.history_reasoning:  # the template drops it: Redis need not keep it
         answer.pop("reasoning_content", None)
     if turn + 1 >= place.turns:
-        return conversations.advance(conversation, turn, answer, place.turns)
+        return conversations.advance(conversation, turn, answer, place.turns, server=server)
     history = turn_history(place.shape, conversations.answers(conversation, turn) + [answer], turn + 1)
     next_ids, failure = _render(chat, spec, history)
     letter = None if failure is None else (str(Reason.WORKER_ERROR), _letter(rt, spec, conversation, turn + 1,
                                                                             failure))
-    outcome = conversations.advance(conversation, turn, answer, place.turns, next_ids, letter)
+    outcome = conversations.advance(conversation, turn, answer, place.turns, next_ids, letter, server)
     following = turn_id(conversation, turn + 1)
     if outcome == QUEUED_NEXT:
         publish_prompts(app, spec.name, queue_for(rt.settings.queue_prefix, spec.served_model),
@@ -145,7 +188,7 @@ def _letter(rt, spec: RunSpec, conversation: str, turn: int, failure: str) -> st
                       sampling=dict(spec.sampling), excerpt={"conversation": conversation, "turn": turn}).to_json()
 
 
-def _canonical_row(output_dir: str, run: str, prompt_id: str, code: int | None) -> tuple[str, list[int], int]:
+def _canonical_row(output_dir: str, run: str, prompt_id: str, code: int | None) -> tuple[str, list[int], int, str]:
     """The stored row the ledger names for a turn: found by its shard's code among the run's shards."""
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -154,11 +197,11 @@ def _canonical_row(output_dir: str, run: str, prompt_id: str, code: int | None) 
     for location in store.shards(run):
         if shard_code(location) != code:
             continue
-        table = pq.read_table(store.source(location), columns=["id", "input_ids", "prompt_len"],
+        table = pq.read_table(store.source(location), columns=["id", "input_ids", "prompt_len", "server"],
                               filters=pc.field("id") == prompt_id)
         if table.num_rows:
             row = table.slice(0, 1).to_pylist()[0]
-            return location, row["input_ids"], row["prompt_len"]
+            return location, row["input_ids"], row["prompt_len"], row["server"]
     raise LookupError(f"turn {prompt_id}: no shard of run {run!r} under {store.where(run)} holds its stored row "
                       f"(shard code {code})")
 

@@ -147,11 +147,14 @@ def test_a_stored_turn_queues_the_next_once_however_many_times_it_is_reported(cl
 def test_the_last_stored_turn_completes_the_conversation_and_frees_its_entries(client):
     conversations, ledger = _start(client, "r", "c", 2)
     ledger.mark_done("c#0", 7, "part-a.parquet")
-    assert conversations.advance("c", 0, ANSWERS[0], 2, [4]) == QUEUED_NEXT
+    assert conversations.advance("c", 0, ANSWERS[0], 2, [4], server="http://gpu-1:30000") == QUEUED_NEXT
+    assert conversations.server("c") == "http://gpu-1:30000"  # where turn 1's prefix is cached
     ledger.mark_done("c#1", 7, "part-a.parquet")
-    assert conversations.advance("c", 1, ANSWERS[1], 2) == COMPLETE
+    assert conversations.advance("c", 1, ANSWERS[1], 2, server="http://gpu-2:30000") == COMPLETE
     assert conversations.in_progress("c") is None and conversations.turns(["c"]) == [2]
+    assert conversations.server("c") is None
     assert not client.exists(conversations.keys.conversation_answers)
+    assert not client.exists(conversations.keys.conversation_server)
     counters = ledger.counters()
     assert counters["conversations"] == 1 and counters["conversations_complete"] == 1
     assert counters["conversation_turns"] == 2 and ledger.tally().done == 2

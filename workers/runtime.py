@@ -17,6 +17,7 @@ from contract.connections import redact_url, redis_for
 from contract.write_refusal import READ_ONLY
 
 from . import metrics
+from .cpu_bound import CpuWatch
 from .deliveries import STARTED
 from .health import HealthMonitor
 from .server_auth import ServerCredentials
@@ -40,6 +41,7 @@ class Runtime:
     redis: redis.Redis
     shards: ShardWriter
     writes: RedisWrites = field(default_factory=RedisWrites)
+    cpu: CpuWatch = field(default_factory=CpuWatch)
 
     def close(self) -> None:
         self.monitor.stop()
@@ -77,11 +79,13 @@ def _build(s: Settings, worker: str) -> Runtime:
     shards = ShardWriter(s.output_dir, worker, s.group_rows, s.shard_max_wait, book=ShardBook(client))
     http = make_client(s.pool_size, s.connect_timeout, s.request_timeout, key, s.server_urls)
     writes = RedisWrites()
+    cpu = CpuWatch()
 
     def heartbeat() -> None:  # also the probe of whether Redis takes writes (workers/redis_writes.py)
+        cpu.observe(*pool.free_slots())  # once a round: the CPU-bound signal's interval
         try:
             heartbeats.publish(client, worker, pool.snapshot(), ttl=3 * s.health_interval + s.health_timeout,
-                               holding=STARTED.holding, storage=shards.storage.snapshot())
+                               holding=STARTED.holding, storage=shards.storage.snapshot(), cpu=cpu.snapshot())
         except Exception as exc:
             if not writes.failed(exc):
                 raise  # not a refusal: the health thread logs it as the heartbeat's trouble
@@ -93,7 +97,7 @@ def _build(s: Settings, worker: str) -> Runtime:
     monitor = HealthMonitor(pool, s, headers, after_round=heartbeat,
                             cut=lambda binding, why: http.cut(binding.url, why))
     runtime = Runtime(settings=s, worker=worker, pool=pool, monitor=monitor, http=http, redis=client,
-                      shards=shards, writes=writes)
+                      shards=shards, writes=writes, cpu=cpu)
     monitor.client.auth = ServerCredentials(s.server_urls)  # bindings hold redacted URLs
     log.warning("worker %s bound to %s; broker %s; shards to %s; %d threads, at most %d in flight per server",
                 worker, ", ".join(b.url for b in pool.bindings), redact_url(s.redis_url), s.output_dir,

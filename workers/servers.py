@@ -54,6 +54,7 @@ class ServerBinding:
     tuner: Tuner = field(default_factory=lambda: Tuner(bound=1024))
     gateway_workers: list[str] | None = None  # a model gateway: the workers it routes to
     dp_size: int = 1
+    last_load: Load | None = None  # the server's last reported running and waiting counts
 
     @property
     def capacity(self) -> int | None:
@@ -153,6 +154,7 @@ class ServerPool:
     def observe_load(self, binding: ServerBinding, load: Load, now: float | None = None) -> None:
         """A load report for the whole server: may move its target (and wake threads waiting for room)."""
         with self._cond:
+            binding.last_load = load
             if binding.tuner.observe(load, binding.in_flight, time.monotonic() if now is None else now):
                 log.info("server %s: %d in flight now (capacity %s, load %d running / %d waiting)",
                          binding.url, binding.target, binding.capacity, load.running, load.waiting)
@@ -163,6 +165,13 @@ class ServerPool:
         load = load_from_meta(meta) if binding.answers_carry_load else None
         if load is not None:
             self.observe_load(binding, load)
+
+    def free_slots(self) -> tuple[int, int]:
+        """Free and total batch slots over the usable servers that report capacity and load
+        (for the CPU-bound signal, `workers/cpu_bound.py`)."""
+        known = [b for b in self.bindings if b.usable and b.capacity and b.last_load is not None]
+        return (sum(max(b.capacity - b.last_load.running, 0) for b in known),  # type: ignore[operator,union-attr]
+                sum(b.capacity for b in known))  # type: ignore[misc]
 
     def changed(self) -> None:
         with self._cond:

@@ -64,8 +64,8 @@ def test_the_usable_cores_are_at_most_one_the_gil():
 
 
 def test_the_watch_logs_each_change_once_and_its_snapshot_names_the_remedy(caplog):
-    watch = CpuWatch(CpuBoundRule(window=0.0), cores=1.0)
-    watch.rule.enter = 0.0  # any CPU use counts as busy: the measurement itself is not under test here
+    # Any CPU use counts as busy and none as idle: the measurement itself is not under test here.
+    watch = CpuWatch(CpuBoundRule(enter=0.0, leave=0.0, window=0.0), cores=1.0)
     with caplog.at_level(logging.WARNING, logger="workers.cpu_bound"):
         for _ in range(3):
             watch.observe(free_slots=90, slots=256)

@@ -8,7 +8,11 @@ every fleet setting at its default (it finds each server's batch itself)
 drains it. A topology names its servers' batches and an output profile:
 `2x64` (two batch-64 servers), `64+256:short` (a batch-64 and a batch-256
 server behind one worker), `long` answers a lognormal around 600 tokens,
-`short` about 100. Throughput is measured on the
+`short` about 100; `/wN` runs N worker processes bound to the same servers
+(started, and seen ready, before the run is queued, so none takes a head
+start), `gw:` puts SGLang's gateway (its stand-in) in front of the servers
+and binds the workers to it alone (`bench/shared_server.py` measures the
+queues, the shares and the CPU-bound signal). Throughput is measured on the
 server side, from `/standin/stats`: for each server, tokens_generated over its
 own window first_start..last_end, summed over servers. So start-up of either
 side is not counted, and both sides are charged their own drain at the end.

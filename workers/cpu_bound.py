@@ -27,10 +27,10 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-ENTER_SHARE = 0.85     # of the usable cores: the process is at its limit
-LEAVE_SHARE = 0.70     # back below this: no longer
+ENTER_SHARE = 0.85     # of the usable cores: the process is at its limit (FLEET_CPU_BOUND_SHARE)
+HYSTERESIS = 0.15      # back below ENTER_SHARE less this: no longer
 FREE_SHARE = 1 / 8     # of the servers' slots free (the tuner's headroom): the servers could take more
-WINDOW_SECONDS = 10.0  # how long either condition must hold before the state changes
+WINDOW_SECONDS = 10.0  # how long either condition must hold before the state changes (FLEET_CPU_BOUND_SECONDS)
 REMEDY = "start another worker process on this node (same SGLANG_URLS)"
 
 
@@ -50,7 +50,7 @@ class Reading:
 class CpuBoundRule:
     """Bound or not, with a sustained window and two thresholds (see the module docstring)."""
     enter: float = ENTER_SHARE
-    leave: float = LEAVE_SHARE
+    leave: float = ENTER_SHARE - HYSTERESIS
     window: float = WINDOW_SECONDS
     bound: bool = False
     _pending_since: float | None = None  # when the readings began to point the other way
@@ -86,6 +86,11 @@ def _cgroup_quota() -> float | None:
     except (OSError, ValueError):
         return None
     return None if limit == "max" else int(limit) / int(period)
+
+
+def rule_for(share: float, seconds: float) -> CpuBoundRule:
+    """The rule with the worker's settings (`FLEET_CPU_BOUND_SHARE`, `FLEET_CPU_BOUND_SECONDS`)."""
+    return CpuBoundRule(enter=share, leave=share - HYSTERESIS, window=seconds)
 
 
 class CpuWatch:

@@ -17,7 +17,7 @@ from contract.connections import redact_url, redis_for
 from contract.write_refusal import READ_ONLY
 
 from . import metrics
-from .cpu_bound import CpuWatch
+from .cpu_bound import CpuWatch, rule_for
 from .deliveries import STARTED
 from .health import HealthMonitor
 from .server_auth import ServerCredentials
@@ -79,7 +79,7 @@ def _build(s: Settings, worker: str) -> Runtime:
     shards = ShardWriter(s.output_dir, worker, s.group_rows, s.shard_max_wait, book=ShardBook(client))
     http = make_client(s.pool_size, s.connect_timeout, s.request_timeout, key, s.server_urls)
     writes = RedisWrites()
-    cpu = CpuWatch()
+    cpu = CpuWatch(rule_for(s.cpu_bound_share, s.cpu_bound_seconds))
 
     def heartbeat() -> None:  # also the probe of whether Redis takes writes (workers/redis_writes.py)
         cpu.observe(*pool.free_slots())  # once a round: the CPU-bound signal's interval

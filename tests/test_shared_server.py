@@ -41,15 +41,15 @@ def wait_ready(fleet, names: list[str]) -> None:
 
 @pytest.mark.xdist_group("measures")  # a share of the work: never beside another measuring test
 def test_three_workers_on_one_server_each_finish_a_fair_share_and_every_prompt_is_accounted_for(fleet, tmp_path):
-    # Given three workers bound to one batch-8 server, every fleet setting at its default
-    _, url = fleet.standin("--max-running-requests", "8", *SLOW)
+    # Given three workers bound to one batch-16 server, every fleet setting at its default
+    _, url = fleet.standin("--max-running-requests", "16", *SLOW)
     names = ["w1", "w2", "w3"]
     for name in names:
         fleet.worker(name, [url])
     wait_ready(fleet, names)
-    total = 120
+    total = 144
 
-    # When one run of fifteen batches' worth of prompts drains through them
+    # When one run of nine batches' worth of prompts drains through them
     fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", prompts(total, "share"))))
     states = fleet.wait_finished(timeout=400)
 

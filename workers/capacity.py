@@ -28,9 +28,10 @@ by all of it (which made three workers on one server drop to one request
 each, then climb back):
 - the queue stayed longer than twice the headroom (its shortest length in the
   window): the target becomes this binding's share of what the server should
-  hold, the batch it ran plus the headroom (never more than it was). Measured
-  on what the binding holds, not on its target, so a second window, while the
-  queue built before the first is still draining, does not shrink again;
+  hold, the batch it ran plus the headroom (never more than it was), once
+  the binding holds no more than its target (a queue it built before its
+  last shrink, still draining, would shrink it again, and the sharers
+  unevenly);
 - the server never queued anything and never ran a full batch while this
   binding held its whole target, and the server counted (within the
   headroom) every request this binding had sent: grow by its share of the
@@ -131,12 +132,14 @@ def load_from_meta(meta: dict) -> Load | None:
 
 
 def retarget(target: int, capacity: int | None, lowest_waiting: int, highest_waiting: int,
-             highest_running: int, held_full: bool, bound: int, share: float = 1.0) -> int:
+             highest_running: int, held_full: bool, bound: int, share: float = 1.0, settled: bool = True) -> int:
     """The rule, on one window's extremes and this binding's share of the server (see the module docstring)."""
     cap = capacity or max(target, 1)
     room = headroom(cap)
     share = min(max(share, 0.0), 1.0)
     if lowest_waiting > 2 * room:
+        if not settled:  # its last shrink has not taken effect yet
+            return clamp(target, bound)
         return clamp(min(target, math.ceil(share * (min(cap, highest_running or cap) + room))), bound)
     if held_full and highest_waiting == 0 and (capacity is None or highest_running < cap):
         grow = math.ceil((cap - highest_running) * share) if capacity else headroom(target)
@@ -154,6 +157,7 @@ class Tuner:
     _window: tuple[int, int, int] | None = None  # lowest waiting, highest waiting, highest running
     _held_full: bool = False
     _shares: tuple[float, int] = (0.0, 0)  # this binding's share of the server's requests: sum, samples
+    _settled: bool = False  # held no more than its target at some point of the window
 
     def __post_init__(self) -> None:
         self.target = self.target or initial_target(self.capacity, self.bound)
@@ -165,7 +169,7 @@ class Tuner:
     def reset(self, capacity: int | None) -> None:
         """A (re)started server: its capacity read again, the target from scratch."""
         self.capacity, self.target = capacity, initial_target(capacity, self.bound)
-        self._window, self._since, self._held_full, self._shares = None, None, False, (0.0, 0)
+        self._window, self._since, self._held_full, self._shares, self._settled = None, None, False, (0.0, 0), False
 
     def observe(self, load: Load, in_flight: int, now: float) -> bool:
         """Note one load report (with this binding's in-flight count then); True when it moved the target."""
@@ -176,12 +180,14 @@ class Tuner:
         # Held its whole target, and the server counted what it sent (a few in transit aside).
         seen = in_flight - (load.running + load.waiting) <= self.room
         self._held_full = self._held_full or (in_flight >= self.target and seen)
+        self._settled = self._settled or in_flight <= self.target
         # The server counts this binding's requests among its own (a request in transit not yet: at most 1).
         total, count = self._shares
         self._shares = (total + min(in_flight / max(load.running + load.waiting, 1), 1.0), count + 1)
         if now - self._since < WINDOW_SECONDS:
             return False
         before, share = self.target, self._shares[0] / self._shares[1]
-        self.target = retarget(self.target, self.capacity, *self._window, self._held_full, self.bound, share)
-        self._window, self._since, self._held_full, self._shares = None, now, False, (0.0, 0)
+        self.target = retarget(self.target, self.capacity, *self._window, self._held_full, self.bound, share,
+                               self._settled)
+        self._window, self._since, self._held_full, self._shares, self._settled = None, now, False, (0.0, 0), False
         return self.target != before

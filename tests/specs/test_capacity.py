@@ -131,6 +131,20 @@ def share_one_server(workers: int, capacity: int, windows: int) -> list[list[int
     return history
 
 
+def test_a_queue_still_draining_after_a_shrink_does_not_shrink_again():
+    # Given a worker that just shrank from 72 to 24 (two others share the server)
+    tuner = Tuner(bound=1024, capacity=64, target=24)
+    # When the queue it built before is still long while it holds more than its new target
+    tuner.observe(Load(64, 120), in_flight=60, now=0.0)
+    tuner.observe(Load(64, 100), in_flight=50, now=1.0)
+    # Then it waits for its requests to drain
+    assert tuner.target == 24
+    # and shrinks again only once it holds no more than its target and the queue is still long
+    tuner.observe(Load(64, 60), in_flight=24, now=2.0)
+    tuner.observe(Load(64, 60), in_flight=24, now=3.0)
+    assert tuner.target == 14  # its share, 24 of 124, of the batch and its headroom (72), rounded up
+
+
 @pytest.mark.parametrize("workers", [2, 3, 4])
 def test_workers_sharing_a_server_together_give_back_the_excess_once_and_stay_equal(workers):
     # Given several workers bound to one batch-64 server, each starting at capacity + headroom (72)

@@ -85,3 +85,13 @@ def test_the_pool_counts_free_slots_from_each_usable_servers_last_load():
     pool.observe_load(b, Load(running=170, waiting=0), now=0.0)
     # c has reported no load yet: it is left out of both counts
     assert pool.free_slots() == (4 + 86, 64 + 256)
+
+
+def test_status_shows_the_share_and_while_bound_the_remedy():
+    from producer.status_view import cpu_line
+
+    assert cpu_line({}) == "unknown"  # an older worker's heartbeat
+    quiet = {"bound": False, "share": 0.42, "cores": 1.0, "free_slots": 3, "slots": 64}
+    assert cpu_line(quiet) == "42% of 1 core(s); servers 3 of 64 slots free"
+    bound = {**quiet, "bound": True, "share": 0.97, "free_slots": 90, "slots": 256, "remedy": REMEDY}
+    assert cpu_line(bound) == f"CPU-BOUND: 97% of 1 core(s); servers 90 of 256 slots free; {REMEDY}"

@@ -11,7 +11,7 @@ Parts (each can be chosen with --parts, each sized by its flags):
   inflight         worker CPU per sample at 16, 256 and 2,048 requests in flight, beside the
                    ideal client's CPU per request (not in the default set: --parts inflight)
 
-Defaults are sized to finish in about ten minutes on a 2-core machine; every
+Defaults are sized to finish in about fifteen minutes on a 2-core machine; every
 goal is a ratio or a size measured within the same run.
 """
 from __future__ import annotations

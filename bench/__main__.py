@@ -16,7 +16,7 @@ Parts (each can be chosen with --parts, each sized by its flags):
                    against an oracle client, on conversations and shared system prompts
                    (not in the default set: --parts cache)
 
-Defaults are sized to finish in about ten minutes on a 2-core machine; every
+Defaults are sized to finish in about fifteen minutes on a 2-core machine; every
 goal is a ratio or a size measured within the same run.
 """
 from __future__ import annotations
@@ -54,7 +54,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                         "(default: 5 for long answers, 30 for short ones)")
     s.add_argument("--topologies", default=None,
                    help="comma-separated; SERVERSxBATCH or BATCH+BATCH+..., then :short for ~100-token answers "
-                        "(default: 2x64,1x256,1x64:short,1x256:short,64+256:short)")
+                        "(default: 2x64,1x256,1x64:short,1x256:short,1x256:short/w2,64+256:short,1x64/w3,"
+                        "gw:2x64/w4); /wN: N worker processes share the servers; gw: through one gateway")
     s.add_argument("--max-new-tokens", type=int, default=8192)
     s.add_argument("--output-len-median", type=float, default=600, help="long answers (short: 100)")
     s.add_argument("--output-len-sigma", type=float, default=0.7, help="long answers (short: 0.3)")
@@ -138,6 +139,8 @@ def _per_server(r: dict) -> str:
 
 
 def saturation_figures(results: list[dict], goal: float) -> list[Figure]:
+    from .shared_server import sharing_figures
+
     figures = []
     for r in results:
         part, i, f = f"1 saturation {r['topology']['name']}", r["ideal"], r["fleet"]
@@ -159,6 +162,7 @@ def saturation_figures(results: list[dict], goal: float) -> list[Figure]:
                    note=f"ideal client {_num(i['mean_running_sampled'])}; batch slots "
                         f"{r['topology']['slots']}; 4/s, drain included"),
         ]
+        figures += sharing_figures(r, part, goal)
     return figures
 
 

@@ -10,6 +10,7 @@ measurement so that their `/standin/stats` window belongs to it alone.
 from __future__ import annotations
 
 import os
+import sys
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -19,7 +20,7 @@ from typing import Callable
 import httpx
 import redis
 
-from producer.local import Process, start_redis, start_standin, start_worker
+from producer.local import Process, free_port, spawn, start_redis, start_standin, start_worker, wait_for
 
 from .procs import cpu_seconds
 
@@ -84,6 +85,19 @@ class Lab:
             self.stop([s.process for s in started])
             raise
         return started
+
+    def gateway(self, urls: list[str]) -> Standin:
+        """SGLang's gateway (its stand-in, `sglang_standin.gateway`) in front of `urls`, ready."""
+        port = free_port()
+        process = spawn(f"gateway-{port}", [sys.executable, "-m", "sglang_standin.gateway", "--port", str(port),
+                                            "--worker-urls", *urls], self.logs)
+        url = f"http://127.0.0.1:{port}"
+        try:
+            wait_for(lambda: httpx.get(f"{url}/readiness", timeout=5).status_code == 200, 60, "gateway", process)
+        except BaseException:
+            process.stop(timeout=30)
+            raise
+        return Standin(process, url)
 
     def worker(self, name: str, env: dict[str, str]) -> Process:
         """A real `celery -A workers worker` bound by `env` (SGLANG_URLS, OUTPUT_DIR, ...)."""

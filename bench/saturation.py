@@ -8,7 +8,11 @@ every fleet setting at its default (it finds each server's batch itself)
 drains it. A topology names its servers' batches and an output profile:
 `2x64` (two batch-64 servers), `64+256:short` (a batch-64 and a batch-256
 server behind one worker), `long` answers a lognormal around 600 tokens,
-`short` about 100. Throughput is measured on the
+`short` about 100; `/wN` runs N worker processes bound to the same servers
+(started, and seen ready, before the run is queued, so none takes a head
+start), `gw:` puts SGLang's gateway (its stand-in) in front of the servers
+and binds the workers to it alone (`bench/shared_server.py` measures the
+queues, the shares and the CPU-bound signal). Throughput is measured on the
 server side, from `/standin/stats`: for each server, tokens_generated over its
 own window first_start..last_end, summed over servers. So start-up of either
 side is not counted, and both sides are charged their own drain at the end.
@@ -29,19 +33,28 @@ from .lab import CpuTrace, Lab, Standin, newest_shard_mtime
 from .procs import cpu_seconds
 from .prompts import repeated, write_jsonl
 from .publish import chat_tokenizer, enqueue, sampling_params
+from .shared_server import CpuSignals, steady_waiting_median, wait_workers_ready, worker_rows
 
 
 @dataclass(frozen=True)
 class Topology:
-    """Servers by their batch sizes, and the output profile (long or short answers)."""
+    """Servers by their batch sizes, the output profile (long or short answers), how many worker
+    processes share them (None: `--fleet-workers`), and whether the workers see them through a gateway."""
     batches: tuple[int, ...]
     profile: str = "long"
     label: str = ""
+    workers: int | None = None
+    gateway: bool = False
 
     @classmethod
     def parse(cls, text: str) -> "Topology":
-        """`2x64`, `1x256:short`, `64+256:short`."""
-        shape, _, profile = text.strip().partition(":")
+        """`2x64`, `1x256:short`, `64+256:short`, `1x64/w3` (three workers), `gw:2x64/w4` (four workers
+        bound to one gateway in front of the two servers)."""
+        body, gateway = text.strip(), False
+        if body.startswith("gw:"):
+            body, gateway = body[3:], True
+        body, _, workers = body.partition("/w")
+        shape, _, profile = body.partition(":")
         if "x" in shape:
             count, batch = shape.lower().split("x")
             batches = (int(batch),) * int(count)
@@ -49,7 +62,7 @@ class Topology:
             batches = tuple(int(b) for b in shape.split("+"))
         if (profile or "long") not in PROFILES:
             raise ValueError(f"unknown output profile {profile!r} in {text!r} (one of {', '.join(PROFILES)})")
-        return cls(batches, profile or "long", text.strip())
+        return cls(batches, profile or "long", text.strip(), int(workers) if workers else None, gateway)
 
     @property
     def name(self) -> str:
@@ -58,6 +71,11 @@ class Topology:
     @property
     def slots(self) -> int:
         return sum(self.batches)
+
+    @property
+    def servers_key(self) -> tuple:
+        """What the ideal client depends on: the servers and the prompts, not the fleet's side."""
+        return (self.batches, self.profile)
 
 
 @dataclass(frozen=True)
@@ -73,7 +91,7 @@ PROFILES = {
     "long": Profile(600, 0.7, 4000, 5.0),    # reasoning traces: a few dozen requests a second
     "short": Profile(100, 0.3, 300, 30.0),   # short answers: hundreds a second; more batches for a steady state
 }
-DEFAULT_TOPOLOGIES = "2x64,1x256,1x64:short,1x256:short,64+256:short"
+DEFAULT_TOPOLOGIES = "2x64,1x256,1x64:short,1x256:short,1x256:short/w2,64+256:short,1x64/w3,gw:2x64/w4"
 
 
 @dataclass
@@ -149,15 +167,19 @@ class RunningSampler:
     def __init__(self, standins: list[Standin], period: float = 0.25):
         self.standins, self.period = standins, period
         self.samples: list[int] = []
+        self.per_server: list[list[tuple[int, int]]] = [[] for _ in standins]  # (running, waiting)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _run(self) -> None:
         while not self._stop.wait(self.period):
             try:
-                self.samples.append(sum(s.stats()["running"] for s in self.standins))
+                stats = [s.stats() for s in self.standins]
             except Exception:  # a stand-in being stopped: the run is over
                 return
+            self.samples.append(sum(x["running"] for x in stats))
+            for mine, x in zip(self.per_server, stats):
+                mine.append((x["running"], x["waiting"]))
 
     def __enter__(self) -> "RunningSampler":
         self._thread.start()
@@ -195,27 +217,40 @@ def measure_ideal(lab: Lab, topo: Topology, prompt_ids: list[tuple[str, list[int
 
 
 def measure_fleet(lab: Lab, topo: Topology, prompt_file: Path, total: int, opts: SatOptions) -> dict:
+    """One worker: the prompts are queued before it starts. Several: they start first and the run is
+    queued once every one of them is ready, so that none takes a head start on the others' share."""
     lab.flush()
     run = "sat-" + "".join(c if c.isalnum() or c in "._-" else "-" for c in topo.name)
     output_dir = lab.output_dir("saturation")
+    count = topo.workers or opts.workers
+    names = [f"w{i}-{run}" for i in range(count)]
     standins = start_standins(lab, topo, opts)
+    gateway = lab.gateway([s.url for s in standins]) if topo.gateway else None
     workers = []
+    signals = CpuSignals(lab.client)
     try:
+        env = {"SGLANG_URLS": gateway.url if gateway else ",".join(s.url for s in standins),
+               "OUTPUT_DIR": str(output_dir), **opts.fleet_env}
+        if count > 1:
+            workers = [lab.worker(name, env) for name in names]
+            wait_workers_ready(lab.client, count, opts.timeout, workers)
         t0 = time.monotonic()
         summary = enqueue(prompt_file, run, opts.max_new_tokens)
         enqueue_s = time.monotonic() - t0
-        env = {"SGLANG_URLS": ",".join(s.url for s in standins), "OUTPUT_DIR": str(output_dir),
-               **opts.fleet_env}
-        workers = [lab.worker(f"{run}-{i}" if i else run, env) for i in range(opts.workers)]
+        workers = workers or [lab.worker(name, env) for name in names]
         trace = CpuTrace({**{f"worker{i}": w.popen.pid for i, w in enumerate(workers)}, "redis": lab.redis_pid,
                           **{f"standin{i}": s.process.popen.pid for i, s in enumerate(standins)}})
+
+        def poll() -> None:
+            trace.sample()
+            signals.poll()
+
         with RunningSampler(standins) as running:
-            states = lab.wait_finished(run, total, opts.timeout, [*workers, *(s.process for s in standins)],
-                                       trace.sample)
+            states = lab.wait_finished(run, total, opts.timeout, [*workers, *(s.process for s in standins)], poll)
         trace.sample()
         stats = [s.stats() for s in standins]
     finally:
-        lab.stop(workers + [s.process for s in standins])
+        lab.stop(workers + ([gateway.process] if gateway else []) + [s.process for s in standins])
     throughput = server_throughput(stats)
     durable = newest_shard_mtime(output_dir / run)
     start, end = throughput["first_start"], durable or throughput["last_end"]
@@ -225,14 +260,20 @@ def measure_fleet(lab: Lab, topo: Topology, prompt_file: Path, total: int, opts:
         "published": summary.published,
         "enqueue_s": enqueue_s,
         "tail_s": (durable - throughput["last_end"]) if durable else None,
-        "workers": opts.workers,
-        "worker_cpu_s_window": sum(trace.window(f"worker{i}", start, end) for i in range(opts.workers)),
-        "worker_cpu_s_total": sum(trace.total(f"worker{i}") for i in range(opts.workers)),
+        "workers": count,
+        "gateway": topo.gateway,
+        "worker_cpu_s_window": sum(trace.window(f"worker{i}", start, end) for i in range(count)),
+        "worker_cpu_s_total": sum(trace.total(f"worker{i}") for i in range(count)),
         "redis_cpu_s_window": trace.window("redis", start, end),
         "standin_cpu_s_window": sum(trace.window(f"standin{i}", start, end) for i in range(len(standins))),
         "window_s": end - start,
         "mean_running_sampled": running.mean(),
         "running_samples": running.samples,
+        "waiting_median": [steady_waiting_median(x) for x in running.per_server],
+        "server_samples": running.per_server,
+        "worker_rows": worker_rows(output_dir / run, names),
+        "cpu_bound_workers": sorted(signals.fired),
+        "cpu_share_max": max(signals.shares, default=None),
         "fleet_env": env,
     }
 
@@ -246,12 +287,15 @@ def prompt_count(opts: SatOptions, topo: Topology) -> int:
 def run_saturation(lab: Lab, opts: SatOptions, log) -> list[dict]:
     chat = chat_tokenizer()
     results = []
+    ideals: dict[tuple, dict] = {}  # one ideal run per set of servers and prompts, shared by its fleet rows
     for topo in opts.topologies:
         prompts = repeated(prompt_count(opts, topo))
         prompt_file = write_jsonl(lab.root / "prompts" / f"saturation-{len(prompts)}.jsonl", prompts)
-        prompt_ids = list(zip([i for i, _ in prompts], chat.render([m for _, m in prompts])))
-        log(f"saturation {topo.name}: ideal client, {len(prompts)} prompts")
-        ideal = measure_ideal(lab, topo, prompt_ids, opts)
+        if (topo.servers_key, len(prompts)) not in ideals:
+            prompt_ids = list(zip([i for i, _ in prompts], chat.render([m for _, m in prompts])))
+            log(f"saturation {topo.name}: ideal client, {len(prompts)} prompts")
+            ideals[(topo.servers_key, len(prompts))] = measure_ideal(lab, topo, prompt_ids, opts)
+        ideal = ideals[(topo.servers_key, len(prompts))]
         log(f"saturation {topo.name}: fleet")
         fleet = measure_fleet(lab, topo, prompt_file, len(prompts), opts)
         ratio = fleet["throughput"]["tokens_per_s"] / ideal["throughput"]["tokens_per_s"]
@@ -261,5 +305,6 @@ def run_saturation(lab: Lab, opts: SatOptions, log) -> list[dict]:
                         "same_tokens": ideal["throughput"]["tokens"] == fleet["throughput"]["tokens"]})
         log(f"  ideal {ideal['throughput']['tokens_per_s']:,.0f} tok/s, fleet "
             f"{fleet['throughput']['tokens_per_s']:,.0f} tok/s, ratio {ratio:.3f}, "
-            f"tail {fleet['tail_s']:.2f}s")
+            f"tail {fleet['tail_s']:.2f}s, waiting medians {fleet['waiting_median']}, "
+            f"rows per worker {fleet['worker_rows']}, CPU-bound {fleet['cpu_bound_workers']}")
     return results

@@ -75,7 +75,7 @@ def _workers(client: redis.Redis) -> list[dict]:
     now = CLOCK.now(client)  # heartbeats are timed on Redis's clock
     return [{"worker": w["worker"], "host": w["host"], "pid": w["pid"],
              "seen_s_ago": round(now - w["at"], 1), "servers": w["servers"],
-             "storage": _storage(w, now), "cache_hits": w.get("cache_hits")}
+             "storage": _storage(w, now), "cache_hits": w.get("cache_hits"), "cpu": w.get("cpu") or {}}
             for w in heartbeats.read_all(client)]
 
 

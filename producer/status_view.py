@@ -54,6 +54,7 @@ def render_status(report: dict) -> Group:
     parts.append(_storage_table(report["workers"]))
     if report.get("cache_hits"):
         parts.append(_cache_table(report["cache_hits"]))
+    parts.append(_cpu_table(report["workers"]))
     return Group(*parts)
 
 
@@ -89,6 +90,29 @@ def _storage_table(workers: list[dict]) -> Table:
     table.add_column("storage", overflow="fold")
     for worker in workers:
         table.add_row(worker["worker"], storage_line(worker.get("storage") or {}))
+    if not workers:
+        table.add_row("no live worker", "")
+    return table
+
+
+def cpu_line(cpu: dict) -> str:
+    """`62% of 1 core`, with the remedy while the worker is CPU-bound (`unknown` from an older worker)."""
+    if not cpu or cpu.get("share") is None:
+        return "unknown"
+    line = f"{100 * cpu['share']:.0f}% of {cpu.get('cores') or 1:g} core(s)"
+    if cpu.get("slots"):
+        line += f"; servers {cpu['free_slots']} of {cpu['slots']} slots free"
+    if cpu.get("bound"):
+        line = f"CPU-BOUND: {line}; {cpu.get('remedy') or 'start another worker process on this node'}"
+    return line
+
+
+def _cpu_table(workers: list[dict]) -> Table:
+    table = Table(title="worker CPU (is one worker process the bottleneck?)")
+    table.add_column("worker")
+    table.add_column("cpu", overflow="fold")
+    for worker in workers:
+        table.add_row(worker["worker"], cpu_line(worker.get("cpu") or {}))
     if not workers:
         table.add_row("no live worker", "")
     return table

@@ -19,14 +19,27 @@ is the sum over the gateway's workers. Unknown capacity starts at
 Live load (`Load`: running and waiting requests) comes from `/v1/loads`,
 `/get_load` (`num_reqs` = running + waiting) and, on 2026 builds, the
 `num_running_reqs` / `num_waiting_reqs` of every answer's `meta_info`.
-`Tuner.adjust` applies the rule once per window, on the window's extremes so
-that one answer's momentary gap moves nothing:
+`Tuner.observe` applies the rule once per window, on the window's extremes so
+that one answer's momentary gap moves nothing, and by this binding's share of
+the server's requests (its in-flight count over the server's running +
+waiting, averaged over the window), so that several workers filling one
+server move together by the excess or the free slots once, rather than each
+by all of it (which made three workers on one server drop to one request
+each, then climb back):
 - the queue stayed longer than twice the headroom (its shortest length in the
-  window): shrink by half the excess over the headroom (several workers that
-  share the server each give back part, so they converge without undershoot);
+  window): the target becomes this binding's share of what the server should
+  hold, the batch it ran plus the headroom (never more than it was), once
+  the binding holds no more than its target (a queue it built before its
+  last shrink, still draining, would shrink it again, and the sharers
+  unevenly);
 - the server never queued anything and never ran a full batch while this
-  binding held its whole target: grow by the free slots (by an eighth where
-  the capacity is unknown).
+  binding held its whole target, and the server counted (within the
+  headroom) every request this binding had sent: grow by its share of the
+  free slots (by an eighth of the target where the capacity is unknown). A
+  binding whose requests the server has not seen yet (a gateway still
+  forwarding a burst) would only add to the burst.
+Moving every sharer by the same factor keeps equal targets equal, so workers
+that start together finish equal shares.
 The target never leaves [1, bound] (`FLEET_MAX_INFLIGHT_PER_SERVER`), and a
 server that restarts is re-read and starts again from capacity + headroom.
 Pure: no HTTP, no clock of its own.
@@ -119,14 +132,17 @@ def load_from_meta(meta: dict) -> Load | None:
 
 
 def retarget(target: int, capacity: int | None, lowest_waiting: int, highest_waiting: int,
-             highest_running: int, held_full: bool, bound: int) -> int:
-    """The rule, on one window's extremes (see the module docstring)."""
+             highest_running: int, held_full: bool, bound: int, share: float = 1.0, settled: bool = True) -> int:
+    """The rule, on one window's extremes and this binding's share of the server (see the module docstring)."""
     cap = capacity or max(target, 1)
     room = headroom(cap)
+    share = min(max(share, 0.0), 1.0)
     if lowest_waiting > 2 * room:
-        return clamp(target - math.ceil((lowest_waiting - room) / 2), bound)
+        if not settled:  # its last shrink has not taken effect yet
+            return clamp(target, bound)
+        return clamp(min(target, math.ceil(share * (min(cap, highest_running or cap) + room))), bound)
     if held_full and highest_waiting == 0 and (capacity is None or highest_running < cap):
-        grow = cap - highest_running if capacity else headroom(target)
+        grow = math.ceil((cap - highest_running) * share) if capacity else headroom(target)
         return clamp(target + grow, bound)
     return clamp(target, bound)
 
@@ -140,14 +156,20 @@ class Tuner:
     _since: float | None = None
     _window: tuple[int, int, int] | None = None  # lowest waiting, highest waiting, highest running
     _held_full: bool = False
+    _shares: tuple[float, int] = (0.0, 0)  # this binding's share of the server's requests: sum, samples
+    _settled: bool = False  # held no more than its target at some point of the window
 
     def __post_init__(self) -> None:
         self.target = self.target or initial_target(self.capacity, self.bound)
 
+    @property
+    def room(self) -> int:
+        return headroom(self.capacity or max(self.target, 1))
+
     def reset(self, capacity: int | None) -> None:
         """A (re)started server: its capacity read again, the target from scratch."""
         self.capacity, self.target = capacity, initial_target(capacity, self.bound)
-        self._window, self._since, self._held_full = None, None, False
+        self._window, self._since, self._held_full, self._shares, self._settled = None, None, False, (0.0, 0), False
 
     def observe(self, load: Load, in_flight: int, now: float) -> bool:
         """Note one load report (with this binding's in-flight count then); True when it moved the target."""
@@ -155,10 +177,17 @@ class Tuner:
             self._since = now
         low, high, running = self._window or (load.waiting, load.waiting, load.running)
         self._window = (min(low, load.waiting), max(high, load.waiting), max(running, load.running))
-        self._held_full = self._held_full or in_flight >= self.target
+        # Held its whole target, and the server counted what it sent (a few in transit aside).
+        seen = in_flight - (load.running + load.waiting) <= self.room
+        self._held_full = self._held_full or (in_flight >= self.target and seen)
+        self._settled = self._settled or in_flight <= self.target
+        # The server counts this binding's requests among its own (a request in transit not yet: at most 1).
+        total, count = self._shares
+        self._shares = (total + min(in_flight / max(load.running + load.waiting, 1), 1.0), count + 1)
         if now - self._since < WINDOW_SECONDS:
             return False
-        before = self.target
-        self.target = retarget(self.target, self.capacity, *self._window, self._held_full, self.bound)
-        self._window, self._since, self._held_full = None, now, False
+        before, share = self.target, self._shares[0] / self._shares[1]
+        self.target = retarget(self.target, self.capacity, *self._window, self._held_full, self.bound, share,
+                               self._settled)
+        self._window, self._since, self._held_full, self._shares, self._settled = None, now, False, (0.0, 0), False
         return self.target != before

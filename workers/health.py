@@ -14,7 +14,11 @@ capacity afresh, and every round reads each usable server's live load
 (`workers/server_load.py`) for its in-flight tuner. A binding that is SGLang's
 model gateway is probed with `GET /readiness` (its `/health` answers 200 with
 no worker behind it), and its worker list is read again each round: when the
-healthy workers change, so does its capacity.
+healthy workers change, so does its capacity. A binding whose answers do not
+carry the whole server's load (a gateway, whose answers carry one worker's;
+a server with several DP ranks) has its load read once per tuning window
+(`capacity.WINDOW_SECONDS`) by a second thread as well, so that workers
+sharing it see one another's requests within a second, not a health round.
 
 A wedged server (its engine hung, its HTTP front still answering: `/health`
 sends its head and then a byte now and then) is marked down within
@@ -38,6 +42,7 @@ from typing import Callable
 import httpx
 
 from . import lifeline
+from .capacity import WINDOW_SECONDS
 from .deadlines import deadline_client
 from .preflight import preflight as preflight_server
 from .server_load import gateway_capacity, gateway_load, gateway_workers, server_load
@@ -64,11 +69,14 @@ class HealthMonitor:
         self._wake = threading.Event()
         self._thread = threading.Thread(target=lifeline.guarded("health monitor", self._run), name="fleet-health",
                                         daemon=True)
+        self._loads = threading.Thread(target=lifeline.guarded("load reader", self._read_loads),
+                                       name="fleet-load", daemon=True)
         self._heartbeat = lifeline.Trouble("heartbeat to Redis")
         self._load_reads: dict[str, lifeline.Trouble] = {}
 
     def start(self) -> None:
         self._thread.start()
+        self._loads.start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -109,6 +117,13 @@ class HealthMonitor:
             self._wake.wait(max(0.0, started + self.settings.health_interval - time.monotonic()))
             self._wake.clear()
 
+    def _read_loads(self) -> None:
+        """Every window, the load of each usable binding whose answers do not carry it."""
+        while not self._stop.wait(WINDOW_SECONDS):
+            for binding in self.pool.bindings:
+                if binding.usable and not binding.answers_carry_load:
+                    self._read_load(binding, listing=False)  # the worker list: the health round's
+
     def check(self, binding: ServerBinding) -> None:
         observed, detail = self._probe(binding)
         binding.checked_at = time.time()
@@ -116,14 +131,14 @@ class HealthMonitor:
         if binding.usable and observed == HEALTHY:  # a failing server's load read would only wait too
             self._read_load(binding)
 
-    def _read_load(self, binding: ServerBinding) -> None:
+    def _read_load(self, binding: ServerBinding, listing: bool = True) -> None:
         """The server's running and waiting requests, for its tuner; a gateway's worker list first."""
         trouble = self._load_reads.setdefault(binding.url, lifeline.Trouble(f"server {binding.url}: load read"))
         try:
             if binding.gateway_workers is None:
                 load = server_load(self.client, binding.url)
             else:
-                workers = gateway_workers(self.client, binding.url)
+                workers = gateway_workers(self.client, binding.url) if listing else None
                 if workers is not None and sorted(workers) != sorted(binding.gateway_workers):
                     self._workers_changed(binding, workers)
                 load = gateway_load(self.client, binding.gateway_workers)

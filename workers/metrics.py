@@ -63,6 +63,7 @@ class FleetCollector:
         yield target
         yield capacity
         yield self._storage()
+        yield from self._cpu()
         yield from self._depths()
 
     def _storage(self):
@@ -71,6 +72,18 @@ class FleetCollector:
                                "worked; 0 while the worker holds its samples and takes no prompts.")
         up.add_metric([], 1.0 if storage.up else 0.0)
         return up
+
+    def _cpu(self):
+        watch = self.runtime.cpu
+        bound = GaugeMetricFamily("fleet_worker_cpu_bound", "1 while this worker process is the bottleneck: its "
+                                  "CPU near the core(s) it can use while its servers have free slots; "
+                                  "remedy: another worker process on the node (workers/cpu_bound.py).")
+        bound.add_metric([], 1.0 if watch.rule.bound else 0.0)
+        share = GaugeMetricFamily("fleet_worker_cpu_share", "CPU this worker process used over the last health "
+                                  "round, as a share of the cores it can use (one: the GIL).")
+        share.add_metric([], watch.last.share if watch.last else 0.0)
+        yield bound
+        yield share
 
     def _depths(self):
         from contract.deadletters import DeadLetters

@@ -18,6 +18,7 @@ from contract.write_refusal import READ_ONLY
 
 from . import cache_hits, metrics, turns
 from .affinity import Affinity
+from .cpu_bound import CpuWatch, rule_for
 from .deliveries import STARTED
 from .health import HealthMonitor
 from .server_auth import ServerCredentials
@@ -42,6 +43,7 @@ class Runtime:
     shards: ShardWriter
     writes: RedisWrites = field(default_factory=RedisWrites)
     affinity: Affinity = field(default_factory=Affinity)
+    cpu: CpuWatch = field(default_factory=CpuWatch)
 
     def close(self) -> None:
         self.monitor.stop()
@@ -80,12 +82,14 @@ def _build(s: Settings, worker: str) -> Runtime:
                          commit_timeout=s.shard_commit_timeout)
     http = make_client(s.pool_size, s.connect_timeout, s.request_timeout, key, s.server_urls)
     writes = RedisWrites()
+    cpu = CpuWatch(rule_for(s.cpu_bound_share, s.cpu_bound_seconds))
 
     def heartbeat() -> None:  # also the probe of whether Redis takes writes (workers/redis_writes.py)
+        cpu.observe(*pool.free_slots())  # once a round: the CPU-bound signal's interval
         try:
             heartbeats.publish(client, worker, pool.snapshot(), ttl=3 * s.health_interval + s.health_timeout,
                                holding=STARTED.holding, storage=shards.storage.snapshot(),
-                               cache_hits=cache_hits.WINDOW.snapshot())
+                               cache_hits=cache_hits.WINDOW.snapshot(), cpu=cpu.snapshot())
         except Exception as exc:
             if not writes.failed(exc):
                 raise  # not a refusal: the health thread logs it as the heartbeat's trouble
@@ -97,7 +101,7 @@ def _build(s: Settings, worker: str) -> Runtime:
     monitor = HealthMonitor(pool, s, headers, after_round=heartbeat,
                             cut=lambda binding, why: http.cut(binding.url, why))
     runtime = Runtime(settings=s, worker=worker, pool=pool, monitor=monitor, http=http, redis=client,
-                      shards=shards, writes=writes, affinity=Affinity(s.affinity))
+                      shards=shards, writes=writes, affinity=Affinity(s.affinity), cpu=cpu)
     monitor.client.auth = ServerCredentials(s.server_urls)  # bindings hold redacted URLs
     log.warning("worker %s bound to %s; broker %s; shards to %s; %d threads, at most %d in flight per server",
                 worker, ", ".join(b.url for b in pool.bindings), redact_url(s.redis_url), s.output_dir,

@@ -63,6 +63,7 @@ class ServerBinding:
     gateway_workers: list[str] | None = None  # a model gateway: the workers it routes to
     dp_size: int = 1
     reported: tuple[int, float] | None = None  # others' requests the server last reported, when (monotonic)
+    last_load: Load | None = None  # the server's last reported running and waiting counts
 
     @property
     def capacity(self) -> int | None:
@@ -203,6 +204,7 @@ class ServerPool:
         now = time.monotonic() if now is None else now
         with self._lock:
             binding.reported = (affinity.others(load.running, load.waiting, binding.in_flight), now)
+            binding.last_load = load
             if binding.tuner.observe(load, binding.in_flight, now):
                 log.info("server %s: %d in flight now (capacity %s, load %d running / %d waiting)",
                          binding.url, binding.target, binding.capacity, load.running, load.waiting)
@@ -213,6 +215,13 @@ class ServerPool:
         load = load_from_meta(meta) if binding.answers_carry_load else None
         if load is not None:
             self.observe_load(binding, load)
+
+    def free_slots(self) -> tuple[int, int]:
+        """Free and total batch slots over the usable servers that report capacity and load
+        (for the CPU-bound signal, `workers/cpu_bound.py`)."""
+        known = [b for b in self.bindings if b.usable and b.capacity and b.last_load is not None]
+        return (sum(max(b.capacity - b.last_load.running, 0) for b in known),  # type: ignore[operator,union-attr]
+                sum(b.capacity for b in known))  # type: ignore[misc]
 
     def changed(self) -> None:
         with self._lock:

@@ -34,6 +34,11 @@ class Settings(SharedSettings):
     affinity: bool = True
     affinity_margin: float = Field(0.25, ge=0.0)
 
+    # The CPU-bound signal (workers/cpu_bound.py): this process's CPU at or above this share of
+    # the core(s) it can use, while its servers have free slots, for this many seconds.
+    cpu_bound_share: float = 0.85
+    cpu_bound_seconds: float = 10.0
+
     # Health checks: SGLang answers /health in about a second, so never time
     # out below two seconds.
     health_interval: float = 5.0

@@ -73,27 +73,33 @@ def test_a_fresh_target_is_the_batch_plus_a_short_queue(capacity, bound, expecte
     assert initial_target(capacity, bound) == expected
 
 
-# (situation, target, capacity, lowest waiting, highest waiting, highest running, held full, expected)
+# (situation, target, capacity, lowest waiting, highest waiting, highest running, held full, share, expected)
 SITUATIONS = [
-    ("batch full, short queue: keep", 72, 64, 3, 8, 64, True, 72),
-    ("a queue as long as the batch (another worker shares it): shrink by half the excess", 72, 64, 64, 70, 64, True,
-     44),
-    ("queue just over twice the headroom: shrink a little", 72, 64, 17, 20, 64, True, 67),
-    ("a momentary queue (its low point is short): keep", 72, 64, 0, 40, 64, True, 72),
-    ("slots free, nothing waiting, target held: grow by the free slots", 72, 64, 0, 0, 50, True, 86),
-    ("slots free but the worker did not hold its target (no work): keep", 72, 64, 0, 0, 10, False, 72),
-    ("slots free but something waited: keep", 72, 64, 0, 1, 60, True, 72),
-    ("unknown capacity, nothing waiting, held: grow by an eighth", 128, None, 0, 0, 128, True, 144),
-    ("never above the bound", 1000, 1024, 0, 0, 900, True, 1024),
-    ("never below one", 3, 8, 500, 500, 8, True, 1),
+    ("batch full, short queue: keep", 72, 64, 3, 8, 64, True, 1.0, 72),
+    ("a queue as long as the batch, this worker holds half the server: half of batch + headroom",
+     72, 64, 64, 70, 64, True, 0.5, 36),
+    ("a queue while the server runs fewer than its capacity (it retracts): share of what it runs + headroom",
+     72, 64, 30, 40, 40, True, 1.0, 48),
+    ("the queue of the last window still draining: never grow on a shrink", 24, 64, 100, 140, 64, True, 0.33,
+     24),
+    ("queue just over twice the headroom, a third of the server: a third of batch + headroom",
+     30, 64, 17, 20, 64, True, 1 / 3, 24),
+    ("a momentary queue (its low point is short): keep", 72, 64, 0, 40, 64, True, 1.0, 72),
+    ("slots free, nothing waiting, target held, alone: grow by the free slots", 72, 64, 0, 0, 50, True, 1.0, 86),
+    ("the same, a third of the server: grow by a third of them", 24, 64, 0, 0, 49, True, 1 / 3, 29),
+    ("slots free but the worker did not hold its target (no work): keep", 72, 64, 0, 0, 10, False, 1.0, 72),
+    ("slots free but something waited: keep", 72, 64, 0, 1, 60, True, 1.0, 72),
+    ("unknown capacity, nothing waiting, held: grow by an eighth", 128, None, 0, 0, 128, True, 1.0, 144),
+    ("never above the bound", 1000, 1024, 0, 0, 900, True, 1.0, 1024),
+    ("never below one (others hold nearly all of a long queue)", 3, 8, 500, 500, 8, True, 0.001, 1),
 ]
 
 
-@pytest.mark.parametrize("situation, target, capacity, low, high, running, held, expected", SITUATIONS,
+@pytest.mark.parametrize("situation, target, capacity, low, high, running, held, share, expected", SITUATIONS,
                          ids=[s[0] for s in SITUATIONS])
 def test_the_rule_keeps_the_batch_full_with_a_short_queue(situation, target, capacity, low, high, running, held,
-                                                          expected):
-    assert retarget(target, capacity, low, high, running, held, bound=1024) == expected
+                                                          share, expected):
+    assert retarget(target, capacity, low, high, running, held, bound=1024, share=share) == expected
 
 
 def test_the_tuner_moves_at_most_once_a_window_on_its_extremes():
@@ -107,7 +113,47 @@ def test_the_tuner_moves_at_most_once_a_window_on_its_extremes():
     # A second worker arrives: the queue stays long for a whole window.
     tuner.observe(Load(64, 70), in_flight=72, now=1.5)
     assert tuner.observe(Load(64, 66), in_flight=72, now=2.1)
-    assert tuner.target == 43  # 72 less half of the queue beyond its 8 (66 - 8 + 1 = 59, so 29)
+    # its share (72 of 134, then 72 of 130: 0.545) of the batch and its headroom (72): 40
+    assert tuner.target == 40
+
+
+def share_one_server(workers: int, capacity: int, windows: int) -> list[list[int]]:
+    """`workers` tuners filling one server that runs `capacity` at once and queues the rest: their
+    targets after each window (each holds its whole target; the server sees every request)."""
+    tuners = [Tuner(bound=1024, capacity=capacity) for _ in range(workers)]
+    history = []
+    for window in range(windows):
+        total = sum(t.target for t in tuners)
+        load = Load(min(total, capacity), max(total - capacity, 0))
+        for t in tuners:
+            t.observe(load, in_flight=t.target, now=float(window))
+        history.append([t.target for t in tuners])
+    return history
+
+
+def test_a_queue_still_draining_after_a_shrink_does_not_shrink_again():
+    # Given a worker that just shrank from 72 to 24 (two others share the server)
+    tuner = Tuner(bound=1024, capacity=64, target=24)
+    # When the queue it built before is still long while it holds more than its new target
+    tuner.observe(Load(64, 120), in_flight=60, now=0.0)
+    tuner.observe(Load(64, 100), in_flight=50, now=1.0)
+    # Then it waits for its requests to drain
+    assert tuner.target == 24
+    # and shrinks again only once it holds no more than its target and the queue is still long
+    tuner.observe(Load(64, 60), in_flight=24, now=2.0)
+    tuner.observe(Load(64, 60), in_flight=24, now=3.0)
+    assert tuner.target == 14  # its share, 24 of 124, of the batch and its headroom (72), rounded up
+
+
+@pytest.mark.parametrize("workers", [2, 3, 4])
+def test_workers_sharing_a_server_together_give_back_the_excess_once_and_stay_equal(workers):
+    # Given several workers bound to one batch-64 server, each starting at capacity + headroom (72)
+    history = share_one_server(workers, capacity=64, windows=6)
+    # Then after the first window together they hold the batch and its headroom, never fewer than the batch
+    for targets in history[1:]:
+        assert 64 <= sum(targets) <= 64 + 8 + workers, history
+    # and each holds the same share (within the rounding of one request)
+    assert max(history[-1]) - min(history[-1]) <= 1, history
 
 
 def test_a_restarted_server_starts_again_from_its_capacity():

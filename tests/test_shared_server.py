@@ -1,0 +1,105 @@
+"""Many workers on one server, and a worker that knows when it is the bottleneck, against real processes.
+
+Workers bound to the same server each tune their in-flight target by their
+share of it (`workers/capacity.py`), so together they keep one batch full and
+finish equal shares; a worker whose own CPU is the limit while its server has
+free slots says so in its log, in `status` and in a metric
+(`workers/cpu_bound.py`).
+"""
+from __future__ import annotations
+
+import collections
+import json
+import re
+
+import httpx
+import pytest
+import redis
+
+from conftest import write_prompts
+from contract import heartbeats
+from producer.local import free_port
+from waiting import wait_until
+
+# About a second and a half a generation, so three workers really share the batch for a while.
+SLOW = ("--step-base", "0.01", "--output-len-median", "150", "--output-len-sigma", "0.1", "--output-len-max", "200")
+
+
+def prompts(n: int, prefix: str) -> list[dict]:
+    return [{"id": f"{prefix}-{i:04d}", "prompt": f"Question {i}: what is {i} + {i * 7}?"} for i in range(n)]
+
+
+def wait_ready(fleet, names: list[str]) -> None:
+    """Until each named worker's heartbeat shows its server healthy with a capacity read: the run is
+    queued only then, so that no worker takes a head start on the others' share."""
+    def ready() -> bool:
+        found = {r["worker"].split("@")[0]: r for r in heartbeats.read_all(redis.Redis.from_url(fleet.redis_url))}
+        return all(n in found and found[n]["servers"] and all(s["state"] == "healthy" and s.get("capacity")
+                                                              for s in found[n]["servers"]) for n in names)
+    wait_until(ready, 180, f"workers {names} ready", fleet, poll=0.5)
+
+
+@pytest.mark.xdist_group("measures")  # a share of the work: never beside another measuring test
+def test_three_workers_on_one_server_each_finish_a_fair_share_and_every_prompt_is_accounted_for(fleet, tmp_path):
+    # Given three workers bound to one batch-16 server, every fleet setting at its default
+    _, url = fleet.standin("--max-running-requests", "16", *SLOW)
+    names = ["w1", "w2", "w3"]
+    for name in names:
+        fleet.worker(name, [url])
+    wait_ready(fleet, names)
+    total = 144
+
+    # When one run of nine batches' worth of prompts drains through them
+    fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", prompts(total, "share"))))
+    states = fleet.wait_finished(timeout=400)
+
+    # Then every prompt is stored exactly once, none dead
+    assert states == {"done": total}
+    rows = fleet.rows()
+    assert sorted(row["id"] for row in rows) == [f"share-{i:04d}" for i in range(total)]
+    # and each worker stored a share within 20% of every other's
+    shares = collections.Counter(row["worker"].split("@")[0] for row in rows)
+    assert set(shares) == set(names), shares
+    assert min(shares.values()) >= 0.8 * max(shares.values()), shares
+
+
+@pytest.mark.xdist_group("measures")  # the worker's own CPU share: never beside another measuring test
+def test_a_worker_whose_cpu_is_the_limit_says_so_in_its_log_status_and_metric(fleet, tmp_path):
+    # Given one worker and an instant server with a large batch and tiny answers: the worker's own
+    # CPU is the only limit, the server always has free slots. The threshold is lowered to a fifth of
+    # a core so that the signal shows on a loaded 2-core test machine too.
+    _, url = fleet.standin("--max-running-requests", "256", "--step-base", "0", "--step-per-request", "0",
+                           "--prefill-per-token", "0", "--output-len-median", "20", "--output-len-sigma", "0.1",
+                           "--output-len-max", "30")
+    port = free_port()
+    worker = fleet.worker("w1", [url], FLEET_CPU_BOUND_SHARE="0.2", FLEET_CPU_BOUND_SECONDS="2",
+                          FLEET_METRICS_PORT=str(port))
+    wait_ready(fleet, ["w1"])
+
+    # When a run of many short prompts drains through it
+    total = 6000  # ~20 s of work for one process here: the signal needs 2 s of it, the checks a few more
+    fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", prompts(total, "cpu"))))
+
+    # Then, while it works, `status` shows it CPU-bound with the remedy
+    def bound() -> bool | None:
+        (record,) = heartbeats.read_all(redis.Redis.from_url(fleet.redis_url))
+        return (record.get("cpu") or {}).get("bound")
+
+    wait_until(lambda: bound() is True, 240, "the worker's heartbeat saying CPU-bound", fleet, poll=0.5)
+    (w,) = json.loads(fleet.producer("status", "--json").stdout)["workers"]
+    assert w["cpu"]["remedy"] == "start another worker process on this node (same SGLANG_URLS)"
+    assert w["cpu"]["slots"] == 256 and w["cpu"]["free_slots"] >= 32
+    assert "CPU-BOUND" in fleet.producer("status").stdout
+    # and its metrics say so
+    metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    assert re.search(r"^fleet_worker_cpu_bound 1\.0$", metrics, re.M), metrics
+    # and its log says so once, with the remedy
+    assert fleet.wait_finished(timeout=400) == {"done": total}
+    # and once the run is over and it idles, it says it is no longer bound, once
+    wait_until(lambda: bound() is False, 120, "the worker back to normal", fleet, poll=0.5)
+    (w,) = json.loads(fleet.producer("status", "--json").stdout)["workers"]
+    assert w["cpu"]["bound"] is False and "remedy" not in w["cpu"]
+    log = worker.tail(100000)
+    assert len(re.findall(r"worker CPU-bound: .*start another worker process on this node", log)) == 1, log
+    assert len(re.findall(r"worker no longer CPU-bound", log)) == 1, log
+

@@ -30,7 +30,8 @@ def test_status_reports_counts_rates_servers_and_workers(fleet, tmp_path):
     (worker,) = report["workers"]
     assert worker["worker"].startswith("w1@") and worker["seen_s_ago"] < 30
     servers = {s["url"]: s for s in worker["servers"]}
-    assert servers[url]["state"] == "healthy" and servers[dead_server]["state"] == "loading"
+    # (a server never seen up is `loading` for its start grace, then `down`: a slow run may pass the grace)
+    assert servers[url]["state"] == "healthy" and servers[dead_server]["state"] in ("loading", "down")
     # and the table form says the same to a person
     table = fleet.producer("status").stdout
     assert "missing_think_end" in table and "healthy" in table and "loading" in table

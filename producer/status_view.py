@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 from rich.console import Group
 from rich.table import Table
@@ -51,10 +52,12 @@ def render_status(report: dict) -> Group:
     if not report["workers"]:
         servers.add_row("no live worker", "", "", "", "", "", "")
     parts.append(servers)
-    parts.append(_storage_table(report["workers"]))
+    parts.append(_per_worker_table("storage (OUTPUT_DIR), as each worker sees it", "storage",
+                                   report["workers"], storage_line))
     if report.get("cache_hits"):
         parts.append(_cache_table(report["cache_hits"]))
-    parts.append(_cpu_table(report["workers"]))
+    parts.append(_per_worker_table("worker CPU (is one worker process the bottleneck?)", "cpu",
+                                   report["workers"], cpu_line))
     return Group(*parts)
 
 
@@ -84,17 +87,6 @@ def _cache_table(hits: dict) -> Table:
     return table
 
 
-def _storage_table(workers: list[dict]) -> Table:
-    table = Table(title="storage (OUTPUT_DIR), as each worker sees it")
-    table.add_column("worker")
-    table.add_column("storage", overflow="fold")
-    for worker in workers:
-        table.add_row(worker["worker"], storage_line(worker.get("storage") or {}))
-    if not workers:
-        table.add_row("no live worker", "")
-    return table
-
-
 def cpu_line(cpu: dict) -> str:
     """`62% of 1 core`, with the remedy while the worker is CPU-bound (`unknown` from an older worker)."""
     if not cpu or cpu.get("share") is None:
@@ -107,12 +99,13 @@ def cpu_line(cpu: dict) -> str:
     return line
 
 
-def _cpu_table(workers: list[dict]) -> Table:
-    table = Table(title="worker CPU (is one worker process the bottleneck?)")
+def _per_worker_table(title: str, column: str, workers: list[dict], line: Callable[[dict], str]) -> Table:
+    """One row per live worker: `line` of the part of its heartbeat named `column`."""
+    table = Table(title=title)
     table.add_column("worker")
-    table.add_column("cpu", overflow="fold")
+    table.add_column(column, overflow="fold")
     for worker in workers:
-        table.add_row(worker["worker"], cpu_line(worker.get("cpu") or {}))
+        table.add_row(worker["worker"], line(worker.get(column) or {}))
     if not workers:
         table.add_row("no live worker", "")
     return table

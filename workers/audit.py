@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 
 from celery import bootsteps
 
@@ -48,7 +47,7 @@ class LostMessageAudit(bootsteps.StartStopStep):
     def __init__(self, parent, **kwargs):
         super().__init__(parent, **kwargs)
         self._stop = threading.Event()
-        self._suspects: dict[tuple[str, str], float] = {}
+        self._suspects = Suspects()
         self._stalled: dict[str, set[str]] = {}  # run -> conversation turns stored but not moved past
 
     def start(self, c) -> None:
@@ -69,19 +68,25 @@ class LostMessageAudit(bootsteps.StartStopStep):
                 log.warning("lost-message audit skipped: %r", exc)
 
     def audit(self, app, rt) -> int:
+        """Republish the prompts confirmed lost; returns how many. The reads go in the order a
+        message moves (queue, then a worker's unacknowledged set or its heartbeat, then done),
+        so a message taken between two reads is seen in the later one; only one moved back
+        (a lapsed lease restored to the queue) can be seen in neither, once (`Suspects`)."""
         client, prefix = rt.redis, rt.settings.queue_prefix
+        queues, queued = run_queues(client, prefix), {}
+        for run, queue in queues.items():
+            self._resume_conversations(app, rt, run)
+            if (client.hlen(RunKeys(run).token_ids)
+                    and kombu_redis.queue_depth(client, queue) <= rt.settings.audit_max_queue):
+                queued[run] = _task_ids(kombu_redis.queued_messages(client, queue))
         in_flight = _task_ids(kombu_redis.unacked_messages(client))
         held = heartbeats.held(client)
+        self._suspects.keep_only(queued)
         republished = 0
-        for run, queue in run_queues(client, prefix).items():
-            self._resume_conversations(app, rt, run)
-            if (not client.hlen(RunKeys(run).token_ids)
-                    or kombu_redis.queue_depth(client, queue) > rt.settings.audit_max_queue):
-                continue
-            queued = _task_ids(kombu_redis.queued_messages(client, queue))
+        for run in queued:
             missing = {pid for pid in Ledger(client, run).pending_ids() - held.get(run, set())
-                       if task_id(run, pid) not in queued and task_id(run, pid) not in in_flight}
-            republished += self._republish(app, client, run, queue, missing)
+                       if task_id(run, pid) not in queued[run] and task_id(run, pid) not in in_flight}
+            republished += self._republish(app, client, run, queues[run], self._suspects.confirm(run, missing))
         return republished
 
     def _resume_conversations(self, app, rt, run: str) -> None:
@@ -97,24 +102,44 @@ class LostMessageAudit(bootsteps.StartStopStep):
         turns.resume(app, rt, spec, found & self._stalled.get(run, set()))
         self._stalled[run] = found
 
-    def _republish(self, app, client, run: str, queue: str, missing: set[str]) -> int:
-        now = time.monotonic()
-        keys = {(run, pid) for pid in missing}
-        for key in [k for k in self._suspects if k[0] == run and k not in keys]:
-            del self._suspects[key]
-        confirmed = sorted(pid for r, pid in keys if (r, pid) in self._suspects)
-        for key in keys:
-            self._suspects.setdefault(key, now)
+    def _republish(self, app, client, run: str, queue: str, confirmed: set[str]) -> int:
         if not confirmed:
             return 0
-        payloads = client.hmget(RunKeys(run).token_ids, confirmed)
-        batch = [(pid, count_ids(raw), None) for pid, raw in zip(confirmed, payloads) if raw]
+        ordered = sorted(confirmed)
+        payloads = client.hmget(RunKeys(run).token_ids, ordered)
+        batch = [(pid, count_ids(raw), None) for pid, raw in zip(ordered, payloads) if raw]
         publish_prompts(app, run, queue, batch)
-        for pid in confirmed:
-            self._suspects.pop((run, pid), None)
         log.warning("audit: republished %d prompts of run %s whose messages were lost: %s",
                     len(batch), run, ", ".join(p for p, _, _ in batch[:10]))
         return len(batch)
+
+
+class Suspects:
+    """Prompts an audit found with no message anywhere, per run, until the run's next audit.
+
+    A prompt is confirmed lost only when the very next audit of its run still finds it
+    missing: a message in passing (taken from the queue and not yet recorded as
+    unacknowledged, or recorded by a producer and not yet published) is missing once. A run
+    an audit skips (its queue too deep to list, or the run gone) forgets its suspects:
+    otherwise prompts of a run's first batch, missing while the producer published it, could
+    stay suspects while the queue is deep and be confirmed, and started twice, by one passing
+    sighting minutes later.
+    """
+
+    def __init__(self) -> None:
+        self._by_run: dict[str, set[str]] = {}
+
+    def confirm(self, run: str, missing: set[str]) -> set[str]:
+        """The prompts of `run` missing now and at the run's previous audit; the others
+        missing now are the suspects of the next one."""
+        confirmed = missing & self._by_run.get(run, set())
+        self._by_run[run] = missing - confirmed
+        return confirmed
+
+    def keep_only(self, runs) -> None:
+        """Forget the suspects of every run not among `runs` (the runs audited now)."""
+        for run in set(self._by_run) - set(runs):
+            del self._by_run[run]
 
 
 def _task_ids(messages) -> set[str]:

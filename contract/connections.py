@@ -135,7 +135,18 @@ def redact_text(text: str, url: str) -> str:
 
 
 def _split(url: str) -> tuple[str, list[str]]:
-    """(the URL redacted, the secrets it hid): the one reading of a URL's secrets."""
+    """(the URL redacted, the secrets it hid): the one reading of a URL's secrets. A Sentinel
+    URL's parts (`sentinel://:pw@h1;sentinel://:pw@h2`, as kombu splits it) are read one by
+    one, so each host stays shown; where a part does not start as one (a `;` in a password),
+    the whole URL is read as one, which hides too much, never too little."""
+    parts = url.split(";")
+    if len(parts) > 1 and all(part.startswith(f"{SENTINEL_SCHEME}://") for part in parts):
+        split = [_split_one(part) for part in parts]
+        return ";".join(shown for shown, _ in split), [secret for _, hidden in split for secret in hidden]
+    return _split_one(url)
+
+
+def _split_one(url: str) -> tuple[str, list[str]]:
     scheme, sep, rest = url.partition("://")
     if not sep:
         scheme, rest = "", url

@@ -29,6 +29,13 @@ URLS = [
     (f"redis://:{SECRET}?x@redis-host:6379/0", "redis://***@redis-host:6379/0"),
     (f"redis://:a@{SECRET}@redis-host:6379/0", "redis://***@redis-host:6379/0"),
     (f"redis://redis-host/0?password=a@{SECRET}", "redis://redis-host/0?password=***"),
+    # a Sentinel URL: each part's secret hidden, every host shown
+    (f"sentinel://:{SECRET}@s1:26379;sentinel://:{SECRET}@s2:26379/0",
+     "sentinel://***@s1:26379;sentinel://***@s2:26379/0"),
+    (f"sentinel://:{SECRET}@s1:26379;sentinel://s2:26379", "sentinel://***@s1:26379;sentinel://s2:26379"),
+    # a `;` in a Sentinel password: the URL read as one part, hiding more than the password
+    (f"sentinel://:a;{SECRET}@s1:26379;sentinel://s2:26379", "sentinel://***@s1:26379;sentinel://s2:26379"),
+    (f"sentinel://:{SECRET};a@s1:26379", "sentinel://***@s1:26379"),
 ]
 
 

@@ -1,0 +1,252 @@
+"""Producer commands for the tests, as real processes that skip Python's start-up imports.
+
+Why: the tests run `python -m producer ...` a few hundred times, and each command spent most of its
+CPU importing, not working (typer and rich 0.5 CPU-s, transformers 1.3 more for every command that
+renders prompts): a third of the whole suite's CPU on 2 cores.
+
+How: one zygote per pytest worker, a process that has imported the libraries the producer uses
+(never the project's own modules: it drops them again, so each command imports them fresh and reads
+its environment as a new process would) and runs no thread. For each command it forks a child,
+which takes the command's argv, environment, working directory and stdin/stdout/stderr, and runs
+`python -m producer` (runpy, as `-m` does): a separate process, that exits through the interpreter's
+own shutdown with the command's own exit status. The zygote reports the child's pid, then its exit
+status once it ended; a client that gives up kills the child itself.
+
+Run as `python tests/zygote.py SOCKET`; `Zygote` below starts one and speaks to it.
+"""
+from __future__ import annotations
+
+import gc
+import json
+import locale
+import os
+import selectors
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+MODULE = "producer"
+PROJECT_PACKAGES = ("producer", "contract", "workers", "sglang_standin")
+
+
+# ---- the zygote process
+
+# What the frequent commands (enqueue, status, dead) import. Not pyarrow (export, show, report,
+# S3 output): it starts threads of its own when imported.
+PRELOAD = ("producer.cli", "producer.enqueue", "producer.status", "producer.status_view", "producer.dead",
+           "contract.broker", "contract.chat", "contract.deadletters", "contract.settings",
+           "celery", "celery.app.amqp", "kombu.transport.redis", "jinja2.sandbox")
+
+
+def _preload() -> None:
+    """Import what producer commands import, then drop the project's own modules (a command
+    imports them fresh, reading its own environment). The environment is the zygote's own
+    again afterwards; while importing it has what a command would have set before these imports
+    (contract.chat's defaults for transformers, whose logging reads them when imported), and
+    OPENBLAS_NUM_THREADS=1: numpy (imported by transformers) would otherwise start OpenBLAS's
+    thread pool, and a process with threads must not fork. No producer command multiplies matrices."""
+    import importlib
+
+    saved = dict(os.environ)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+    for name in PRELOAD:
+        importlib.import_module(name)
+    from transformers import PreTrainedTokenizerFast  # noqa: F401  (the bundled tokenizer's class)
+    for name in [n for n in sys.modules if n.split(".")[0] in PROJECT_PACKAGES]:
+        del sys.modules[name]
+    os.environ.clear()
+    os.environ.update(saved)
+
+
+def serve(path: str) -> dict | None:
+    """Answer commands until stdin closes (the test worker ended). Returns only in a forked
+    child: the command it is to run, its standard streams already in place."""
+    _preload()
+    threads = os.listdir("/proc/self/task")
+    if len(threads) != 1:  # a thread would not survive fork()
+        raise SystemExit(f"zygote: {len(threads)} threads after the imports; fork() is unsafe")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    listener.bind(path)
+    listener.listen(16)
+    selector = selectors.DefaultSelector()
+    selector.register(listener, selectors.EVENT_READ, "accept")
+    selector.register(sys.stdin, selectors.EVENT_READ, "stdin")
+    gc.freeze()  # the imported objects are never collected: a child's collections (and its exit) leave their pages shared
+    print("ready", flush=True)
+    running: dict[int, tuple[socket.socket, int, list[str]]] = {}  # pidfd -> (connection, pid, args)
+    while True:
+        for key, _ in selector.select():
+            if key.data == "stdin":  # the test worker is gone: so is the zygote
+                return None
+            if key.data == "accept":
+                connection, _ = listener.accept()
+                request, fds = _receive(connection)
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    selector.close()
+                    listener.close()
+                    for other, *_ in running.values():
+                        other.close()
+                    for pidfd in running:
+                        os.close(pidfd)
+                    connection.close()
+                    for target, fd in enumerate(fds):
+                        os.dup2(fd, target)
+                        os.close(fd)
+                    return request
+                for fd in fds:
+                    os.close(fd)
+                connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+                pidfd = os.pidfd_open(pid)
+                running[pidfd] = (connection, pid, request["args"])
+                selector.register(pidfd, selectors.EVENT_READ, "child")
+            else:  # a child ended
+                pidfd = key.fd
+                connection, pid, args = running.pop(pidfd)
+                selector.unregister(pidfd)
+                os.close(pidfd)
+                _, status, usage = os.wait4(pid, 0)
+                print(f"{pid} exited {_returncode(status)} after {usage.ru_utime + usage.ru_stime:.2f} CPU-s: "
+                      f"{' '.join(args[:2])}", file=sys.stderr, flush=True)
+                try:
+                    connection.sendall(json.dumps({"returncode": _returncode(status)}).encode() + b"\n")
+                except OSError:
+                    pass  # the client gave up on it
+                connection.close()
+
+
+def _receive(connection: socket.socket) -> tuple[dict, list[int]]:
+    data, fds, _, _ = socket.recv_fds(connection, 1 << 20, 3)
+    while not data.endswith(b"\n"):
+        more = connection.recv(1 << 20)
+        if not more:
+            raise EOFError("zygote: request cut short")
+        data += more
+    return json.loads(data), fds
+
+
+def _returncode(status: int) -> int:
+    """As subprocess reports it: the exit code, or minus the signal that ended the process."""
+    return -os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status)
+
+
+def run_command(request: dict) -> None:
+    """In the child: become `python -m producer ARGS` in the request's environment and folder."""
+    import runpy
+
+    os.environ.clear()
+    os.environ.update(request["env"])
+    os.chdir(request["cwd"])
+    sys.path[0] = os.getcwd()  # as `python -m` puts it
+    sys.argv = ["-m", *request["args"]]  # runpy sets argv[0] to the module's file, as -m does
+    runpy.run_module(MODULE, run_name="__main__", alter_sys=True)
+
+
+# ---- the test side
+
+class Zygote:
+    """A zygote started for this test worker; `run` is `subprocess.run` for producer commands."""
+
+    def __init__(self, folder: Path, env: dict[str, str], cwd: Path):
+        self.folder = folder
+        folder.mkdir(parents=True, exist_ok=True)
+        self.path = str(folder / "zygote.sock")
+        self.log = folder / "zygote.log"
+        with open(self.log, "ab") as log:
+            self.process = subprocess.Popen([sys.executable, __file__, self.path], env=env, cwd=cwd,
+                                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
+        line = self.process.stdout.readline()
+        if line.strip() != b"ready":
+            self.process.kill()
+            raise RuntimeError(f"zygote did not start: {self.log.read_text()[-2000:]}")
+
+    def run(self, args: list[str], env: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
+        """Run `python -m producer ARGS` to its end; its output captured as text."""
+        started = self.start(args, env, cwd)
+        stdout, stderr = started.communicate(timeout=timeout)
+        return subprocess.CompletedProcess(["-m", MODULE, *args], started.returncode, stdout, stderr)
+
+    def start(self, args: list[str], env: dict[str, str], cwd: Path) -> "Command":
+        return Command(self.path, args, env, cwd)
+
+    def close(self) -> None:
+        self.process.stdin.close()
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+
+class Command:
+    """A running command (the little of Popen the tests use: pid, communicate, returncode, kill)."""
+
+    def __init__(self, path: str, args: list[str], env: dict[str, str], cwd: Path):
+        self.args = ["-m", MODULE, *args]
+        self.returncode: int | None = None
+        self._out, self._err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._socket.connect(path)
+        self._received = b""
+        request = json.dumps({"args": list(args), "env": env, "cwd": str(cwd)}).encode() + b"\n"
+        with open(os.devnull, "rb") as stdin:
+            socket.send_fds(self._socket, [request], [stdin.fileno(), self._out.fileno(), self._err.fileno()])
+        self.pid = self._reply(None)["pid"]
+
+    def _reply(self, timeout: float | None) -> dict:
+        self._socket.settimeout(timeout)
+        while b"\n" not in self._received:
+            try:
+                more = self._socket.recv(4096)
+            except TimeoutError:
+                raise subprocess.TimeoutExpired(self.args, timeout) from None
+            if not more:
+                raise RuntimeError("the zygote closed the connection without an answer")
+            self._received += more
+        line, self._received = self._received.split(b"\n", 1)
+        return json.loads(line)
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            self.returncode = self._reply(timeout)["returncode"]
+            self._socket.close()
+        return self.returncode
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        try:
+            self.wait(timeout)
+        except subprocess.TimeoutExpired:
+            self.kill()
+            self.wait()
+            raise
+        return _text(self._out), _text(self._err)
+
+    def kill(self) -> None:
+        if self.returncode is None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def _text(file) -> str:
+    """What subprocess's text mode reads from a pipe: the locale's encoding, universal newlines."""
+    file.seek(0)
+    data = file.read().decode(locale.getpreferredencoding(False))
+    file.close()
+    return data.replace("\r\n", "\n").replace("\r", "\n")
+
+
+if __name__ == "__main__":
+    command = serve(sys.argv[1])
+    if command is not None:
+        run_command(command)

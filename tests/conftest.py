@@ -45,16 +45,17 @@ def pytest_collection_modifyitems(items) -> None:
 _zygote: list[Zygote] = []
 
 
-def producer_zygote() -> Zygote:
-    """This pytest process's zygote for producer commands, started when first used."""
+def zygote() -> Zygote:
+    """This pytest process's zygote (tests/zygote.py) for producer commands, stand-ins and workers,
+    started when first used."""
     if not _zygote:
         _zygote.append(Zygote(Path(tempfile.mkdtemp(prefix="zygote-")), {**os.environ, "PYTHONPATH": str(ROOT)}, ROOT))
     return _zygote[0]
 
 
 def pytest_sessionfinish() -> None:
-    for zygote in _zygote:
-        zygote.close()
+    for started in _zygote:
+        started.close()
 
 
 class Fleet:
@@ -73,26 +74,27 @@ class Fleet:
         return {**os.environ, **base, **extra}
 
     def standin(self, *options: str, port: int | None = None, wait_healthy: bool = True) -> tuple[Process, str]:
-        process, url = start_standin(self.logs, port, *options, wait_healthy=wait_healthy)
+        process, url = start_standin(self.logs, port, *options, wait_healthy=wait_healthy,
+                                     launch=zygote().spawn)
         self.processes.append(process)
         return process, url
 
     def worker(self, name: str, servers: list[str], **extra: str) -> Process:
         env = self.env(SGLANG_URLS=",".join(servers), **extra)
-        process = start_worker(self.logs, name, env)
+        process = start_worker(self.logs, name, env, launch=zygote().spawn)
         self.processes.append(process)
         return process
 
     def producer(self, *args: str, check: bool = True, **extra: str) -> subprocess.CompletedProcess:
         """`python -m producer ARGS` run to its end, forked from this worker's zygote (tests/zygote.py)."""
-        result = producer_zygote().run(list(args), self.env(**extra), ROOT, timeout=600)
+        result = zygote().run(list(args), self.env(**extra), ROOT, timeout=600)
         if check and result.returncode != 0:
             raise AssertionError(f"producer {args} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
         return result
 
     def start_producer(self, *args: str, **extra: str) -> Command:
         """`python -m producer ARGS` started, not waited for (Popen's pid, communicate, returncode, kill)."""
-        return producer_zygote().start(list(args), self.env(**extra), ROOT)
+        return zygote().start("producer", list(args), self.env(**extra), ROOT)
 
     def dead_letters(self, run: str = "default") -> list[dict]:
         return json.loads(self.producer("dead", "list", "--json", "--run", run).stdout)

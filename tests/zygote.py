@@ -1,16 +1,17 @@
-"""Producer commands for the tests, as real processes that skip Python's start-up imports.
+"""The tests' Python processes, as real processes that skip Python's start-up imports.
 
-Why: the tests run `python -m producer ...` a few hundred times, and each command spent most of its
-CPU importing, not working (typer and rich 0.5 CPU-s, transformers 1.3 more for every command that
-renders prompts): a third of the whole suite's CPU on 2 cores.
+Why: the tests start `python -m producer ...` a few hundred times, and Celery workers and SGLang
+stand-ins a few hundred more; each of them spent most of its start-up CPU importing (typer and
+rich 0.5 CPU-s, transformers 1.3 more in every producer command that renders prompts, Celery's
+CLI and the worker's libraries 1 CPU-s): a third of the whole suite's CPU on 2 cores.
 
-How: one zygote per pytest worker, a process that has imported the libraries the producer uses
-(never the project's own modules: it drops them again, so each command imports them fresh and reads
-its environment as a new process would) and runs no thread. For each command it forks a child,
-which takes the command's argv, environment, working directory and stdin/stdout/stderr, and runs
-`python -m producer` (runpy, as `-m` does): a separate process, that exits through the interpreter's
-own shutdown with the command's own exit status. The zygote reports the child's pid, then its exit
-status once it ended; a client that gives up kills the child itself.
+How: one zygote per pytest worker, a process that has imported the libraries these programs use
+(never the project's own modules: it drops them again, so each program imports them fresh and
+reads its environment as a new process would) and runs no thread. For each program it forks a
+child, which takes the program's argv, environment, working directory, standard streams (and, as
+`start_new_session`, a session of its own), and runs `python -m MODULE` (runpy, as `-m` does): a
+separate process, that exits through the interpreter's own shutdown with its own exit status. The
+zygote reports the child's pid, then its exit status once it ended; signals go to the pid.
 
 Run as `python tests/zygote.py SOCKET`; `Zygote` below starts one and speaks to it.
 """
@@ -29,17 +30,20 @@ import sys
 import tempfile
 from pathlib import Path
 
-MODULE = "producer"
 PROJECT_PACKAGES = ("producer", "contract", "workers", "sglang_standin")
 
 
 # ---- the zygote process
 
-# What the frequent commands (enqueue, status, dead) import. Not pyarrow (export, show, report,
-# S3 output): it starts threads of its own when imported.
+# What the frequent producer commands (enqueue, status, dead), the stand-in and a worker import.
+# Not pyarrow (export, show, report, S3 output, the worker's shards): it starts threads of its own
+# when imported.
 PRELOAD = ("producer.cli", "producer.enqueue", "producer.status", "producer.status_view", "producer.dead",
            "contract.broker", "contract.chat", "contract.deadletters", "contract.settings",
-           "celery", "celery.app.amqp", "kombu.transport.redis", "jinja2.sandbox")
+           "celery", "celery.app.amqp", "kombu.transport.redis", "jinja2.sandbox",
+           "sglang_standin.cli", "sglang_standin.runner",
+           "celery.bin.celery", "celery.apps.worker", "celery.concurrency.thread", "celery.worker.consumer",
+           "httpx", "flower", "prometheus_client")
 
 
 def _preload() -> None:
@@ -139,21 +143,24 @@ def _returncode(status: int) -> int:
 
 
 def run_command(request: dict) -> None:
-    """In the child: become `python -m producer ARGS` in the request's environment and folder."""
+    """In the child: become `python -m MODULE ARGS` in the request's environment and folder."""
     import runpy
 
+    if request["session"]:
+        os.setsid()
     os.environ.clear()
     os.environ.update(request["env"])
     os.chdir(request["cwd"])
     sys.path[0] = os.getcwd()  # as `python -m` puts it
     sys.argv = ["-m", *request["args"]]  # runpy sets argv[0] to the module's file, as -m does
-    runpy.run_module(MODULE, run_name="__main__", alter_sys=True)
+    runpy.run_module(request["module"], run_name="__main__", alter_sys=True)
 
 
 # ---- the test side
 
 class Zygote:
-    """A zygote started for this test worker; `run` is `subprocess.run` for producer commands."""
+    """A zygote started for this test worker: `run` is `subprocess.run` for producer commands,
+    `start` Popen for any `python -m MODULE`, `spawn` producer.local's spawn."""
 
     def __init__(self, folder: Path, env: dict[str, str], cwd: Path):
         self.folder = folder
@@ -169,13 +176,29 @@ class Zygote:
             raise RuntimeError(f"zygote did not start: {self.log.read_text()[-2000:]}")
 
     def run(self, args: list[str], env: dict[str, str], cwd: Path, timeout: float) -> subprocess.CompletedProcess:
-        """Run `python -m producer ARGS` to its end; its output captured as text."""
-        started = self.start(args, env, cwd)
+        """`python -m producer ARGS` run to its end, its output captured as text."""
+        started = self.start("producer", args, env, cwd)
         stdout, stderr = started.communicate(timeout=timeout)
-        return subprocess.CompletedProcess(["-m", MODULE, *args], started.returncode, stdout, stderr)
+        return subprocess.CompletedProcess(started.args, started.returncode, stdout, stderr)
 
-    def start(self, args: list[str], env: dict[str, str], cwd: Path) -> "Command":
-        return Command(self.path, args, env, cwd)
+    def start(self, module: str, args: list[str], env: dict[str, str], cwd: Path,
+              output: int | None = None, session: bool = False) -> "Command":
+        """`python -m MODULE ARGS` started: its stdout and stderr to `output` (a file descriptor),
+        else captured for `communicate`."""
+        return Command(self.path, module, args, env, cwd, output, session)
+
+    def spawn(self, name: str, argv: list[str], logs: Path, env: dict | None = None):
+        """producer.local.spawn for `python -m MODULE` programs (any other argv is spawned as ever)."""
+        from producer.local import Process, spawn
+
+        if argv[:2] != [sys.executable, "-m"]:
+            return spawn(name, argv, logs, env)
+        logs.mkdir(parents=True, exist_ok=True)
+        log = logs / f"{name}.log"
+        with open(log, "ab") as handle:
+            command = self.start(argv[2], argv[3:], dict(os.environ if env is None else env), Path.cwd(),
+                                 output=handle.fileno(), session=True)
+        return Process(name, command, log)
 
     def close(self) -> None:
         self.process.stdin.close()
@@ -188,18 +211,25 @@ class Zygote:
 
 
 class Command:
-    """A running command (the little of Popen the tests use: pid, communicate, returncode, kill)."""
+    """A started program: what the tests use of Popen (pid, returncode, poll, wait, communicate,
+    send_signal, kill)."""
 
-    def __init__(self, path: str, args: list[str], env: dict[str, str], cwd: Path):
-        self.args = ["-m", MODULE, *args]
+    def __init__(self, path: str, module: str, args: list[str], env: dict[str, str], cwd: Path,
+                 output: int | None, session: bool):
+        self.args = ["-m", module, *args]
         self.returncode: int | None = None
-        self._out, self._err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+        self._captured = None
+        if output is None:
+            self._captured = tempfile.TemporaryFile(), tempfile.TemporaryFile()
+            fds = [f.fileno() for f in self._captured]
+        else:
+            fds = [output, output]
         self._socket = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self._socket.connect(path)
         self._received = b""
-        request = json.dumps({"args": list(args), "env": env, "cwd": str(cwd)}).encode() + b"\n"
+        request = {"module": module, "args": list(args), "env": env, "cwd": str(cwd), "session": session}
         with open(os.devnull, "rb") as stdin:
-            socket.send_fds(self._socket, [request], [stdin.fileno(), self._out.fileno(), self._err.fileno()])
+            socket.send_fds(self._socket, [json.dumps(request).encode() + b"\n"], [stdin.fileno(), *fds])
         self.pid = self._reply(None)["pid"]
 
     def _reply(self, timeout: float | None) -> dict:
@@ -207,7 +237,7 @@ class Command:
         while b"\n" not in self._received:
             try:
                 more = self._socket.recv(4096)
-            except TimeoutError:
+            except (TimeoutError, BlockingIOError):
                 raise subprocess.TimeoutExpired(self.args, timeout) from None
             if not more:
                 raise RuntimeError("the zygote closed the connection without an answer")
@@ -221,6 +251,12 @@ class Command:
             self._socket.close()
         return self.returncode
 
+    def poll(self) -> int | None:
+        try:
+            return self.wait(0)
+        except subprocess.TimeoutExpired:
+            return None
+
     def communicate(self, timeout: float | None = None) -> tuple[str, str]:
         try:
             self.wait(timeout)
@@ -228,14 +264,17 @@ class Command:
             self.kill()
             self.wait()
             raise
-        return _text(self._out), _text(self._err)
+        return tuple(_text(f) for f in self._captured)
 
-    def kill(self) -> None:
-        if self.returncode is None:
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:  # as Popen: never a signal to a pid that may be another process's now
             try:
-                os.kill(self.pid, signal.SIGKILL)
+                os.kill(self.pid, sig)
             except ProcessLookupError:
                 pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
 
 
 def _text(file) -> str:

@@ -47,12 +47,15 @@ PRELOAD = ("producer.cli", "producer.enqueue", "producer.status", "producer.stat
 
 
 def _preload() -> None:
-    """Import what producer commands import, then drop the project's own modules (a command
-    imports them fresh, reading its own environment). The environment is the zygote's own
-    again afterwards; while importing it has what a command would have set before these imports
+    """Import what the programs import, then drop the project's own modules (a program imports
+    them fresh, reading its own environment). The environment is the zygote's own again
+    afterwards; while importing it has what a program would have set before these imports
     (contract.chat's defaults for transformers, whose logging reads them when imported), and
     OPENBLAS_NUM_THREADS=1: numpy (imported by transformers) would otherwise start OpenBLAS's
-    thread pool, and a process with threads must not fork. No producer command multiplies matrices."""
+    thread pool, and a process with threads must not fork. None of the programs multiplies
+    matrices. Libraries that read the environment when imported read the pytest worker's: the
+    tests vary only variables the project reads (FLEET_*, SGLANG_*, REDIS_URL, OUTPUT_DIR, AWS_*,
+    COLUMNS, which rich reads when producer.cli, imported fresh, builds its consoles)."""
     import importlib
 
     saved = dict(os.environ)
@@ -69,8 +72,8 @@ def _preload() -> None:
 
 
 def serve(path: str) -> dict | None:
-    """Answer commands until stdin closes (the test worker ended). Returns only in a forked
-    child: the command it is to run, its standard streams already in place."""
+    """Start programs until stdin closes (the test worker ended). Returns only in a forked
+    child: the program it is to become, its standard streams already in place."""
     _preload()
     threads = os.listdir("/proc/self/task")
     if len(threads) != 1:  # a thread would not survive fork()
@@ -81,9 +84,11 @@ def serve(path: str) -> dict | None:
     selector = selectors.DefaultSelector()
     selector.register(listener, selectors.EVENT_READ, "accept")
     selector.register(sys.stdin, selectors.EVENT_READ, "stdin")
-    gc.freeze()  # the imported objects are never collected: a child's collections (and its exit) leave their pages shared
+    # The imported objects are never collected: a child's collections and its exit leave their pages
+    # shared (without this, a producer command's exit alone cost 0.4 CPU-s of copied pages).
+    gc.freeze()
     print("ready", flush=True)
-    running: dict[int, tuple[socket.socket, int, list[str]]] = {}  # pidfd -> (connection, pid, args)
+    running: dict[int, tuple[socket.socket, int]] = {}  # pidfd -> (connection, pid)
     while True:
         for key, _ in selector.select():
             if key.data == "stdin":  # the test worker is gone: so is the zygote
@@ -110,16 +115,14 @@ def serve(path: str) -> dict | None:
                     os.close(fd)
                 connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
                 pidfd = os.pidfd_open(pid)
-                running[pidfd] = (connection, pid, request["args"])
+                running[pidfd] = (connection, pid)
                 selector.register(pidfd, selectors.EVENT_READ, "child")
             else:  # a child ended
                 pidfd = key.fd
-                connection, pid, args = running.pop(pidfd)
+                connection, pid = running.pop(pidfd)
                 selector.unregister(pidfd)
                 os.close(pidfd)
-                _, status, usage = os.wait4(pid, 0)
-                print(f"{pid} exited {_returncode(status)} after {usage.ru_utime + usage.ru_stime:.2f} CPU-s: "
-                      f"{' '.join(args[:2])}", file=sys.stderr, flush=True)
+                _, status = os.waitpid(pid, 0)
                 try:
                     connection.sendall(json.dumps({"returncode": _returncode(status)}).encode() + b"\n")
                 except OSError:
@@ -160,10 +163,14 @@ def run_command(request: dict) -> None:
 
 class Zygote:
     """A zygote started for this test worker: `run` is `subprocess.run` for producer commands,
-    `start` Popen for any `python -m MODULE`, `spawn` producer.local's spawn."""
+    `start` Popen for any `python -m MODULE`, `spawn` producer.local's spawn.
+
+    A program whose PYTHON* variables differ from the zygote's (a PYTHONPATH with a
+    sitecustomize of its own, as tests/test_clock_skew.py gives its workers) needs an interpreter
+    that starts with them: it is started as a plain subprocess."""
 
     def __init__(self, folder: Path, env: dict[str, str], cwd: Path):
-        self.folder = folder
+        self.folder, self.env = folder, dict(env)
         folder.mkdir(parents=True, exist_ok=True)
         self.path = str(folder / "zygote.sock")
         self.log = folder / "zygote.log"
@@ -182,13 +189,19 @@ class Zygote:
         return subprocess.CompletedProcess(started.args, started.returncode, stdout, stderr)
 
     def start(self, module: str, args: list[str], env: dict[str, str], cwd: Path,
-              output: int | None = None, session: bool = False) -> "Command":
+              output: int | None = None, session: bool = False) -> "Command | subprocess.Popen":
         """`python -m MODULE ARGS` started: its stdout and stderr to `output` (a file descriptor),
-        else captured for `communicate`."""
-        return Command(self.path, module, args, env, cwd, output, session)
+        else captured (as text) for `communicate`."""
+        if self._forkable(env):
+            return Command(self.path, module, args, env, cwd, output, session)
+        streams = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) if output is None else \
+            dict(stdout=output, stderr=output)
+        return subprocess.Popen([sys.executable, "-m", module, *args], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                                start_new_session=session, **streams)
 
     def spawn(self, name: str, argv: list[str], logs: Path, env: dict | None = None):
-        """producer.local.spawn for `python -m MODULE` programs (any other argv is spawned as ever)."""
+        """producer.local.spawn for `python -m MODULE` programs (any other argv is spawned as
+        ever). Without `env`, the zygote's own: the test worker's, and PYTHONPATH=ROOT."""
         from producer.local import Process, spawn
 
         if argv[:2] != [sys.executable, "-m"]:
@@ -196,9 +209,12 @@ class Zygote:
         logs.mkdir(parents=True, exist_ok=True)
         log = logs / f"{name}.log"
         with open(log, "ab") as handle:
-            command = self.start(argv[2], argv[3:], dict(os.environ if env is None else env), Path.cwd(),
+            started = self.start(argv[2], argv[3:], dict(self.env if env is None else env), Path.cwd(),
                                  output=handle.fileno(), session=True)
-        return Process(name, command, log)
+        return Process(name, started, log)
+
+    def _forkable(self, env: dict[str, str]) -> bool:
+        return _python_variables(env) == _python_variables(self.env)
 
     def close(self) -> None:
         self.process.stdin.close()
@@ -275,6 +291,10 @@ class Command:
 
     def kill(self) -> None:
         self.send_signal(signal.SIGKILL)
+
+
+def _python_variables(env: dict[str, str]) -> dict[str, str]:
+    return {name: value for name, value in env.items() if name.startswith("PYTHON")}
 
 
 def _text(file) -> str:

@@ -96,10 +96,11 @@ def start_redis(logs: Path, port: int | None = None, data_dir: Path | None = Non
 
 
 def start_standin(logs: Path, port: int | None = None, *options: str,
-                  wait_healthy: bool = True) -> tuple[Process, str]:
+                  wait_healthy: bool = True, launch=spawn) -> tuple[Process, str]:
+    """A stand-in on `port` (a free one if None), started by `launch` (spawn's signature)."""
     port = port or free_port()
     argv = [sys.executable, "-m", "sglang_standin", "--port", str(port), *options]
-    process = spawn(f"standin-{port}", argv, logs)
+    process = launch(f"standin-{port}", argv, logs)
     url = f"http://127.0.0.1:{port}"
     if wait_healthy:
         wait_for(lambda: httpx.get(f"{url}/health", timeout=5).status_code == 200, 60,
@@ -107,10 +108,11 @@ def start_standin(logs: Path, port: int | None = None, *options: str,
     return process, url
 
 
-def start_worker(logs: Path, name: str, env: dict[str, str], *options: str) -> Process:
+def start_worker(logs: Path, name: str, env: dict[str, str], *options: str, launch=spawn) -> Process:
+    """A Celery worker, started by `launch` (spawn's signature)."""
     argv = [sys.executable, "-m", "celery", "-A", "workers", "worker", "-n", f"{name}@%h",
             "-l", "INFO", "--without-mingle", "--without-gossip", *options]
-    return spawn(name, argv, logs, env={**os.environ, **env})
+    return launch(name, argv, logs, env={**os.environ, **env})
 
 
 def wait_for(check, timeout: float, what: str, process: Process | None = None) -> None:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
+import tempfile
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -22,6 +22,7 @@ from contract.ledger import Ledger
 from producer.local import Process, start_redis, start_standin, start_worker
 
 from waiting import wait_until
+from zygote import Command, Zygote
 
 ROOT = Path(__file__).resolve().parents[1]
 SPECS = ROOT / "tests" / "specs"
@@ -41,6 +42,22 @@ def pytest_collection_modifyitems(items) -> None:
     items.sort(key=lambda item: SPECS in Path(item.fspath).parents)  # stable: file order within each layer
 
 
+_zygote: list[Zygote] = []
+
+
+def zygote() -> Zygote:
+    """This pytest process's zygote (tests/zygote.py) for producer commands, stand-ins and workers,
+    started when first used."""
+    if not _zygote:
+        _zygote.append(Zygote(Path(tempfile.mkdtemp(prefix="zygote-")), {**os.environ, "PYTHONPATH": str(ROOT)}, ROOT))
+    return _zygote[0]
+
+
+def pytest_sessionfinish() -> None:
+    for started in _zygote:
+        started.close()
+
+
 class Fleet:
     """Processes of one test, and the environment that binds them together."""
 
@@ -57,22 +74,27 @@ class Fleet:
         return {**os.environ, **base, **extra}
 
     def standin(self, *options: str, port: int | None = None, wait_healthy: bool = True) -> tuple[Process, str]:
-        process, url = start_standin(self.logs, port, *options, wait_healthy=wait_healthy)
+        process, url = start_standin(self.logs, port, *options, wait_healthy=wait_healthy,
+                                     launch=zygote().spawn)
         self.processes.append(process)
         return process, url
 
     def worker(self, name: str, servers: list[str], **extra: str) -> Process:
         env = self.env(SGLANG_URLS=",".join(servers), **extra)
-        process = start_worker(self.logs, name, env)
+        process = start_worker(self.logs, name, env, launch=zygote().spawn)
         self.processes.append(process)
         return process
 
     def producer(self, *args: str, check: bool = True, **extra: str) -> subprocess.CompletedProcess:
-        result = subprocess.run([sys.executable, "-m", "producer", *args], env=self.env(**extra),
-                                capture_output=True, text=True, timeout=600, cwd=ROOT)
+        """`python -m producer ARGS` run to its end, forked from this worker's zygote (tests/zygote.py)."""
+        result = zygote().run(list(args), self.env(**extra), ROOT, timeout=600)
         if check and result.returncode != 0:
             raise AssertionError(f"producer {args} exited {result.returncode}:\n{result.stdout}\n{result.stderr}")
         return result
+
+    def start_producer(self, *args: str, **extra: str) -> Command:
+        """`python -m producer ARGS` started, not waited for (Popen's pid, communicate, returncode, kill)."""
+        return zygote().start("producer", list(args), self.env(**extra), ROOT)
 
     def dead_letters(self, run: str = "default") -> list[dict]:
         return json.loads(self.producer("dead", "list", "--json", "--run", run).stdout)

@@ -8,14 +8,12 @@ size; dead letters are listed, replayed and purged page by page.
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from collections import Counter
 
 import httpx
 import redis
 
-from conftest import ROOT, varied_prompts, write_prompts
+from conftest import varied_prompts, write_prompts
 from contract.codec import ids_to_b64, pack_ids
 from contract.deadletters import DeadLetter, DeadLetters
 from contract.kombu_redis import queue_depth
@@ -44,9 +42,7 @@ def test_two_producers_started_on_one_file_publish_each_prompt_once(fleet, tmp_p
     path = write_prompts(tmp_path / "p.jsonl", records)
 
     # When two producers enqueue it at the same time, with no worker running yet
-    producers = [subprocess.Popen([sys.executable, "-m", "producer", "enqueue", str(path)], env=fleet.env(),
-                                  cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for _ in range(2)]
+    producers = [fleet.start_producer("enqueue", str(path)) for _ in range(2)]
     outputs = [p.communicate(timeout=600) for p in producers]
     assert [p.returncode for p in producers] == [0, 0], outputs
     assert sum(_published(stdout) for stdout, _ in outputs) == 2000

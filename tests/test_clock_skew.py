@@ -17,8 +17,11 @@ deadline), which kills a worker for reasons no real skew has.
 """
 from __future__ import annotations
 
+import re
 import signal
+import time
 from collections import Counter
+from datetime import datetime
 from pathlib import Path
 
 import httpx
@@ -53,14 +56,22 @@ def _consumers(client: redis.Redis) -> int:
     return sum(1 for c in client.client_list() if c.get("cmd") == "brpop")
 
 
+def _clock_offset(log: Path) -> float:
+    """How far the clock of a worker's last log line runs from this one (its lines are stamped
+    by `logging` from `time.time`, which the shim shifts)."""
+    stamps = re.findall(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+", log.read_text(errors="replace"), re.M)
+    return datetime.strptime(stamps[-1], "%Y-%m-%d %H:%M:%S").timestamp() - time.time()
+
+
 def test_workers_ten_minutes_apart_never_run_a_prompt_twice_nor_lose_one(fleet, tmp_path):
     # Given a worker whose clock is ten minutes ahead and one ten minutes behind, with leases of
     # 8 s, and 24 generations of 15 s each (far longer than a lease) shared between them
     _, url = fleet.standin("--fault-slow", "1", "--slow-seconds", "15")
     ahead = fleet.worker("ahead", [url], **_skewed(tmp_path / "shim", 600))
-    fleet.worker("behind", [url], **_skewed(tmp_path / "shim", -600))
+    behind = fleet.worker("behind", [url], **_skewed(tmp_path / "shim", -600))
     client = redis.Redis.from_url(fleet.redis_url)
     wait_until(lambda: _consumers(client) >= 2, 90, "both workers consuming", fleet)
+    assert abs(_clock_offset(ahead.log) - 600) < 60 and abs(_clock_offset(behind.log) + 600) < 60
     ids = {f"p-{i:04d}" for i in range(24)}
     fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(24))))
 

@@ -40,6 +40,14 @@ each, then climb back):
   forwarding a burst) would only add to the burst.
 Moving every sharer by the same factor keeps equal targets equal, so workers
 that start together finish equal shares.
+A binding starts at its share of capacity + headroom: that over the number of
+live workers bound to the same URL (`sharers`, counted in Redis each health
+round: `workers/sharers.py`), and follows that count until the load has first
+moved its target. Four workers bound to one gateway that each started at the
+whole capacity + headroom sent four times what the servers run before any of
+them saw the others' load: a queue of ~450 on 128 slots that drained for
+most of a 640-prompt run, unevenly over the gateway's two servers (0.898 of
+the ideal client).
 The target never leaves [1, bound] (`FLEET_MAX_INFLIGHT_PER_SERVER`), and a
 server that restarts is re-read and starts again from capacity + headroom.
 Pure: no HTTP, no clock of its own.
@@ -64,9 +72,10 @@ def headroom(capacity: int) -> int:
     return max(2, math.ceil(capacity / 8))
 
 
-def initial_target(capacity: int | None, bound: int) -> int:
+def initial_target(capacity: int | None, bound: int, sharers: int = 1) -> int:
+    """Capacity + headroom (unknown capacity: `UNKNOWN_CAPACITY`), split over the workers sharing it."""
     cap = capacity or UNKNOWN_CAPACITY
-    return clamp(cap + headroom(cap) if capacity else cap, bound)
+    return clamp(math.ceil((cap + headroom(cap) if capacity else cap) / max(1, sharers)), bound)
 
 
 def clamp(target: int, bound: int) -> int:
@@ -158,9 +167,11 @@ class Tuner:
     _held_full: bool = False
     _shares: tuple[float, int] = (0.0, 0)  # this binding's share of the server's requests: sum, samples
     _settled: bool = False  # held no more than its target at some point of the window
+    sharers: int = 1  # live workers bound to this server's URL, this one included
+    _moved: bool = False  # the load has moved the target since the last reset
 
     def __post_init__(self) -> None:
-        self.target = self.target or initial_target(self.capacity, self.bound)
+        self.target = self.target or initial_target(self.capacity, self.bound, self.sharers)
 
     @property
     def room(self) -> int:
@@ -168,8 +179,18 @@ class Tuner:
 
     def reset(self, capacity: int | None) -> None:
         """A (re)started server: its capacity read again, the target from scratch."""
-        self.capacity, self.target = capacity, initial_target(capacity, self.bound)
+        self.capacity, self.target = capacity, initial_target(capacity, self.bound, self.sharers)
+        self._moved = False
         self._window, self._since, self._held_full, self._shares, self._settled = None, None, False, (0.0, 0), False
+
+    def shared_by(self, sharers: int) -> bool:
+        """The live workers bound to this server now; True when it moved a target the load has not
+        moved yet (after that, each worker's share of the load does the job)."""
+        self.sharers = max(1, sharers)
+        if self._moved:
+            return False
+        before, self.target = self.target, initial_target(self.capacity, self.bound, self.sharers)
+        return self.target != before
 
     def observe(self, load: Load, in_flight: int, now: float) -> bool:
         """Note one load report (with this binding's in-flight count then); True when it moved the target."""
@@ -190,4 +211,5 @@ class Tuner:
         self.target = retarget(self.target, self.capacity, *self._window, self._held_full, self.bound, share,
                                self._settled)
         self._window, self._since, self._held_full, self._shares, self._settled = None, now, False, (0.0, 0), False
+        self._moved = self._moved or self.target != before
         return self.target != before

@@ -82,6 +82,10 @@ class ServerBinding:
         return self.tuner.target
 
     @property
+    def sharers(self) -> int:
+        return self.tuner.sharers
+
+    @property
     def answers_carry_load(self) -> bool:
         """An answer's meta_info counts are its own rank's: the whole server's only when it has one."""
         return self.gateway_workers is None and self.dp_size == 1
@@ -103,7 +107,7 @@ class ServerBinding:
         return {m for m in (self.model_path, self.served_model_name) if m}
 
     def snapshot(self) -> dict:
-        keep = ("url", "state", "in_flight", "capacity", "target", "model_path", "served_model_name",
+        keep = ("url", "state", "in_flight", "capacity", "target", "sharers", "model_path", "served_model_name",
                 "max_model_len", "reasoning_parser", "refusal", "last_error", "checked_at", "sent")
         found = {k: getattr(self, k) for k in keep}
         if self.gateway_workers is not None:
@@ -222,6 +226,16 @@ class ServerPool:
         with self._lock:
             binding.tuner.reset(capacity)
             self._notify_all()
+
+    def shared_by(self, counts: dict[str, int]) -> None:
+        """The live workers bound to each server (`workers/sharers.py`): sets the start's share."""
+        with self._lock:
+            moved = [b for b in self.bindings if b.url in counts and b.tuner.shared_by(counts[b.url])]
+            for binding in moved:
+                log.info("server %s: shared by %d workers, so %d in flight to start", binding.url,
+                         binding.sharers, binding.target)
+            if moved:
+                self._notify_all()
 
     def observe_load(self, binding: ServerBinding, load: Load, now: float | None = None) -> None:
         """A load report for the whole server: may move its target (and wake threads waiting for room)."""

@@ -187,6 +187,35 @@ def test_a_target_follows_the_count_of_sharers_until_the_load_first_moves_it():
     assert tuner.target == 36
 
 
+def fill_shared(targets: list[int], capacity: int, windows: int, idle: int = 0) -> list[list[int]]:
+    """Busy tuners (holding their whole targets) and `idle` sharers holding nothing on one server of
+    `capacity`, every sharer counted; their targets after each window."""
+    tuners = [Tuner(bound=1024, capacity=capacity, target=t, sharers=len(targets) + idle) for t in targets]
+    history = []
+    for window in range(windows):
+        total = sum(t.target for t in tuners)
+        for t in tuners:
+            t.observe(Load(min(total, capacity), max(total - capacity, 0)), in_flight=t.target, now=float(window))
+        history.append([t.target for t in tuners])
+    return history
+
+
+def test_sharers_whose_targets_drifted_apart_on_a_full_server_even_out():
+    # Given four workers on a gateway of 128 slots whose targets one window's timing set apart
+    history = fill_shared([48, 32, 32, 32], capacity=128, windows=4)
+    # Then those below their part (144 / 4 = 36) take it, and the one above gives back the excess
+    assert history[-1] == [36, 36, 36, 36], history
+    # and together they never held less than the batch
+    assert all(sum(targets) >= 128 for targets in history), history
+
+
+def test_a_worker_whose_sharers_are_idle_keeps_their_slots():
+    # Given three busy workers holding the batch and its headroom, a fourth bound but idle
+    history = fill_shared([48, 48, 48], capacity=128, windows=4, idle=1)
+    # Then nobody gives back slots the idle one does not want
+    assert history[-1] == [48, 48, 48], history
+
+
 def test_a_restarted_server_starts_again_from_its_capacity():
     tuner = Tuner(bound=1024, capacity=64)
     tuner.observe(Load(64, 200), in_flight=72, now=0.0)

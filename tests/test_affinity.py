@@ -11,7 +11,6 @@ import threading
 from collections import defaultdict
 
 import httpx
-import pytest
 import redis
 
 from contract.keys import RunKeys

@@ -64,12 +64,14 @@ class CpuSignals:
 
 
 def wait_workers_ready(client: redis.Redis, count: int, timeout: float, watch: list) -> None:
-    """Until `count` workers' heartbeats show every bound server usable (a target set), so that
-    the run starts for all of them at once and none gets a head start."""
+    """Until `count` workers' heartbeats show every bound server usable (a target set) and shared by
+    all of them (`workers/sharers.py`), so that the run starts for all of them at once, each at its
+    share, and none gets a head start."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         ready = [r for r in heartbeats.read_all(client)
-                 if r["servers"] and all(s["state"] == "healthy" and s.get("capacity") for s in r["servers"])]
+                 if r["servers"] and all(s["state"] == "healthy" and s.get("capacity") and s.get("sharers") == count
+                        for s in r["servers"])]
         if len(ready) >= count:
             return
         dead = [p for p in watch if not p.alive()]

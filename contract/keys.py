@@ -12,6 +12,7 @@ WORKER_PREFIX = "fleet:worker:"      # string per worker: its heartbeat (JSON, e
 AUDIT_LOCK = "fleet:audit:lock"      # string: the worker running the lost-message audit
 REPLICATED = "fleet:replicated"      # counter: a write whose replication confirms every earlier one (replication.py)
 WORKERS = "fleet:workers"            # sorted set: worker -> time of its last heartbeat
+SHARERS_PREFIX = "fleet:sharers:"    # sorted set per server URL (redacted): worker -> its last health round there
 TASK_NAME = "fleet.generate"         # the one Celery task
 DEFAULT_QUEUE = "fleet.generate"     # queue prefix (FLEET_QUEUE_PREFIX)
 # A run's prompt states are spread over this many hashes (`RunKeys.state_bucket`): few

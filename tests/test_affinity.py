@@ -11,7 +11,6 @@ import threading
 from collections import defaultdict
 
 import httpx
-import pytest
 import redis
 
 from contract.keys import RunKeys
@@ -36,8 +35,6 @@ def conversation_records(n: int, turns: int) -> list[dict]:
     return records
 
 
-@pytest.mark.xfail(strict=False, reason="issue #24, open: in one CI run 2 of 8 conversations changed server after "
-                   "the restart (suspected: the new worker routes before its preferred server's first health check)")
 def test_a_conversations_turns_stay_on_one_server_across_a_worker_restart(fleet, tmp_path):
     # Given two stand-ins, a worker bound to both, and conversations of four turns
     _, a = fleet.standin(*SLOW)

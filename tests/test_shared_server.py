@@ -30,18 +30,18 @@ def prompts(n: int, prefix: str) -> list[dict]:
 
 
 def wait_ready(fleet, names: list[str]) -> None:
-    """Until each named worker's heartbeat shows its server healthy with a capacity read: the run is
-    queued only then, so that no worker takes a head start on the others' share."""
+    """Until each named worker's heartbeat shows its server healthy with a capacity read, and shared
+    by all of them (`workers/sharers.py`): the run is queued only then, so that no worker takes a
+    head start on the others' share."""
     def ready() -> bool:
         found = {r["worker"].split("@")[0]: r for r in heartbeats.read_all(redis.Redis.from_url(fleet.redis_url))}
         return all(n in found and found[n]["servers"] and all(s["state"] == "healthy" and s.get("capacity")
+                                                              and s.get("sharers") == len(names)
                                                               for s in found[n]["servers"]) for n in names)
     wait_until(ready, 180, f"workers {names} ready", fleet, poll=0.5)
 
 
 @pytest.mark.xdist_group("measures")  # a share of the work: never beside another measuring test
-@pytest.mark.xfail(strict=False, reason="issue #24 item 4, open: on CI's loaded 2 cores one of three workers "
-                   "stored 36 against 53 and 55 (goal: within 20%); passes on a quieter machine")
 def test_three_workers_on_one_server_each_finish_a_fair_share_and_every_prompt_is_accounted_for(fleet, tmp_path):
     # Given three workers bound to one batch-16 server, every fleet setting at its default
     _, url = fleet.standin("--max-running-requests", "16", *SLOW)
@@ -66,27 +66,29 @@ def test_three_workers_on_one_server_each_finish_a_fair_share_and_every_prompt_i
 
 
 @pytest.mark.xdist_group("measures")  # the worker's own CPU share: never beside another measuring test
-@pytest.mark.xfail(strict=False, reason="issue #24 item 4, open: on CI's loaded 2 cores the worker's CPU share "
-                   "crossed the line and back before every view had shown it")
 def test_a_worker_whose_cpu_is_the_limit_says_so_in_its_log_status_and_metric(fleet, tmp_path):
-    # Given one worker and an instant server with a large batch and tiny answers: the worker's own
-    # CPU is the only limit, the server always has free slots. The threshold is lowered to a fifth of
-    # a core so that the signal shows on a loaded 2-core test machine too.
+    # Given an instant server with a large batch and tiny answers, and a run of many short prompts
+    # all queued (so that the worker never waits for the producer): the worker's own CPU is the only
+    # limit, the server always has free slots.
     _, url = fleet.standin("--max-running-requests", "256", "--step-base", "0", "--step-per-request", "0",
                            "--prefill-per-token", "0", "--output-len-median", "20", "--output-len-sigma", "0.1",
                            "--output-len-max", "30")
-    port = free_port()
-    worker = fleet.worker("w1", [url], FLEET_CPU_BOUND_SHARE="0.2", FLEET_CPU_BOUND_SECONDS="2",
-                          FLEET_METRICS_PORT=str(port))
-    wait_ready(fleet, ["w1"])
-
-    # When a run of many short prompts drains through it
     total = 6000  # ~20 s of work for one process here: the signal needs 2 s of it, the checks a few more
     fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", prompts(total, "cpu"))))
 
+    # When one worker drains it. The share is counted against the CPU it had the chance to use (its
+    # waits for a core left out), so a busy machine does not hide it; the line is lowered to half a
+    # core all the same, since the stand-in and Redis take some of the worker's work on 2 cores.
+    port = free_port()
+    worker = fleet.worker("w1", [url], FLEET_CPU_BOUND_SHARE="0.5", FLEET_CPU_BOUND_SECONDS="2",
+                          FLEET_METRICS_PORT=str(port))
+
     # Then, while it works, `status` shows it CPU-bound with the remedy
     def bound() -> bool | None:
-        (record,) = heartbeats.read_all(redis.Redis.from_url(fleet.redis_url))
+        records = heartbeats.read_all(redis.Redis.from_url(fleet.redis_url))
+        if not records:  # its first health round not done yet
+            return None
+        (record,) = records
         return (record.get("cpu") or {}).get("bound")
 
     wait_until(lambda: bound() is True, 240, "the worker's heartbeat saying CPU-bound", fleet, poll=0.5)
@@ -101,7 +103,8 @@ def test_a_worker_whose_cpu_is_the_limit_says_so_in_its_log_status_and_metric(fl
     wait_until(status_says_bound, 120, "`status --json` showing the worker CPU-bound", fleet, poll=0.5)
     assert seen["remedy"] == "start another worker process on this node (same SGLANG_URLS)"
     assert seen["slots"] == 256 and seen["free_slots"] >= 32
-    wait_until(lambda: "CPU-BOUND" in fleet.producer("status").stdout, 120, "`status` saying CPU-BOUND", fleet)
+    wait_until(lambda: "CPU-BOUND" in fleet.producer("status").stdout, 120, "`status` saying CPU-BOUND", fleet,
+               poll=0.5)
     # and its metrics say so
     wait_until(lambda: re.search(r"^fleet_worker_cpu_bound 1\.0$",
                                  httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text, re.M),

@@ -38,8 +38,22 @@ each, then climb back):
   free slots (by an eighth of the target where the capacity is unknown). A
   binding whose requests the server has not seen yet (a gateway still
   forwarding a burst) would only add to the burst.
+- the server ran full with a short queue the whole window, and other workers
+  share it (`even_out`): a binding below its equal part (capacity + headroom
+  over the sharers) that held its whole target takes its part; one above it,
+  while the others hold at least theirs, gives back its excess over what they
+  leave of capacity + headroom. A worker whose sharers are idle keeps their
+  slots.
 Moving every sharer by the same factor keeps equal targets equal, so workers
 that start together finish equal shares.
+A binding starts at its share of capacity + headroom: that over the number of
+live workers bound to the same URL (`sharers`, counted in Redis each health
+round: `workers/sharers.py`), and follows that count until the load has first
+moved its target. Four workers bound to one gateway that each started at the
+whole capacity + headroom sent four times what the servers run before any of
+them saw the others' load: a queue of ~450 on 128 slots that drained for
+most of a 640-prompt run, unevenly over the gateway's two servers (0.898 of
+the ideal client).
 The target never leaves [1, bound] (`FLEET_MAX_INFLIGHT_PER_SERVER`), and a
 server that restarts is re-read and starts again from capacity + headroom.
 Pure: no HTTP, no clock of its own.
@@ -64,9 +78,10 @@ def headroom(capacity: int) -> int:
     return max(2, math.ceil(capacity / 8))
 
 
-def initial_target(capacity: int | None, bound: int) -> int:
+def initial_target(capacity: int | None, bound: int, sharers: int = 1) -> int:
+    """Capacity + headroom (unknown capacity: `UNKNOWN_CAPACITY`), split over the workers sharing it."""
     cap = capacity or UNKNOWN_CAPACITY
-    return clamp(cap + headroom(cap) if capacity else cap, bound)
+    return clamp(math.ceil((cap + headroom(cap) if capacity else cap) / max(1, sharers)), bound)
 
 
 def clamp(target: int, bound: int) -> int:
@@ -132,8 +147,10 @@ def load_from_meta(meta: dict) -> Load | None:
 
 
 def retarget(target: int, capacity: int | None, lowest_waiting: int, highest_waiting: int,
-             highest_running: int, held_full: bool, bound: int, share: float = 1.0, settled: bool = True) -> int:
-    """The rule, on one window's extremes and this binding's share of the server (see the module docstring)."""
+             highest_running: int, held_full: bool, bound: int, share: float = 1.0, settled: bool = True,
+             sharers: int = 1, others: float = 0.0) -> int:
+    """The rule, on one window's extremes and this binding's share of the server (see the module docstring).
+    `others`: the requests on the server that were not this binding's, averaged over the window."""
     cap = capacity or max(target, 1)
     room = headroom(cap)
     share = min(max(share, 0.0), 1.0)
@@ -141,10 +158,27 @@ def retarget(target: int, capacity: int | None, lowest_waiting: int, highest_wai
         if not settled:  # its last shrink has not taken effect yet
             return clamp(target, bound)
         return clamp(min(target, math.ceil(share * (min(cap, highest_running or cap) + room))), bound)
+    if lowest_waiting > 0 and sharers > 1 and capacity:
+        return clamp(even_out(target, cap, room, held_full, settled, sharers, others), bound)
     if held_full and highest_waiting == 0 and (capacity is None or highest_running < cap):
         grow = math.ceil((cap - highest_running) * share) if capacity else headroom(target)
         return clamp(target + grow, bound)
     return clamp(target, bound)
+
+
+def even_out(target: int, cap: int, room: int, held_full: bool, settled: bool, sharers: int,
+             others: float) -> int:
+    """A full server with a short queue, shared: equal parts where every sharer wants one.
+    Below its part (capacity + headroom over the sharers) a binding that held its whole target takes
+    it; above it, one whose sharers hold at least theirs gives back what they hold beyond the
+    server's capacity + headroom. Without this, targets that one window's timing had set apart
+    stayed apart (a short queue moves nothing else): four workers on a gateway stored 135 to 194."""
+    part = math.ceil((cap + room) / sharers)
+    if target < part and held_full:
+        return part
+    if target > part and settled and others >= (sharers - 1) * part - room:
+        return max(part, math.ceil(cap + room - others))
+    return target
 
 
 @dataclass
@@ -157,10 +191,13 @@ class Tuner:
     _window: tuple[int, int, int] | None = None  # lowest waiting, highest waiting, highest running
     _held_full: bool = False
     _shares: tuple[float, int] = (0.0, 0)  # this binding's share of the server's requests: sum, samples
+    _others: float = 0.0  # the others' requests on the server, summed over the window's samples
     _settled: bool = False  # held no more than its target at some point of the window
+    sharers: int = 1  # live workers bound to this server's URL, this one included
+    _moved: bool = False  # the load has moved the target since the last reset
 
     def __post_init__(self) -> None:
-        self.target = self.target or initial_target(self.capacity, self.bound)
+        self.target = self.target or initial_target(self.capacity, self.bound, self.sharers)
 
     @property
     def room(self) -> int:
@@ -168,8 +205,18 @@ class Tuner:
 
     def reset(self, capacity: int | None) -> None:
         """A (re)started server: its capacity read again, the target from scratch."""
-        self.capacity, self.target = capacity, initial_target(capacity, self.bound)
+        self.capacity, self.target = capacity, initial_target(capacity, self.bound, self.sharers)
+        self._moved, self._others = False, 0.0
         self._window, self._since, self._held_full, self._shares, self._settled = None, None, False, (0.0, 0), False
+
+    def shared_by(self, sharers: int) -> bool:
+        """The live workers bound to this server now; True when it moved a target the load has not
+        moved yet (after that, each worker's share of the load does the job)."""
+        self.sharers = max(1, sharers)
+        if self._moved:
+            return False
+        before, self.target = self.target, initial_target(self.capacity, self.bound, self.sharers)
+        return self.target != before
 
     def observe(self, load: Load, in_flight: int, now: float) -> bool:
         """Note one load report (with this binding's in-flight count then); True when it moved the target."""
@@ -184,10 +231,14 @@ class Tuner:
         # The server counts this binding's requests among its own (a request in transit not yet: at most 1).
         total, count = self._shares
         self._shares = (total + min(in_flight / max(load.running + load.waiting, 1), 1.0), count + 1)
+        self._others += max(load.running + load.waiting - in_flight, 0)
         if now - self._since < WINDOW_SECONDS:
             return False
         before, share = self.target, self._shares[0] / self._shares[1]
+        others = self._others / self._shares[1]
         self.target = retarget(self.target, self.capacity, *self._window, self._held_full, self.bound, share,
-                               self._settled)
+                               self._settled, self.sharers, others)
+        self._others = 0.0
         self._window, self._since, self._held_full, self._shares, self._settled = None, now, False, (0.0, 0), False
+        self._moved = self._moved or self.target != before
         return self.target != before

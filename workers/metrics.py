@@ -80,7 +80,8 @@ class FleetCollector:
                                   "remedy: another worker process on the node (workers/cpu_bound.py).")
         bound.add_metric([], 1.0 if watch.rule.bound else 0.0)
         share = GaugeMetricFamily("fleet_worker_cpu_share", "CPU this worker process used over the last health "
-                                  "round, as a share of the cores it can use (one: the GIL).")
+                                  "round, as a share of the CPU time it had the chance to use (the wall time "
+                                  "less its threads' wait for a core) on the cores it can use (one: the GIL).")
         share.add_metric([], watch.last.share if watch.last else 0.0)
         yield bound
         yield share

@@ -16,7 +16,7 @@ from contract import heartbeats
 from contract.connections import redact_url, redis_for
 from contract.write_refusal import READ_ONLY
 
-from . import cache_hits, metrics, turns
+from . import cache_hits, metrics, sharers, turns
 from .affinity import Affinity
 from .cpu_bound import CpuWatch, rule_for
 from .deliveries import STARTED
@@ -47,6 +47,10 @@ class Runtime:
 
     def close(self) -> None:
         self.monitor.stop()
+        try:
+            sharers.leave(self.redis, self.worker, [b.url for b in self.pool.bindings])
+        except redis.RedisError as exc:  # its stamps then age out within a heartbeat's life
+            log.debug("could not leave the servers' sharer counts (%r)", exc)
         self.shards.close()
         self.http.close()
 
@@ -86,8 +90,10 @@ def _build(s: Settings, worker: str) -> Runtime:
 
     def heartbeat() -> None:  # also the probe of whether Redis takes writes (workers/redis_writes.py)
         cpu.observe(*pool.free_slots())  # once a round: the CPU-bound signal's interval
+        ttl = 3 * s.health_interval + s.health_timeout
         try:
-            heartbeats.publish(client, worker, pool.snapshot(), ttl=3 * s.health_interval + s.health_timeout,
+            pool.shared_by(sharers.count(client, worker, [b.url for b in pool.bindings if b.usable], ttl))
+            heartbeats.publish(client, worker, pool.snapshot(), ttl=ttl,
                                holding=STARTED.holding, storage=shards.storage.snapshot(),
                                cache_hits=cache_hits.WINDOW.snapshot(), cpu=cpu.snapshot())
         except Exception as exc:

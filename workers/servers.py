@@ -17,7 +17,13 @@ or its prefix's) whose load is within the margin of the least loaded's, which
 it then takes, or waits for a slot there. A waiting thread waits on its
 preferred server's condition (or on the pool's, without one), so a freed slot
 wakes a thread that wants that server, else one that wants any, else one
-whose preferred server is now beyond the margin. A binding may be SGLang's model
+whose preferred server is now beyond the margin. A preferred server this worker
+has not judged yet (its first health checks and preflight still under way,
+as right after a worker starts: the gate opens on the first usable server)
+is waited for, up to `PENDING_WAIT` seconds from the pool's start, rather
+than passed over: a restarted worker otherwise sent a conversation's next
+turn to whichever server its health thread checked first (2 of 8
+conversations moved in one CI run). A binding may be SGLang's model
 gateway (`gateway_workers` set by the preflight): one server to the fleet,
 whose capacity is the sum of its workers'.
 """
@@ -37,6 +43,8 @@ from . import affinity
 from .capacity import Load, Tuner, load_from_meta
 
 log = logging.getLogger(__name__)
+
+PENDING_WAIT = 15.0  # seconds after the pool's start that a prompt waits for its unjudged preferred server
 
 UNKNOWN, LOADING, WARMING, HEALTHY = ServerState.UNKNOWN, ServerState.LOADING, ServerState.WARMING, ServerState.HEALTHY
 DOWN, REFUSED = ServerState.DOWN, ServerState.REFUSED
@@ -74,6 +82,10 @@ class ServerBinding:
         return self.tuner.target
 
     @property
+    def sharers(self) -> int:
+        return self.tuner.sharers
+
+    @property
     def answers_carry_load(self) -> bool:
         """An answer's meta_info counts are its own rank's: the whole server's only when it has one."""
         return self.gateway_workers is None and self.dp_size == 1
@@ -82,6 +94,12 @@ class ServerBinding:
     def usable(self) -> bool:
         return self.state == HEALTHY and self.preflighted and self.refusal is None
 
+    @property
+    def unjudged(self) -> bool:
+        """Its first verdict still to come: never probed, or up but its preflight not yet done
+        (a probe that fails at first look gives a verdict at once: `health.observe`)."""
+        return self.refusal is None and not self.preflighted and self.state in (UNKNOWN, HEALTHY)
+
     def serves(self, model: str | None) -> bool:
         return model is None or model in (self.model_path, self.served_model_name)
 
@@ -89,7 +107,7 @@ class ServerBinding:
         return {m for m in (self.model_path, self.served_model_name) if m}
 
     def snapshot(self) -> dict:
-        keep = ("url", "state", "in_flight", "capacity", "target", "model_path", "served_model_name",
+        keep = ("url", "state", "in_flight", "capacity", "target", "sharers", "model_path", "served_model_name",
                 "max_model_len", "reasoning_parser", "refusal", "last_error", "checked_at", "sent")
         found = {k: getattr(self, k) for k in keep}
         if self.gateway_workers is not None:
@@ -104,12 +122,14 @@ class NoServer(Exception):
 class ServerPool:
     """The bindings of one worker process, shared by its task threads."""
 
-    def __init__(self, urls: list[str], max_inflight: int, margin: float = affinity.DEFAULT_MARGIN):
+    def __init__(self, urls: list[str], max_inflight: int, margin: float = affinity.DEFAULT_MARGIN,
+                 pending_wait: float = PENDING_WAIT):
         # Recorded redacted: credentials in a URL travel only in workers/server_auth.py.
         # `max_inflight` (FLEET_MAX_INFLIGHT_PER_SERVER) bounds every binding's tuned target;
         # `margin` (FLEET_AFFINITY_MARGIN) is the load guard of a preferred server.
         self.bindings = [ServerBinding(redact_url(u), tuner=Tuner(bound=max_inflight)) for u in urls]
         self.margin = margin
+        self._pending_until = time.monotonic() + pending_wait
         self._lock = threading.Lock()
         # Threads waiting for a slot: on their preferred server's condition, or on None's (any server).
         self._conds = {key: threading.Condition(self._lock) for key in [None, *(b.url for b in self.bindings)]}
@@ -162,6 +182,8 @@ class ServerPool:
               prefer: str | None) -> tuple[ServerBinding | None, str | None]:
         """(the server to take now, or None and the server whose slot to wait for: None for any)."""
         candidates = self.usable(model)
+        if prefer is not None and prefer != avoid and self._pending(prefer):
+            return None, prefer
         held = affinity.sticky(prefer, candidates, self.margin, avoid)
         if held is not None:
             return (held, None) if held.in_flight < held.target else (None, held.url)
@@ -171,6 +193,12 @@ class ServerPool:
         others = [b for b in free if b.url != avoid]
         now = time.monotonic()  # least loaded as the guard counts load: other workers' requests too
         return min(others or free, key=lambda b: (affinity.load(b, now), b.in_flight / b.target, -b.target)), None
+
+    def _pending(self, url: str) -> bool:
+        """The preferred server is still being judged, early in this pool's life (see the module docstring)."""
+        if time.monotonic() > self._pending_until:
+            return False
+        return any(b.url == url and b.unjudged for b in self.bindings)
 
     def _wake(self, freed: ServerBinding) -> None:
         """A slot came free on `freed`: wake one thread that wants it, else one that takes any
@@ -198,6 +226,16 @@ class ServerPool:
         with self._lock:
             binding.tuner.reset(capacity)
             self._notify_all()
+
+    def shared_by(self, counts: dict[str, int]) -> None:
+        """The live workers bound to each server (`workers/sharers.py`): sets the start's share."""
+        with self._lock:
+            moved = [b for b in self.bindings if b.url in counts and b.tuner.shared_by(counts[b.url])]
+            for binding in moved:
+                log.info("server %s: shared by %d workers, so %d in flight to start", binding.url,
+                         binding.sharers, binding.target)
+            if moved:
+                self._notify_all()
 
     def observe_load(self, binding: ServerBinding, load: Load, now: float | None = None) -> None:
         """A load report for the whole server: may move its target (and wake threads waiting for room)."""

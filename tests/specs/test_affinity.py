@@ -21,14 +21,16 @@ from contract.ledger import Ledger
 from contract.names import ServerState
 from workers.affinity import BLOCK, MAX_BLOCKS, MOVE_AFTER, Affinity, RecentPrefixes, block_keys, load
 from workers.capacity import Load
-from workers.servers import ServerPool
+from workers.servers import PENDING_WAIT, ServerPool
 
 from waiting import wait_until
 
 
-def pool(*urls: str, capacity: int = 16, margin: float = 0.125, model: str = "m") -> ServerPool:
-    """Healthy, preflighted servers of `capacity` (target: capacity + 2)."""
-    p = ServerPool(list(urls), 1024, margin)
+def pool(*urls: str, capacity: int = 16, margin: float = 0.125, model: str = "m",
+         pending_wait: float = 0.0) -> ServerPool:
+    """Healthy, preflighted servers of `capacity` (target: capacity + 2), past the start's wait for
+    an unjudged preferred server unless `pending_wait` says otherwise."""
+    p = ServerPool(list(urls), 1024, margin, pending_wait=pending_wait)
     for binding in p.bindings:
         binding.state, binding.preflighted, binding.model_path = ServerState.HEALTHY, True, model
         binding.tuner.reset(capacity)
@@ -124,6 +126,31 @@ def chosen_waiting(p: ServerPool, prefer: str) -> str:
     with p.acquire("m", 5, prefer=prefer) as binding:
         assert binding.in_flight <= binding.target
         return binding.url
+
+
+def test_right_after_the_start_a_prompt_waits_for_its_preferred_server_still_being_judged():
+    # Given a worker just started: b checked and ready, a (the conversation's server) not yet judged
+    p = pool("a", "b", pending_wait=PENDING_WAIT)
+    p.bindings[0].state, p.bindings[0].preflighted = ServerState.UNKNOWN, False
+    landed: list[str] = []
+    waiter = threading.Thread(target=lambda: landed.append(chosen_waiting(p, "a")))
+    waiter.start()
+    wait_until(lambda: p._waiting["a"] == 1, 5, "the prompt waiting for a's first verdict")
+    # When a's health checks and preflight find it ready
+    p.bindings[0].state, p.bindings[0].preflighted = ServerState.HEALTHY, True
+    p.changed()
+    waiter.join(5)
+    # Then the prompt went to a, not to the server checked first
+    assert landed == ["a"]
+    # and a preferred server found loading at first look is not waited for
+    p.bindings[0].state, p.bindings[0].preflighted = ServerState.LOADING, False
+    assert chosen(p, prefer="a") == "b"
+
+
+def test_past_the_start_a_preferred_server_still_being_judged_is_not_waited_for():
+    p = pool("a", "b", pending_wait=0.0)
+    p.bindings[0].state, p.bindings[0].preflighted = ServerState.UNKNOWN, False
+    assert chosen(p, prefer="a") == "b"
 
 
 def test_a_prompt_waiting_for_its_preferred_server_moves_once_another_falls_beyond_the_margin():

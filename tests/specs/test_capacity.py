@@ -12,7 +12,9 @@ from contextlib import ExitStack
 
 import pytest
 
+from contract.keys import SHARERS_PREFIX
 from contract.names import ServerState
+from workers import sharers
 from workers.capacity import (Load, Tuner, capacity_from_loads, capacity_from_server_info,
                               initial_target, load_from_loads, load_from_meta, retarget)
 from workers.server_load import listed_workers
@@ -156,6 +158,64 @@ def test_workers_sharing_a_server_together_give_back_the_excess_once_and_stay_eq
     assert max(history[-1]) - min(history[-1]) <= 1, history
 
 
+@pytest.mark.parametrize("sharers, expected", [(1, 72), (2, 36), (3, 24), (4, 18), (100, 1)])
+def test_workers_sharing_a_server_start_at_their_share_of_the_batch_and_its_headroom(sharers, expected):
+    assert initial_target(64, 1024, sharers) == expected
+
+
+def test_a_target_follows_the_count_of_sharers_until_the_load_first_moves_it():
+    # Given a worker alone on a batch-64 server (72 in flight)
+    tuner = Tuner(bound=1024, capacity=64)
+    # When three more workers bound to it show up in Redis before any load
+    assert tuner.shared_by(4) and tuner.target == 18
+    # Then four such workers together hold the batch and its headroom from the start
+    history = [[18] * 4]
+    tuners = [Tuner(bound=1024, capacity=64, sharers=4) for _ in range(4)]
+    for window in range(4):
+        total = sum(t.target for t in tuners)
+        for t in tuners:
+            t.observe(Load(min(total, 64), max(total - 64, 0)), in_flight=t.target, now=float(window))
+        history.append([t.target for t in tuners])
+    assert all(sum(targets) == 72 for targets in history), history
+    # and once the load has moved a target, the count no longer does (the share rule does)
+    tuner.observe(Load(20, 0), in_flight=18, now=0.0)
+    assert tuner.observe(Load(20, 0), in_flight=18, now=1.0) and tuner.target > 18
+    moved = tuner.target
+    assert not tuner.shared_by(2) and tuner.target == moved
+    # and a restarted server starts again from the share
+    tuner.reset(64)
+    assert tuner.target == 36
+
+
+def fill_shared(targets: list[int], capacity: int, windows: int, idle: int = 0) -> list[list[int]]:
+    """Busy tuners (holding their whole targets) and `idle` sharers holding nothing on one server of
+    `capacity`, every sharer counted; their targets after each window."""
+    tuners = [Tuner(bound=1024, capacity=capacity, target=t, sharers=len(targets) + idle) for t in targets]
+    history = []
+    for window in range(windows):
+        total = sum(t.target for t in tuners)
+        for t in tuners:
+            t.observe(Load(min(total, capacity), max(total - capacity, 0)), in_flight=t.target, now=float(window))
+        history.append([t.target for t in tuners])
+    return history
+
+
+def test_sharers_whose_targets_drifted_apart_on_a_full_server_even_out():
+    # Given four workers on a gateway of 128 slots whose targets one window's timing set apart
+    history = fill_shared([48, 32, 32, 32], capacity=128, windows=4)
+    # Then those below their part (144 / 4 = 36) take it, and the one above gives back the excess
+    assert history[-1] == [36, 36, 36, 36], history
+    # and together they never held less than the batch
+    assert all(sum(targets) >= 128 for targets in history), history
+
+
+def test_a_worker_whose_sharers_are_idle_keeps_their_slots():
+    # Given three busy workers holding the batch and its headroom, a fourth bound but idle
+    history = fill_shared([48, 48, 48], capacity=128, windows=4, idle=1)
+    # Then nobody gives back slots the idle one does not want
+    assert history[-1] == [48, 48, 48], history
+
+
 def test_a_restarted_server_starts_again_from_its_capacity():
     tuner = Tuner(bound=1024, capacity=64)
     tuner.observe(Load(64, 200), in_flight=72, now=0.0)
@@ -202,3 +262,17 @@ def test_a_load_report_on_a_data_parallel_server_comes_only_from_its_own_route()
     for now in (0.0, 1.0, 2.0):  # one rank's counts in an answer look like a quarter-empty server
         pool.observe_answer(binding, {"num_running_reqs": 256, "num_waiting_reqs": 0})
     assert binding.target == 1024  # its fresh target (1,024 + 128 waiting, within the bound of 1,024)
+
+
+def test_the_workers_sharing_a_server_are_counted_in_redis_and_a_silent_or_stopped_one_drops_out(client):
+    # Given three workers stamping themselves on one gateway each health round, one also on another server
+    assert sharers.count(client, "w1", ["http://gw:30000"], ttl=10) == {"http://gw:30000": 1}
+    sharers.count(client, "w2", ["http://gw:30000"], ttl=10)
+    found = sharers.count(client, "w3", ["http://gw:30000", "http://other:30000"], ttl=10)
+    # Then each server counts the live workers bound to it, the one asking included
+    assert found == {"http://gw:30000": 3, "http://other:30000": 1}
+    # When one stops and another's stamp is older than a heartbeat's life
+    sharers.leave(client, "w3", ["http://gw:30000", "http://other:30000"])
+    client.zadd(SHARERS_PREFIX + "http://gw:30000", {"w2": 0})
+    # Then neither counts any more
+    assert sharers.count(client, "w1", ["http://gw:30000"], ttl=10) == {"http://gw:30000": 1}

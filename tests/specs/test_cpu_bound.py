@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import logging
 
+import pytest
+
 from workers.capacity import Load
-from workers.cpu_bound import REMEDY, CpuBoundRule, CpuWatch, Reading, usable_cores
+from workers.cpu_bound import (REMEDY, CpuBoundRule, CpuWatch, Reading, share_of_chance, usable_cores,
+                                waited_seconds)
 from workers.servers import HEALTHY, ServerPool
 
 BUSY_WITH_ROOM = Reading(share=0.97, free_slots=90, slots=256)   # 0.657 of the ideal: one process at its core
@@ -95,3 +98,29 @@ def test_status_shows_the_share_and_while_bound_the_remedy():
     assert cpu_line(quiet) == "42% of 1 core(s); servers 3 of 64 slots free"
     bound = {**quiet, "bound": True, "share": 0.97, "free_slots": 90, "slots": 256, "remedy": REMEDY}
     assert cpu_line(bound) == f"CPU-BOUND: 97% of 1 core(s); servers 90 of 256 slots free; {REMEDY}"
+
+
+def test_servers_between_room_and_full_keep_a_bound_worker_bound():
+    # Given a bound worker whose servers now have a tenth of their slots free (less than the eighth
+    # it needs to turn bound, more than the sixteenth that counts as full)
+    rule = CpuBoundRule(window=10.0, bound=True)
+    between = Reading(share=0.97, free_slots=26, slots=256)
+    # Then it stays bound: the servers' room has hysteresis too
+    assert feed(rule, [between] * 5) == [False] * 5 and rule.bound
+
+
+def test_time_spent_waiting_for_a_core_counts_as_cpu_the_process_wanted():
+    # A process that used half the wall time and waited for a core the other half had its whole chance
+    assert share_of_chance(used=0.5, wall=1.0, waited=0.5, cores=1.0) == pytest.approx(1.0)
+    # one that used a third and waited little did not
+    assert share_of_chance(used=0.3, wall=1.0, waited=0.1, cores=1.0) == pytest.approx(0.3 / 0.9)
+    # waits summed over threads that overlap never make the share exceed what it used of its chance
+    assert share_of_chance(used=0.2, wall=1.0, waited=3.0, cores=1.0) == pytest.approx(1.0)
+    # and under a quota of half a core, half a core used is all of it
+    assert share_of_chance(used=0.5, wall=1.0, waited=0.0, cores=0.5) == pytest.approx(1.0)
+
+
+def test_the_waits_for_a_core_are_read_from_the_kernel_and_never_go_back():
+    first = waited_seconds()
+    assert first is not None and first >= 0
+    assert waited_seconds() >= first

@@ -19,6 +19,7 @@ def test_writes_on_any_connection_are_on_the_replica_when_the_call_returns(serve
     process, url = start_redis(tmp_path)
     try:
         primary_client = redis.Redis.from_url(url)
+        primary_client.config_set("repl-diskless-sync-delay", 0)  # sync at once, not after 5 s
         replica = redis.Redis.from_url(server)
         replica.replicaof("127.0.0.1", primary_client.connection_pool.connection_kwargs["port"])
         wait_for(lambda: primary(primary_client).replicas == 1 and

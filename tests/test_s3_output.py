@@ -202,13 +202,14 @@ def exported_ids(s3, prefix: str) -> list[str]:
 
 
 def test_two_workers_with_one_name_and_pid_never_replace_each_others_objects(fleet, s3, tmp_path):
-    from test_shard_names import _as_pid_one, _can_unshare, _shard_commits
+    from test_shard_names import _as_pid_one, _can_unshare, _shard_commits, _wait_consuming
 
     if not _can_unshare():
         pytest.skip("needs root and unshare (pid namespaces)")
     # Given two workers that are both pid 1 and both named same@node, writing to one bucket prefix
     _, url = fleet.standin("--max-running-requests", "64")
     workers = [_as_pid_one(fleet, name, [url], **on_s3(s3)) for name in ("w1", "w2")]
+    _wait_consuming(workers, fleet)
 
     # When they store 80 prompts in shards of two samples, side by side
     prompts = varied_prompts(80)

@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from producer.local import Process, free_port, spawn
 
 from conftest import varied_prompts, write_prompts
+from waiting import wait_until
 
 
 class _InPidNamespace(Process):
@@ -46,6 +47,13 @@ def _as_pid_one(fleet, name: str, servers: list[str], **extra: str) -> tuple[obj
     return process, port
 
 
+def _wait_consuming(workers: list[tuple[object, int]], fleet) -> None:
+    """Until each worker consumes its queue: one that starts late would find the other had
+    taken every prompt, and write nothing the test could compare."""
+    wait_until(lambda: all("consuming from fleet.generate" in process.log.read_text(errors="replace")
+                           for process, _ in workers), 90, "both workers consuming", fleet)
+
+
 def _shard_commits(port: int) -> float:
     text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
     return sum(s.value for family in text_string_to_metric_families(text) for s in family.samples
@@ -64,6 +72,7 @@ def test_two_workers_with_the_same_node_name_and_pid_never_write_the_same_shard(
     # Given two workers that are both pid 1 and both named same@node, sharing one OUTPUT_DIR
     _, url = fleet.standin("--max-running-requests", "64")
     workers = [_as_pid_one(fleet, name, [url]) for name in ("w1", "w2")]
+    _wait_consuming(workers, fleet)
 
     # When they store 200 prompts in shards of two samples, side by side
     fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(200))))

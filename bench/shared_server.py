@@ -63,16 +63,20 @@ class CpuSignals:
                 self.shares.append(cpu["share"])
 
 
+def ready_to_share(records: list[dict], count: int) -> set[str]:
+    """The workers (names before the `@`) whose heartbeat shows every bound server usable (a
+    target set) and shared by `count` workers (`workers/sharers.py`): each then starts at its share."""
+    return {r["worker"].split("@")[0] for r in records
+            if r["servers"] and all(s["state"] == "healthy" and s.get("capacity") and s.get("sharers") == count
+                                    for s in r["servers"])}
+
+
 def wait_workers_ready(client: redis.Redis, count: int, timeout: float, watch: list) -> None:
-    """Until `count` workers' heartbeats show every bound server usable (a target set) and shared by
-    all of them (`workers/sharers.py`), so that the run starts for all of them at once, each at its
-    share, and none gets a head start."""
+    """Until `count` workers are ready to share (`ready_to_share`), so that the run starts for all
+    of them at once, each at its share, and none gets a head start."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        ready = [r for r in heartbeats.read_all(client)
-                 if r["servers"] and all(s["state"] == "healthy" and s.get("capacity") and s.get("sharers") == count
-                        for s in r["servers"])]
-        if len(ready) >= count:
+        if len(ready_to_share(heartbeats.read_all(client), count)) >= count:
             return
         dead = [p for p in watch if not p.alive()]
         if dead:

@@ -16,6 +16,7 @@ import httpx
 import pytest
 import redis
 
+from bench.shared_server import ready_to_share
 from conftest import write_prompts
 from contract import heartbeats
 from producer.local import free_port
@@ -31,13 +32,11 @@ def prompts(n: int, prefix: str) -> list[dict]:
 
 def wait_ready(fleet, names: list[str]) -> None:
     """Until each named worker's heartbeat shows its server healthy with a capacity read, and shared
-    by all of them (`workers/sharers.py`): the run is queued only then, so that no worker takes a
-    head start on the others' share."""
+    by all of them (the bench's rule, `ready_to_share`): the run is queued only then, so that no
+    worker takes a head start on the others' share."""
     def ready() -> bool:
-        found = {r["worker"].split("@")[0]: r for r in heartbeats.read_all(redis.Redis.from_url(fleet.redis_url))}
-        return all(n in found and found[n]["servers"] and all(s["state"] == "healthy" and s.get("capacity")
-                                                              and s.get("sharers") == len(names)
-                                                              for s in found[n]["servers"]) for n in names)
+        records = heartbeats.read_all(redis.Redis.from_url(fleet.redis_url))
+        return set(names) <= ready_to_share(records, len(names))
     wait_until(ready, 180, f"workers {names} ready", fleet, poll=0.5)
 
 

@@ -14,9 +14,12 @@ from __future__ import annotations
 import ast
 import importlib
 import re
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # the packages documented, also where the project is not installed
+    sys.path.insert(0, str(ROOT))
 PACKAGES = ("contract", "workers", "producer", "sglang_standin")
 MARKER = re.compile(r"<!-- reference: ([a-z-]+) -->")
 CLI_NAME = "python -m producer"

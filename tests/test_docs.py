@@ -180,10 +180,10 @@ def test_the_settings_reference_names_the_variable_each_field_is_read_from(site,
     from workers.settings import Settings
 
     reference = page(site, "reference/settings.html")
-    documented: dict[str, str] = {}  # variable -> the id of the heading (settings class) it is under
+    documented: dict[str, set[str]] = {}  # variable -> the ids of the headings (settings classes) it is under
     for heading, cells in reference.rows:
         if cells and re.fullmatch(r"[A-Z][A-Z0-9_]+", cells[0]):
-            documented[cells[0]] = heading
+            documented.setdefault(cells[0], set()).add(heading)
     for cls in (SharedSettings, Settings):
         # Given a settings class, then the reference has a section for it
         [anchor] = [a for a, text in reference.headings if text == cls.__name__ and a.endswith(f"-{text.lower()}")]
@@ -193,7 +193,7 @@ def test_the_settings_reference_names_the_variable_each_field_is_read_from(site,
             monkeypatch.delenv(var, raising=False)
         # and each variable listed under it is read into exactly one of its own fields
         found = set()
-        for var in [v for v, h in documented.items() if h == anchor]:
+        for var in [v for v, under in documented.items() if anchor in under]:
             changed = _fields_read_from(cls, own, var, monkeypatch)
             assert len(changed) == 1, (var, changed)
             found |= changed

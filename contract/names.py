@@ -42,6 +42,37 @@ THINK_RULES = (Reason.THINK_START_IN_OUTPUT, Reason.MISSING_THINK_START, Reason.
 VERIFY_RULES = (Reason.ABORTED, Reason.TRUNCATED, Reason.TOKEN_COUNT_MISMATCH,
                 Reason.UNEXPECTED_FINISH) + THINK_RULES
 
+# What each code means to the person reading a dead letter: the documentation's reason-code
+# reference is generated from this (scripts/mkdocs_hooks.py), so a new code needs its line here.
+MEANINGS: dict[Reason, str] = {
+    Reason.THINK_START_IN_OUTPUT: "a think-start token in the output (also SGLang echoing prompt tokens)",
+    Reason.MISSING_THINK_START: "`--thinking output` and the output does not begin with think-start",
+    Reason.MISSING_THINK_END: "no think-end token in the output",
+    Reason.MULTIPLE_THINK_END: "more than one think-end token in the output",
+    Reason.EMPTY_REASONING: "nothing before think-end",
+    Reason.EMPTY_ANSWER: "nothing but a stop token after think-end",
+    Reason.TRUNCATED: "`finish_reason.type == \"length\"`: replay with "
+                      "`dead requeue --reason truncated --max-new-tokens N`",
+    Reason.ABORTED: "`finish_reason.type == \"abort\"`",
+    Reason.UNEXPECTED_FINISH: "a `finish_reason` that is neither stop, length nor abort",
+    Reason.TOKEN_COUNT_MISMATCH: "`completion_tokens != len(output_ids)`, or `prompt_tokens` differs from what "
+                                 "was sent",
+    Reason.SERVER_REJECTED: "HTTP 400 from SGLang (its message is kept)",
+    Reason.BAD_OUTPUT: "a 200 answer that is not a generation of this model (an `output_ids` entry that is not a "
+                       "token id of its vocabulary, `meta_info` of the wrong types, a body that is not JSON or "
+                       "absurdly large), on every server tried, with the server's excerpt kept; or a sample the "
+                       "shard format cannot hold (an id outside int32, a length that does not add up)",
+    Reason.SERVER_ERROR: "transient failures (5xx, 503, timeouts) outlasted the retry budget "
+                         "(`FLEET_MAX_ATTEMPTS`)",
+    Reason.PROMPT_TOO_LONG: "longer than the server's `max_model_len` (or `enqueue --max-prompt-tokens`, "
+                            "reported at enqueue)",
+    Reason.POISON: "the prompt's workers died holding it (OOM, a native crash) more than `FLEET_MAX_DELIVERIES` "
+                   "times, the last time alone in its worker (the workers are in `excerpt.held_by`)",
+    Reason.WORKER_ERROR: "the task failed unexpectedly `FLEET_MAX_CRASHES` times (traceback kept); also a "
+                         "prompt Redis forgot (evicted, flushed), and a conversation's next turn that cannot "
+                         "be rendered",
+}
+
 
 class PromptState(_Name):
     QUEUED = "queued"   # in the ledger with its ids: in the queue, in flight, or lost in transit

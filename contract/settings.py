@@ -16,9 +16,15 @@ from .storage import check as check_output_dir
 class SharedSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="FLEET_", frozen=True, populate_by_name=True)
 
-    redis_url: str = Field("redis://localhost:6379/0", validation_alias=AliasChoices("REDIS_URL", "redis_url"))
-    output_dir: str = Field("./shards", validation_alias=AliasChoices("OUTPUT_DIR", "output_dir"))
-    queue_prefix: str = DEFAULT_QUEUE
+    redis_url: str = Field("redis://localhost:6379/0", validation_alias=AliasChoices("REDIS_URL", "redis_url"),
+                           description="Broker and state: `redis://` or `rediss://`, password in the URL; or the "
+                           "Sentinels, `sentinel://[:PASSWORD@]h1:26379;sentinel://h2:26379;sentinel://h3:26379/0` "
+                           "([Sentinel](../deploy/sentinel.md)).")
+    output_dir: str = Field("./shards", validation_alias=AliasChoices("OUTPUT_DIR", "output_dir"),
+                            description="Where shards go: a folder (a path, or `file:///path`) or "
+                            "`s3://bucket/prefix` ([S3](../deploy/s3.md)); any other form is refused.")
+    queue_prefix: str = Field(DEFAULT_QUEUE, description="The Celery queue prompts are published to (a run "
+                              "enqueued with `--served-model M` goes to `PREFIX@M`).")
 
     @field_validator("output_dir")
     @classmethod

@@ -388,7 +388,7 @@ def export(dest: str = typer.Argument(..., help="A new or empty folder, or a pre
     the ledger does not mark done (dead-lettered since, or queued again) are left
     out and counted in the manifest. --index-only copies nothing: readers of the
     shards in place (DuckDB, Spark) semi-join them with DEST/keep-*.parquet.
-    --format writes the same rows for a trainer (README: "Exports the trainers read").
+    --format writes the same rows for a trainer (docs/data/exports.md).
     """
     from .formats import NAMES, FormatRefused
 

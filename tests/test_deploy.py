@@ -45,7 +45,7 @@ def test_every_fleet_metric_the_dashboard_and_alerts_use_is_on_a_real_workers_pa
             if lacking:
                 missing.append(f"{where}: {name} has no label {sorted(lacking)} (has {sorted(have)})")
     assert not missing, "\n".join(missing)
-    # and every query evaluates over the two scrapes (the README's table is made this way)
+    # and every query evaluates over the two scrapes (the table in docs/operate/prometheus-grafana.md is made this way)
     values = {q: promql.evaluate(q, before, after) for _, q in dashboard_queries() + alert_queries()}
     stored = values['sum by (outcome) (rate(fleet_prompts_total{job=~"$job", run=~"$run"}[$__rate_interval]))']
     assert sum(v for _, v in stored) * 60 == 30  # 30 prompts finished between the scrapes

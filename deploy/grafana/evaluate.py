@@ -5,7 +5,7 @@
 Scrapes the worker's /metrics twice, `--seconds` apart, evaluates every panel's query
 over the two scrapes (deploy/grafana/promql.py says how far that goes) and prints a
 Markdown table: panel, query, value; then whether each alert's condition
-(deploy/prometheus/alerts.yml) holds over the same scrapes. The README's table was made this way.
+(deploy/prometheus/alerts.yml) holds over the same scrapes. The table in docs/operate/prometheus-grafana.md was made this way.
 """
 from __future__ import annotations
 

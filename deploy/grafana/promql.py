@@ -8,7 +8,7 @@ Two uses, one parser (`promql-parser`, the Rust PromQL parser's Python binding):
   one against a real worker's /metrics, so a renamed metric or label fails there,
   not silently on a dashboard.
 - `evaluate(query, before, after)`: an instant query over two scrapes of /metrics taken
-  `after.at - before.at` seconds apart, for the README's table. Enough PromQL for these
+  `after.at - before.at` seconds apart, for the table in docs/operate/prometheus-grafana.md. Enough PromQL for these
   queries (selectors, rate/increase, sum/max/min/avg/count, histogram_quantile, vector,
   arithmetic, comparisons, and/or); `rate` is the change between the two scrapes (a
   counter missing from the first started at 0: prometheus_client creates a labelled

@@ -6,7 +6,7 @@
   published (deploy/crds/, copied unchanged). The rendered worker agrees with the fleet's
   own settings (workers/settings.py, workers/shutdown.py, contract/keys.py).
 - Slurm: the sbatch template and the per-node script pass `bash -n`, and their worker
-  command line is the README's.
+  command line is the documented one (docs/deploy/one-node.md).
 - Grafana and alerts: every query parses, and (tests/test_deploy.py) every `fleet_*` metric
   and label they use is on a real worker's /metrics.
 
@@ -84,11 +84,10 @@ def container(pod: dict, name: str) -> dict:
     return found
 
 
-def readme_worker_command() -> list[str]:
-    """The worker command line of the README's "Running it for real"."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Running it for real", 1)[1].split("\n## ", 1)[0]
-    [line] = [l.strip() for l in section.splitlines() if l.strip().startswith("celery -A workers worker")]
+def documented_worker_command() -> list[str]:
+    """The worker command line of the documentation's walk-through (docs/deploy/one-node.md)."""
+    text = (ROOT / "docs" / "deploy" / "one-node.md").read_text()
+    [line] = [l.strip() for l in text.splitlines() if l.strip().startswith("celery -A workers worker")]
     return shlex.split(line)
 
 
@@ -142,7 +141,7 @@ def validate(obj: dict) -> None:
 # --- Kubernetes ---------------------------------------------------------------------------
 
 def test_every_overlay_is_listed():
-    # Given deploy/k8s, then it has the overlays the README walks through
+    # Given deploy/k8s, then it has the overlays the documentation walks through
     assert {p.name for p in OVERLAYS} == {"gpu", "sentinel", "prometheus-operator", "standin"}
 
 
@@ -233,8 +232,8 @@ def test_the_worker_agrees_with_the_fleets_settings(overlay, monkeypatch):
     annotations = pod["metadata"].get("annotations", {})
     if annotations.get("prometheus.io/scrape") == "true":
         assert annotations["prometheus.io/port"] == str(settings.metrics_port)
-    # and the worker runs the README's command
-    assert worker["command"] == readme_worker_command()
+    # and the worker runs the documented command
+    assert worker["command"] == documented_worker_command()
 
 
 @needs_kubectl
@@ -307,19 +306,19 @@ def test_the_slurm_scripts_parse(script):
     assert out.returncode == 0, out.stderr
 
 
-def test_the_slurm_drain_fits_before_the_time_limit_and_runs_the_readmes_worker():
+def test_the_slurm_drain_fits_before_the_time_limit_and_runs_the_documented_worker():
     sbatch = (SLURM / "fleet.sbatch").read_text()
     node = (SLURM / "fleet-node.sh").read_text()
     # Given the grace the template exports, then the signal comes early enough for the drain
     grace = int(re.search(r"FLEET_SHUTDOWN_GRACE:-(\d+)", sbatch).group(1))
     [signal_at] = re.findall(r"^#SBATCH --signal=TERM@(\d+)$", sbatch, re.M)
     assert int(signal_at) >= grace + SETTLE_SECONDS + HAND_BACK_SECONDS + 60  # Slurm's jitter: up to 60 s
-    # and each node's worker is bound to that node's server and runs the README's command
+    # and each node's worker is bound to that node's server and runs the documented command
     assert 'SGLANG_URLS="http://localhost:$SGLANG_PORT"' in node
     [line] = [l.strip() for l in node.splitlines() if l.strip().startswith("celery ")]
-    assert shlex.split(line)[:len(readme_worker_command())] == readme_worker_command()
-    # and the README's Slurm walk-through starts this template
-    assert "sbatch" in (ROOT / "README.md").read_text().split("## Deploying", 1)[1]
+    assert shlex.split(line)[:len(documented_worker_command())] == documented_worker_command()
+    # and the documentation's Slurm walk-through starts this template
+    assert "deploy/slurm/fleet.sbatch" in (ROOT / "docs" / "deploy" / "slurm.md").read_text()
 
 
 # --- Grafana and alerts ------------------------------------------------------------------

@@ -14,6 +14,7 @@ import redis
 
 from contract import heartbeats
 from contract.connections import redact_url, redis_for
+from contract.shard_home import home
 from contract.write_refusal import READ_ONLY
 
 from . import cache_hits, metrics, sharers, turns
@@ -82,7 +83,7 @@ def _build(s: Settings, worker: str) -> Runtime:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     pool = ServerPool(s.server_urls, s.max_inflight_per_server, s.affinity_margin)
     client = redis_for(s.redis_url)
-    shards = ShardWriter(s.output_dir, worker, s.group_rows, s.shard_max_wait, book=ShardBook(client),
+    shards = ShardWriter(s.output_dir, worker, s.group_rows, s.shard_max_wait, book=ShardBook(client, home(s.output_dir)),
                          commit_timeout=s.shard_commit_timeout)
     http = make_client(s.pool_size, s.connect_timeout, s.request_timeout, key, s.server_urls)
     writes = RedisWrites()

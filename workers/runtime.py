@@ -110,7 +110,7 @@ def _build(s: Settings, worker: str) -> Runtime:
     runtime = Runtime(settings=s, worker=worker, pool=pool, monitor=monitor, http=http, redis=client,
                       shards=shards, writes=writes, affinity=Affinity(s.affinity), cpu=cpu)
     monitor.client.auth = ServerCredentials(s.server_urls)  # bindings hold redacted URLs
-    log.warning("worker %s bound to %s; broker %s; shards to %s; %d threads, at most %d in flight per server",
+    log.info("worker %s bound to %s; broker %s; shards to %s; %d threads, at most %d in flight per server",
                 worker, ", ".join(b.url for b in pool.bindings), redact_url(s.redis_url), s.output_dir,
                 s.pool_size, s.max_inflight_per_server)
     monitor.start()
@@ -130,14 +130,17 @@ def _warn_if_redis_may_forget(client: redis.Redis, url: str) -> None:
         log.warning("could not check Redis %s for eviction and persistence (%s): it needs "
                     "maxmemory-policy noeviction and appendonly yes", redact_url(url), exc)
         return
-    problems = []
+    problems, remedies = [], []
     if conf.get("maxmemory-policy", "noeviction") != "noeviction":
         problems.append(f"maxmemory-policy is {conf['maxmemory-policy']}, not noeviction (queued prompts "
                         "and ledger entries may be evicted)")
+        remedies.append("maxmemory-policy noeviction")
     if conf.get("appendonly") != "yes" and not conf.get("save"):
         problems.append("no persistence, neither AOF nor RDB save points (a restart loses every queued prompt)")
+        remedies.append("appendonly yes")
     if problems:
-        log.warning("Redis %s may forget work: %s", redact_url(url), "; ".join(problems))
+        log.warning("Redis %s may forget work: %s; set %s in its redis.conf (or CONFIG SET, then CONFIG REWRITE)",
+                    redact_url(url), "; ".join(problems), " and ".join(remedies))
 
 
 def _text(value) -> str:

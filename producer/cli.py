@@ -299,6 +299,11 @@ def report(run: Optional[str] = run_option(),
     """One self-contained HTML page about a run: lengths, finishes, dead letters, speed,
     servers, examples. Fewer samples in the shards than the ledger counts as done fails
     (exit 1), and writes no page."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:  # the producer extra's one package
+        raise fail("the report draws its charts with matplotlib, which this install lacks: "
+                   "pip install 'reasoning-fleet[producer]'")
     settings, client = connect(redis_url)
     from contract.shard_home import Shortfall
 

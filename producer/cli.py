@@ -270,12 +270,12 @@ def export(dest: str = typer.Argument(..., metavar="DEST", help="A new or empty 
     target = dest if is_bucket(dest) else Path(dest).resolve()
     out.print(f"{what} {manifest['rows']:,} samples ({manifest['duplicates_dropped']:,} duplicates dropped, "
               f"left out as not done: {left_out}) into {len(manifest['files']):,} files under {target}, "
-              f"from {manifest['source']}; dead letters: {letters}", highlight=False)
+              f"from {manifest['source']}; dead letters: {letters}", highlight=False, soft_wrap=True)
     if "format" in manifest:
         figures = manifest["format"]
         out.print(f"format {figures['name']}: {figures['rows']:,} rows, {figures['prompt_tokens']:,} prompt tokens "
                   f"(loss mask 0), {figures['generated_tokens']:,} generated tokens (loss mask 1), longest row "
-                  f"{figures['max_row_tokens']:,} tokens", highlight=False)
+                  f"{figures['max_row_tokens']:,} tokens", highlight=False, soft_wrap=True)
 
 
 @app.command(short_help="Run the whole job on this machine, and show the result.")
@@ -316,7 +316,8 @@ def report(run: Optional[str] = run_option(),
     except Shortfall as exc:
         raise fail(str(exc), 1)
     out.print(f"report of run {spec.name!r} ({data['samples']['unique_ids']:,} samples, "
-              f"{data['dead_letters']['total']:,} dead letters): {out_path.resolve()}", highlight=False)
+              f"{data['dead_letters']['total']:,} dead letters): {out_path.resolve()}", highlight=False,
+              soft_wrap=True)
 
 
 @app.command(short_help="One sample or dead letter, decoded.")

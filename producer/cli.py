@@ -20,7 +20,7 @@ from contract.conversations import ALL, LAST
 from contract.names import VERIFY_RULES, Thinking
 
 from .cli_common import (choice, connect, err, fail, json_option, load_run, out, print_shown, publisher,
-                         redis_option, run_name, run_option, shards_of)
+                         reading, redis_option, run_name, run_option, shards_of)
 from .cli_dead import dead_app
 from .prompts import MAX_LINE_BYTES
 from .visible import visible
@@ -252,7 +252,7 @@ def export(dest: str = typer.Argument(..., metavar="DEST", help="A new or empty 
         if not is_bucket(dest):  # raises UnsupportedOutput (gs://...)
             check_replaceable(Path(dest).resolve())
         total = len(store_for(where).shards(spec.name))
-        with Progress(TextColumn("export"), BarColumn(), TextColumn("{task.completed}/{task.total} shards"),
+        with reading(where), Progress(TextColumn("export"), BarColumn(), TextColumn("{task.completed}/{task.total} shards"),
                       console=err, transient=True) as bar:
             task = bar.add_task("export", total=total)
             manifest = export_run(spec, client, where, dest, rows_per_file,
@@ -312,7 +312,8 @@ def report(run: Optional[str] = run_option(),
     spec = load_run(client, run)
     where = shards_of(settings, client, spec)
     try:
-        data = build_report(client, spec, where, settings.queue_prefix, out_path, trust_remote_code)
+        with reading(where):
+            data = build_report(client, spec, where, settings.queue_prefix, out_path, trust_remote_code)
     except Shortfall as exc:
         raise fail(str(exc), 1)
     out.print(f"report of run {spec.name!r} ({data['samples']['unique_ids']:,} samples, "
@@ -339,7 +340,8 @@ def show(prompt_id: str = typer.Argument(..., metavar="ID", help="The prompt's i
 
     spec = load_run(client, run)
     where = shards_of(settings, client, spec)
-    rows = find_samples(where, spec.name, [prompt_id]).get(prompt_id)
+    with reading(where):
+        rows = find_samples(where, spec.name, [prompt_id]).get(prompt_id)
     if rows:
         print_shown(sample_view(rows, spec), spec, trust_remote_code, ids)
         return

@@ -8,7 +8,8 @@ importing this module reads nothing.
 from __future__ import annotations
 
 import sys
-from typing import Sequence
+from contextlib import contextmanager
+from typing import Iterator, Sequence
 
 import typer
 from rich.console import Console
@@ -125,6 +126,18 @@ def shards_of(settings, client, spec) -> str:
         return shards_at(settings, client, spec)
     except SeveralHomes as exc:
         raise fail(str(exc))
+
+
+@contextmanager
+def reading(where: str) -> Iterator[None]:
+    """Shards that cannot be read (gone mid-read, corrupt, refused by the store) end the command
+    with one line and exit 1: never a count from what was read before, nor a traceback."""
+    import pyarrow as pa
+
+    try:
+        yield
+    except (OSError, pa.ArrowException) as exc:
+        raise fail(f"cannot read the shards under {where}: {exc.__class__.__name__}: {exc}"[:2000], 1)
 
 
 def print_shown(shown, spec, trust_remote_code: bool, with_ids: bool) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import shlex
+import shutil
 import signal
 import subprocess
 import sys
@@ -81,6 +81,16 @@ def test_a_command_that_finds_fewer_samples_than_done_fails_saying_where_it_look
     assert "'default-0001'" in results[2].stderr and "done in the ledger" in results[2].stderr
     # and nothing was written: the previous export stands, and no report page
     assert sorted(p.name for p in dest.iterdir()) == before and not (tmp_path / "r.html").exists()
+
+    # And when a shard cannot be read (a copy of the shards, one of them corrupt), each says so in one line
+    copy = tmp_path / "copy"
+    shutil.copytree(fleet.output_dir, copy)
+    next(copy.glob("default/*.parquet")).write_bytes(b"not parquet")
+    for command in (["export", str(dest)], ["report", "--out", str(tmp_path / "r.html")], ["show", "default-0001"]):
+        result = fleet.producer(*command, check=False, OUTPUT_DIR=str(copy))
+        assert result.returncode == 1 and result.stderr.strip().startswith(f"cannot read the shards under {copy}"), \
+            result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
 
     # And when one of the workers' own shards is gone, export and report say so too
     shards = sorted(fleet.output_dir.glob("default/*.parquet"))

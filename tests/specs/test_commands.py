@@ -1,6 +1,7 @@
 """Specs of the commands' pure parts: visible text, a run's shard home, its own counts, the help."""
 from __future__ import annotations
 
+import io
 import re
 
 import pytest
@@ -8,6 +9,7 @@ from typer.testing import CliRunner
 
 from contract.shard_home import Shortfall, check_found, home, record, recorded
 from producer.cli import app
+from producer.prompts import read_prompts
 from producer.status import in_flight_of
 from producer.visible import visible
 
@@ -115,3 +117,14 @@ def test_an_option_with_fixed_values_refuses_another_and_lists_the_valid_ones(ar
     # Then it is refused before Redis is reached (exit 2, not "cannot use Redis"), naming the valid values
     assert result.exit_code == 2, result.output
     assert "is not one of" in result.output and valid in result.output.replace("\n", " ")
+
+
+def test_a_json_error_names_its_line_and_its_column_in_characters():
+    # Given a file whose second line has a comma missing after text with two-byte and three-byte characters
+    lines = b'{"prompt": "ok"}\n' + '{"id": "b", "prompt": "café 数" x}\n'.encode()
+
+    # When it is read
+    (_, bad) = list(read_prompts(io.BytesIO(lines)))
+
+    # Then the report names line 2, and the column an editor shows (characters, from 1)
+    assert (bad.line, bad.reason) == (2, "invalid JSON: Expecting ',' delimiter (column 32)")

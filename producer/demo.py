@@ -45,9 +45,9 @@ def run_demo(prompts: Path | None, workdir: Path, console: Console) -> int:
     prompts = prompts or EXAMPLES
     workdir = workdir.resolve()
     signal.signal(signal.SIGTERM, _exit_on_sigterm)  # so the processes we started are stopped
-    for folder in ("export", "export-chat"):
-        shutil.rmtree(workdir / folder, ignore_errors=True)
     logs = workdir / "logs"
+    for folder in ("export", "export-chat", "logs"):  # each demo's logs are its own
+        shutil.rmtree(workdir / folder, ignore_errors=True)
     with ExitStack() as stack:
         env, kept = _fleet_env(stack, workdir, logs, console)
         console.print(f"starting a worker: {command_line(['-m', 'celery', '-A', 'workers', 'worker'])}",

@@ -226,5 +226,12 @@ def test_the_demos_next_steps_work_as_printed(tmp_path):
         assert re.search(r"^\$ \S*python\S* -m producer enqueue ", demo.stdout, re.M)
         assert re.search(r"^summary: \d+ samples stored, \d+ dead letters", demo.stdout, re.M)
         assert "…" not in demo.stdout
+        # and its worker logged start-up, bindings and health at INFO, and ended saying it stopped cleanly
+        log = (tmp_path / "demo-run" / "logs" / "demo-worker.log").read_text().splitlines()
+        for event in (" bound to ", "metrics on ", "waiting to consume: no healthy server yet", " -> healthy ",
+                      " ready: model=", "consuming from fleet.generate"):
+            assert [line for line in log if event in line and "INFO/" in line], event
+        assert not [line for line in log if "consuming from nothing" in line]
+        assert "INFO/MainProcess] worker stopped cleanly: samples in shards" in log[-1], log[-5:]
     finally:
         os.kill(kept["pid"], signal.SIGTERM)

@@ -23,11 +23,13 @@ RUN = "demo"
 
 def interpreter() -> str:
     """This Python as a user would type it: relative to the current folder when inside it."""
-    path = Path(sys.executable)
     try:
-        return str(Path(os.path.relpath(path))) if not os.path.relpath(path).startswith("..") else str(path)
+        relative = os.path.relpath(sys.executable)
     except ValueError:  # another drive
-        return str(path)
+        return sys.executable
+    if relative.startswith(".."):
+        return sys.executable
+    return relative if os.sep in relative else f".{os.sep}{relative}"  # never looked up on PATH
 
 
 def command_line(argv: list[str], env: dict[str, str] | None = None) -> str:

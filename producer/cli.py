@@ -284,6 +284,13 @@ def demo(prompts: Optional[Path] = typer.Option(None, metavar="FILE", help="Defa
                                       help="Its Redis, logs, shards and exports go here.")) -> None:
     """Run the whole job on this machine with embedded defaults, and show the result. Its
     state stays under DIR: the commands it prints at the end work as printed."""
+    import importlib.util
+
+    missing = [m for m in ("matplotlib", "prometheus_client", "starlette", "uvicorn", "urllib3")
+               if importlib.util.find_spec(m) is None]
+    if missing:  # the demo runs every role here
+        raise fail(f"the demo runs a worker and SGLang stand-ins, and this install lacks {', '.join(missing)}: "
+                   "pip install -e '.[producer,worker,standin]' (or run scripts/demo.sh)")
     from .demo import run_demo
 
     raise typer.Exit(run_demo(prompts, workdir, out))

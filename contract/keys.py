@@ -55,6 +55,8 @@ class RunKeys:
         # hash: prompt id -> the file name of the shard its sample is being written to, from
         # just before its group's write until it is done or dead (ledger.py: writing entries)
         self.writing = f"{base}:writing"
+        # set: where the run's shards are (each writing worker's OUTPUT_DIR, absolute: shard_home.py)
+        self.shard_homes = f"{base}:homes"
         # hash: prompt id -> packed token ids (codec.py), while not done or dead
         self.token_ids = f"{base}:ids"
         # A run of conversations (`enqueue --turns all`; `conversation_ledger.py` owns these):

@@ -1,7 +1,7 @@
 """`python -m producer`: enqueue prompts, watch a run, handle dead letters, export.
 
-The entry point: each command builds the settings once (flags over the
-environment) and passes them on; importing this module reads nothing.
+The entry point; the steps every command shares are in `cli_common.py`, the
+dead-letter commands in `cli_dead.py`.
 """
 from __future__ import annotations
 
@@ -12,112 +12,76 @@ from pathlib import Path
 from typing import Optional
 
 import typer
-from rich.console import Console
 from rich.markup import escape
-from rich.progress import (BarColumn, DownloadColumn, MofNCompleteColumn, Progress, TextColumn,
-                           TimeRemainingColumn)
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
+from contract.conversations import ALL, LAST
+from contract.names import VERIFY_RULES, Thinking
+
+from .cli_common import (choice, connect, err, fail, json_option, load_run, out, print_shown, publisher,
+                         reading, redis_option, run_name, run_option, shards_of)
+from .cli_dead import dead_app
 from .prompts import MAX_LINE_BYTES
+from .visible import visible
 
-# Locals stay out of tracebacks: they would print REDIS_URL and its password.
-app = typer.Typer(add_completion=False, no_args_is_help=True, help=__doc__, pretty_exceptions_show_locals=False)
-dead_app = typer.Typer(no_args_is_help=True, help="Inspect, replay and purge dead-lettered prompts.")
+HELP = """Enqueue prompts, watch a run, handle its dead letters, export its dataset.
+
+Every command reads REDIS_URL (default redis://localhost:6379/0). Commands that
+read shards (export, report, show) read them where the run's workers wrote them,
+unless OUTPUT_DIR is set.
+"""
+
+# Locals stay out of tracebacks: they would print REDIS_URL and its password. Help is plain
+# text (click's), which wraps at any width and never cuts an option's name.
+app = typer.Typer(add_completion=False, no_args_is_help=True, help=HELP, pretty_exceptions_show_locals=False,
+                  rich_markup_mode=None)
 app.add_typer(dead_app, name="dead")
-out = Console()
-err = Console(stderr=True, soft_wrap=True)  # messages stay one line each, whatever the width
-
-RunOpt = typer.Option(None, "--run", envvar="FLEET_RUN", help="Run name (default: 'default').")
-RedisOpt = typer.Option(None, "--redis-url", help="Overrides REDIS_URL.")
 
 
-def _connect(redis_url: str | None):
-    """The shared settings (a --redis-url flag over REDIS_URL), and a Redis client, once
-    one quick PING has shown that Redis answers (else exit 2 with the URL redacted)."""
-    from contract.connections import redis_for
-    from contract.settings import SharedSettings
+def _version(shown: bool) -> None:
+    if shown:
+        from importlib.metadata import version
 
-    settings = SharedSettings(**({"redis_url": redis_url} if redis_url else {}))
-    _probe_redis(settings.redis_url)
-    return settings, redis_for(settings.redis_url)
+        out.print(f"reasoning-fleet {version('reasoning-fleet')}", highlight=False)
+        raise typer.Exit()
 
 
-def _probe_redis(url: str) -> None:
-    """One PING without retries: a wrong host or password is said at once, in words that
-    hold no secret, instead of a traceback after the shared client's minutes of retries."""
-    import redis
-    from redis.backoff import NoBackoff
-    from redis.retry import Retry
-
-    from contract.connections import client_for, redact_text, redact_url
-
-    try:
-        probe = client_for(url, retry=Retry(NoBackoff(), 0), max_connections=1)
-        try:
-            probe.ping()
-        finally:
-            probe.close()
-    except (redis.RedisError, ValueError, OSError) as exc:
-        err.print(f"[red]cannot use Redis at {escape(redact_url(url))}[/red]: "
-                  f"{exc.__class__.__name__}: {escape(redact_text(str(exc), url))}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2)
+@app.callback()
+def _main(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="Print the version and exit.")) -> None:
+    pass
 
 
-def _publisher(settings):
-    """A Celery app that only publishes (the worker's app is never built here)."""
-    from contract.broker import celery_app
-
-    return celery_app(settings.redis_url, queue=settings.queue_prefix)
-
-
-def _run_name(run: str | None) -> str:
-    """The checked run name (None: 'default'); a bad one exits 2 before anything is written."""
-    from contract.spec import BadRunName, check_run_name
-
-    try:
-        return check_run_name("default" if run is None else run)
-    except BadRunName as exc:
-        err.print(f"[red]{escape(str(exc))}[/red]")
-        raise typer.Exit(2)
-
-
-def _spec(client, run: str | None):
-    """The run's spec, or exit 2 saying why not (no such run, or one of an older layout)."""
-    from contract.spec import OlderLayout, load_spec
-
-    name = _run_name(run)
-    try:
-        spec = load_spec(client, name)
-    except OlderLayout as exc:
-        err.print(f"[red]{escape(str(exc))}[/red]")
-        raise typer.Exit(2)
-    if spec is None:
-        err.print(f"[red]no run named {name!r} in Redis[/red] (enqueue one first, or pass --run)")
-        raise typer.Exit(2)
-    return spec
-
-
-@app.command()
+@app.command(short_help="Tokenize a JSONL file of prompts and queue them.")
 def enqueue(
-    prompts: Path = typer.Argument(..., exists=True, dir_okay=False, help="JSONL prompt file."),
-    tokenizer: str = typer.Option("bundled", help="Tokenizer path or hub id ('bundled': DeepSeek-R1 style)."),
-    served_model: Optional[str] = typer.Option(None, help="Only servers whose /model_info names this model get the run."),
-    max_new_tokens: int = typer.Option(8192, min=1),
-    temperature: float = typer.Option(0.6, min=0.0),
-    top_p: float = typer.Option(0.95, min=0.0, max=1.0),
-    trust_remote_code: bool = typer.Option(False, help="Needed by tokenizers such as Kimi-K2.5's."),
-    thinking: str = typer.Option("auto", help="auto | prompt (template appends think-start) | output (model emits it) | off."),
-    think_start: str = typer.Option("<think>", help="Think-start token text."),
-    think_end: str = typer.Option("</think>", help="Think-end token text."),
-    disable_rule: list[str] = typer.Option([], help="Verification rule codes to switch off."),
-    max_prompt_tokens: Optional[int] = typer.Option(None, help="Reject longer prompts here."),
-    turns: str = typer.Option("last", help="last: one generation per prompt (its whole conversation is the "
-                              "prompt) | all: regenerate every assistant turn of each conversation, in order."),
-    max_queued: int = typer.Option(100_000, min=0, help="Hold back while the queue is deeper than this (0: never)."),
-    max_line_bytes: int = typer.Option(MAX_LINE_BYTES, min=1, help="A longer line is reported and skipped "
-                                       "(default 16 MiB), never held in memory."),
-    run: Optional[str] = RunOpt,
-    redis_url: Optional[str] = RedisOpt,
+    prompts: Path = typer.Argument(..., exists=True, dir_okay=False, metavar="FILE", help="JSONL prompt file."),
+    tokenizer: str = typer.Option("bundled", metavar="NAME",
+                                  help="Tokenizer path or hub id ('bundled': DeepSeek-R1 style)."),
+    served_model: Optional[str] = typer.Option(None, metavar="MODEL",
+                                               help="Only servers whose /model_info names this model get the run."),
+    max_new_tokens: int = typer.Option(8192, min=1, metavar="N", help="The generation budget of each prompt."),
+    temperature: float = typer.Option(0.6, min=0.0, metavar="VALUE", help="Sampling temperature."),
+    top_p: float = typer.Option(0.95, min=0.0, max=1.0, metavar="VALUE", help="Nucleus sampling's top-p."),
+    trust_remote_code: bool = typer.Option(False, "--trust-remote-code",
+                                           help="Needed by tokenizers such as Kimi-K2.5's."),
+    thinking: str = choice("auto", "--thinking", values=("auto", *map(str, Thinking)), metavar="MODE",
+                           help="prompt: the template appends think-start; output: the model emits it; off: "
+                                "not a reasoning model; auto: detect."),
+    think_start: str = typer.Option("<think>", metavar="TEXT", help="Think-start token text."),
+    think_end: str = typer.Option("</think>", metavar="TEXT", help="Think-end token text."),
+    disable_rule: list[str] = choice([], "--disable-rule", values=tuple(map(str, VERIFY_RULES)), metavar="RULE",
+                                     help="A verification rule to switch off (repeatable)."),
+    max_prompt_tokens: Optional[int] = typer.Option(None, min=1, metavar="N", help="Reject longer prompts here."),
+    turns: str = choice(LAST, "--turns", values=(LAST, ALL), metavar="TURNS",
+                        help="last: one generation per prompt (its whole conversation is the prompt); all: "
+                             "regenerate every assistant turn of each conversation, in order."),
+    max_queued: int = typer.Option(100_000, min=0, metavar="N",
+                                   help="Hold back while the queue is deeper than this (0: never)."),
+    max_line_bytes: int = typer.Option(MAX_LINE_BYTES, min=1, metavar="N", help="A longer line is reported and "
+                                       "skipped (default 16 MiB), never held in memory."),
+    run: Optional[str] = run_option(),
+    redis_url: Optional[str] = redis_option(),
 ) -> None:
     """Tokenize each prompt with the chat template and publish one task per prompt.
 
@@ -128,32 +92,22 @@ def enqueue(
     text) or a prompt the chat template refuses is reported with its line number
     and reason and skipped; the others are published, and the exit status is 1.
     """
-    name = _run_name(run)
-    settings, client = _connect(redis_url)
-    from contract.names import VERIFY_RULES
-
+    name = run_name(run)
+    settings, client = connect(redis_url)
     from contract.chat import ChatTokenizer
     from contract.replication import FailedOver
+    from contract.spec import OlderLayout
+
     from .enqueue import RunMismatch, enqueue_file, new_spec, prepare_run
 
-    if turns not in ("last", "all"):
-        err.print(f"[red]--turns must be 'last' or 'all', not {turns!r}[/red]")
-        raise typer.Exit(2)
-    unknown = set(disable_rule) - {str(r) for r in VERIFY_RULES}
-    if unknown:
-        err.print(f"[red]unknown rule(s) {sorted(unknown)}[/red]; known: {', '.join(map(str, VERIFY_RULES))}")
-        raise typer.Exit(2)
     chat = ChatTokenizer(tokenizer, trust_remote_code, think_start, think_end)
     spec = new_spec(chat, name, tokenizer, max_new_tokens, temperature, top_p, thinking,
                     served_model, disable_rule, turns, trust_remote_code)
-    from contract.spec import OlderLayout
-
     try:
         spec = prepare_run(client, spec)
     except (RunMismatch, OlderLayout) as exc:
-        err.print(f"[red]{escape(str(exc))}[/red]")
-        raise typer.Exit(2)
-    celery_app = _publisher(settings)
+        raise fail(str(exc))
+    celery_app = publisher(settings)
 
     size = prompts.stat().st_size
     with Progress(TextColumn("enqueue"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
@@ -173,47 +127,43 @@ def enqueue(
 
 
 def _print_enqueue_summary(summary, mode: str) -> None:
-    def say(text: str) -> None:  # the file's own text, printed as is: one line, no markup
-        err.print(_printable(text), markup=False, highlight=False, soft_wrap=True)
+    def say(text: str) -> None:  # the file's own text (an id): one line, no markup, controls shown
+        err.print(visible(text), markup=False, highlight=False, soft_wrap=True)
 
     for item in summary.rejected[:50]:
         say(f"line {item.line}: {item.reason}" + (f" (id {item.id})" if item.id else ""))
     if summary.rejected_count > 50:
-        say(f"... and {summary.rejected_count - 50} more rejected lines")
+        say(f"... and {summary.rejected_count - 50:,} more rejected lines")
     for item in summary.duplicates[:20]:
         say(f"line {item.line}: {item.reason}: {item.id}")
     if summary.duplicate_count > 20:
-        say(f"... and {summary.duplicate_count - 20} more duplicate lines")
+        say(f"... and {summary.duplicate_count - 20:,} more duplicate lines")
     table = Table(title=f"enqueue: run {summary.run!r} -> queue {summary.queue!r} (thinking: {mode})")
     for column in ("published", "prompt tokens", "skipped (already in run)", "duplicates", "rejected", "prompts/s"):
         table.add_column(column, justify="right")
     rate = summary.published / summary.seconds if summary.seconds else 0.0
-    already = ", ".join(f"{k}={v}" for k, v in sorted(summary.already.items())) or "0"
-    table.add_row(str(summary.published), str(summary.prompt_tokens), already,
-                  str(summary.duplicate_count), str(summary.rejected_count), f"{rate:,.0f}")
+    already = ", ".join(f"{k}={v:,}" for k, v in sorted(summary.already.items())) or "0"
+    table.add_row(f"{summary.published:,}", f"{summary.prompt_tokens:,}", already,
+                  f"{summary.duplicate_count:,}", f"{summary.rejected_count:,}", f"{rate:,.0f}")
     out.print(table)
     if summary.held_back:
         out.print(f"held back {summary.held_back:.0f}s while the queue was deeper than --max-queued")
 
 
-def _printable(text: str) -> str:
-    """Control characters (a terminal escape sequence in an id, say) shown escaped."""
-    return "".join(c if c.isprintable() else ascii(c)[1:-1] for c in text)
-
-
-@app.command()
-def status(run: Optional[str] = RunOpt, as_json: bool = typer.Option(False, "--json"),
-           watch: Optional[float] = typer.Option(None, "--watch", help="Refresh every N seconds."),
-           redis_url: Optional[str] = RedisOpt) -> None:
+@app.command(short_help="Where a run stands: counts, rates, ETA, servers, workers.")
+def status(run: Optional[str] = run_option(), as_json: bool = json_option(),
+           watch: Optional[float] = typer.Option(None, "--watch", min=0.1, metavar="SECONDS",
+                                                 help="Refresh every SECONDS seconds."),
+           redis_url: Optional[str] = redis_option()) -> None:
     """Queued, in flight, done, dead by reason, rates, ETA, servers and workers."""
-    name = _run_name(run)
-    settings, client = _connect(redis_url)
+    name = run_name(run)
+    settings, client = connect(redis_url)
     from rich.live import Live
 
     from .status import collect_status
     from .status_view import render_status
 
-    spec = _spec(client, name)
+    spec = load_run(client, name)
     if as_json:
         sys.stdout.write(json.dumps(collect_status(client, spec, settings.queue_prefix)) + "\n")
         return
@@ -226,159 +176,47 @@ def status(run: Optional[str] = RunOpt, as_json: bool = typer.Option(False, "--j
             time.sleep(watch)
 
 
-@dead_app.command("list")
-def dead_list(run: Optional[str] = RunOpt, reason: list[str] = typer.Option([], help="Only these reason codes."),
-              limit: int = typer.Option(0, min=0, help="At most this many (0: all)."),
-              as_json: bool = typer.Option(False, "--json"), redis_url: Optional[str] = RedisOpt) -> None:
-    """Dead-lettered prompts with their reasons, streamed as they are read (`--json`: a JSON
-    array), in the store's order; `dead stats` counts them."""
-    name = _run_name(run)
-    _, client = _connect(redis_url)
-    import itertools
+@app.command(short_help="The runs in Redis, with their counts and where their shards are.")
+def runs(as_json: bool = json_option(), redis_url: Optional[str] = redis_option()) -> None:
+    """Every run in Redis: its prompts by state, and where its workers wrote its shards."""
+    _, client = connect(redis_url)
+    from .runs import list_runs
 
-    from contract.deadletters import DeadLetters
-
-    store = DeadLetters(client, _spec(client, name).name)
-    letters = store.scan(reason or None)
-    if limit:
-        letters = itertools.islice(letters, limit)
+    found = list_runs(client)
     if as_json:
-        _stream_json(d.summary() for d in letters)
+        sys.stdout.write(json.dumps(found) + "\n")
         return
-    shown = 0
-    for page in _pages(letters, 500):
-        table = Table(title=None if shown else f"dead letters of run {name!r}", show_header=not shown)
-        for column in ("id", "reason", "attempts", "message"):
-            table.add_column(column, overflow="fold")
-        for d in page:
-            table.add_row(escape(d.id), d.reason, str(d.attempts), escape(d.message))
-        out.print(table)
-        shown += len(page)
-    total = store.count(reason or None)
-    out.print(f"{shown} dead letters shown" + (f" of {total}" if total != shown else ""))
+    table = Table(title="runs")
+    for column in ("run", "prompts", "queued", "done", "dead", "shards"):
+        table.add_column(column, justify="left" if column in ("run", "shards") else "right", overflow="fold")
+    for item in found:
+        table.add_row(item["run"], *(f"{item[k]:,}" for k in ("prompts", "queued", "done", "dead")),
+                      item.get("refused") or ", ".join(item["shards"]) or "none written yet")
+    if not found:
+        table.add_row("no run yet", "", "", "", "", "")
+    out.print(table)
 
 
-def _stream_json(items) -> None:
-    """A JSON array written an element at a time."""
-    sys.stdout.write("[")
-    for n, item in enumerate(items):
-        sys.stdout.write(("," if n else "") + json.dumps(item, ensure_ascii=False))
-    sys.stdout.write("]\n")
-
-
-def _pages(items, size: int):
-    import itertools
-
-    iterator = iter(items)
-    while page := list(itertools.islice(iterator, size)):
-        yield page
-
-
-@dead_app.command("show")
-def dead_show(prompt_id: str, run: Optional[str] = RunOpt, redis_url: Optional[str] = RedisOpt) -> None:
-    """One dead letter in full, with its prompt's token ids."""
-    name = _run_name(run)
-    _, client = _connect(redis_url)
-    from contract.codec import b64_to_ids
-    from contract.deadletters import DeadLetters
-
-    letter = DeadLetters(client, _spec(client, name).name).get(prompt_id)
-    if letter is None:
-        err.print(f"[red]no dead letter for id {escape(repr(prompt_id))}[/red]")
-        raise typer.Exit(1)
-    data = letter.summary() | {"prompt_ids": b64_to_ids(letter.prompt_b64)}
-    out.print_json(json.dumps(data, ensure_ascii=False))
-
-
-@dead_app.command("stats")
-def dead_stats(run: Optional[str] = RunOpt, as_json: bool = typer.Option(False, "--json"),
-               redis_url: Optional[str] = RedisOpt) -> None:
-    """Dead letters counted by reason."""
-    name = _run_name(run)
-    _, client = _connect(redis_url)
-    from contract.deadletters import DeadLetters
-
-    stats = DeadLetters(client, _spec(client, name).name).stats()
-    if as_json:
-        sys.stdout.write(json.dumps(stats) + "\n")
-        return
-    for reason, count in stats.items():
-        out.print(f"{reason:28} {count}")
-    out.print(f"{'total':28} {sum(stats.values())}")
-
-
-@dead_app.command("requeue")
-def dead_requeue(run: Optional[str] = RunOpt, reason: list[str] = typer.Option([]),
-                 prompt_id: list[str] = typer.Option([], "--id"),
-                 max_new_tokens: Optional[int] = typer.Option(None, min=1, help="A larger budget, e.g. for truncated prompts."),
-                 yes: bool = typer.Option(False, "--yes", "-y"), redis_url: Optional[str] = RedisOpt) -> None:
-    """Publish dead-lettered prompts again (all, or by --reason / --id), a page at a time as
-    the letters are read."""
-    name = _run_name(run)
-    settings, client = _connect(redis_url)
-    from contract.deadletters import DeadLetters
-
-    from .dead import replayable, requeue
-
-    spec = _spec(client, name)
-    store = DeadLetters(client, spec.name)
-    pages = [store.select(reason or None, prompt_id)] if prompt_id else store.pages(reason or None)
-    total = sum(len(p) for p in pages) if prompt_id else store.count(reason or None)
-    if not total:
-        out.print("nothing to requeue")
-        return
-    if not yes:
-        typer.confirm(f"requeue {total} dead letters of run {spec.name!r}?", abort=True)
-    count, seen, idless, publisher = 0, 0, 0, _publisher(settings)
-    with Progress(TextColumn("requeue"), BarColumn(), MofNCompleteColumn(), console=err, transient=True) as bar:
-        task = bar.add_task("requeue", total=total)
-        for page in pages:
-            idless += sum(not replayable(d) for d in page)
-            count += requeue(client, publisher, spec, page, settings.queue_prefix, max_new_tokens)
-            seen += len(page)
-            bar.update(task, completed=seen)
-    out.print(f"requeued {count} prompts" + (f" with max_new_tokens={max_new_tokens}" if max_new_tokens else ""))
-    if idless:
-        err.print(f"kept {idless} dead letters that hold no token ids (Redis had lost their prompts; "
-                  "see `dead list --reason worker_error`): enqueue their lines again under a new run")
-
-
-@dead_app.command("purge")
-def dead_purge(run: Optional[str] = RunOpt, reason: list[str] = typer.Option([]),
-               yes: bool = typer.Option(False, "--yes", "-y"), redis_url: Optional[str] = RedisOpt) -> None:
-    """Delete dead letters (all, or by --reason), a page at a time. Their prompts stay marked dead."""
-    name = _run_name(run)
-    _, client = _connect(redis_url)
-    from contract.deadletters import DeadLetters
-
-    store = DeadLetters(client, _spec(client, name).name)
-    total = store.count(reason or None)
-    if not total:
-        out.print("nothing to purge")
-        return
-    if not yes:
-        typer.confirm(f"delete {total} dead letters?", abort=True)
-    purged = sum(store.remove([d.id for d in page]) for page in store.pages(reason or None))
-    out.print(f"purged {purged} dead letters")
-
-
-@app.command()
-def export(dest: str = typer.Argument(..., help="A new or empty folder, or a previous export to replace; or "
-                                      "s3://bucket/prefix (read it through its manifest.json)."),
-           run: Optional[str] = RunOpt, rows_per_file: int = typer.Option(10_000, min=1),
-           jobs: int = typer.Option(0, min=0, help="Processes sharing the shards (0: one per GiB of shards, "
-                                    "at most one per core and 8)."),
+@app.command(short_help="Write the finished dataset and a manifest to DEST.")
+def export(dest: str = typer.Argument(..., metavar="DEST", help="A new or empty folder, or a previous export to "
+                                      "replace; or s3://bucket/prefix (read it through its manifest.json)."),
+           run: Optional[str] = run_option(),
+           rows_per_file: int = typer.Option(10_000, min=1, metavar="N", help="Rows in each file written."),
+           jobs: int = typer.Option(0, min=0, metavar="N", help="Processes sharing the shards (0: one per GiB of "
+                                    "shards, at most one per core and 8)."),
            index_only: bool = typer.Option(False, "--index-only", help="Write keep-*.parquet, the (shard, id) "
                                            "of each canonical row, instead of copying the rows."),
-           format: str = typer.Option("parquet", "--format", help="parquet (the rows as stored), specforge or "
-                                      "speculators (JSONL of input_ids and loss_mask), text (decoded messages)."),
-           prompts: list[Path] = typer.Option([], "--prompts", help="text: the input file(s), for the system and "
-                                              "user messages before each answer."),
-           trust_remote_code: bool = typer.Option(False, help="text: needed to load tokenizers such as Kimi-K2.5's."),
+           format: str = choice("parquet", "--format", values=("parquet", "specforge", "speculators", "text"),
+                                metavar="FORMAT", help="parquet: the rows as stored; specforge, speculators: "
+                                "JSONL of input_ids and loss_mask; text: decoded messages."),
+           prompts: list[Path] = typer.Option([], "--prompts", metavar="FILE", help="text: the input file(s), for "
+                                              "the system and user messages before each answer."),
+           trust_remote_code: bool = typer.Option(False, "--trust-remote-code",
+                                                  help="text: needed to load tokenizers such as Kimi-K2.5's."),
            complete_only: bool = typer.Option(False, "--complete-only", help="A run of conversations "
                                               "(--turns all): only the turns of conversations whose every "
                                               "turn is stored."),
-           redis_url: Optional[str] = RedisOpt) -> None:
+           redis_url: Optional[str] = redis_option()) -> None:
     """Write the finished dataset (each done id once) and a manifest to DEST.
 
     Exporting again into the same DEST replaces the previous export in one step:
@@ -386,98 +224,144 @@ def export(dest: str = typer.Argument(..., help="A new or empty folder, or a pre
     of DEST/*.parquet sees the old export or the new one, never both. A DEST that
     holds anything else is refused (exit 2) and left alone. Samples whose prompt
     the ledger does not mark done (dead-lettered since, or queued again) are left
-    out and counted in the manifest. --index-only copies nothing: readers of the
-    shards in place (DuckDB, Spark) semi-join them with DEST/keep-*.parquet.
-    --format writes the same rows for a trainer (docs/data/exports.md).
+    out and counted in the manifest. Fewer samples found than the ledger counts as
+    done (the shards read in the wrong place, or some gone) fails (exit 1) and
+    leaves DEST as it was. --index-only copies nothing: readers of the shards in
+    place (DuckDB, Spark) semi-join them with DEST/keep-*.parquet. --format writes
+    the same rows for a trainer (docs/data/exports.md).
     """
-    from .formats import NAMES, FormatRefused
+    from .formats import FormatRefused
 
-    if format not in NAMES or (index_only and format != "parquet"):
-        err.print(f"[red]--format is one of {', '.join(NAMES)}, and only parquet goes with --index-only[/red]")
-        raise typer.Exit(2)
-    name = _run_name(run)
-    settings, client = _connect(redis_url)
+    if index_only and format != "parquet":
+        raise fail("--index-only goes with --format parquet only")
+    name = run_name(run)
+    settings, client = connect(redis_url)
+    from contract.shard_home import Shortfall
     from contract.storage import UnsupportedOutput, store_for
 
     from .export import export_run
     from .export_bucket import is_bucket
     from .export_folder import ExportRefused, check_replaceable
 
-    spec = _spec(client, name)
+    spec = load_run(client, name)
     if complete_only and spec.turns != "all":
-        err.print(f"[red]--complete-only is for a run of conversations (enqueue --turns all); run {name!r} "
-                  f"has one generation per prompt[/red]")
-        raise typer.Exit(2)
+        raise fail(f"--complete-only is for a run of conversations (enqueue --turns all); run {name!r} "
+                   f"has one generation per prompt")
+    where = shards_of(settings, client, spec)
     try:
         if not is_bucket(dest):  # raises UnsupportedOutput (gs://...)
             check_replaceable(Path(dest).resolve())
-        total = len(store_for(settings.output_dir).shards(spec.name))
-        with Progress(TextColumn("export"), BarColumn(), TextColumn("{task.completed}/{task.total} shards"),
+        total = len(store_for(where).shards(spec.name))
+        with reading(where), Progress(TextColumn("export"), BarColumn(), TextColumn("{task.completed}/{task.total} shards"),
                       console=err, transient=True) as bar:
             task = bar.add_task("export", total=total)
-            manifest = export_run(spec, client, settings.output_dir, dest, rows_per_file,
+            manifest = export_run(spec, client, where, dest, rows_per_file,
                                   on_progress=lambda n: bar.update(task, completed=n),
                                   jobs=jobs, redis_url=settings.redis_url, index_only=index_only, format=format,
                                   format_options={"prompts": prompts, "trust_remote_code": trust_remote_code},
                                   complete_only=complete_only)
     except (ExportRefused, FormatRefused, UnsupportedOutput) as exc:
-        err.print(f"[red]{escape(str(exc))}[/red]")
-        raise typer.Exit(2)
-    left_out = ", ".join(f"{k}={v}" for k, v in manifest["left_out"].items()) or "none"
+        raise fail(str(exc))
+    except Shortfall as exc:
+        raise fail(str(exc), 1)
+    left_out = ", ".join(f"{k}={v:,}" for k, v in manifest["left_out"].items()) or "none"
+    letters = ", ".join(f"{k}={v:,}" for k, v in manifest["dead_letters"].items()) or "none"
     what = "indexed" if index_only else "exported"
-    out.print(f"{what} {manifest['rows']} samples ({manifest['duplicates_dropped']} duplicates dropped, "
-              f"left out as not done: {left_out}) into {len(manifest['files'])} files under {dest}; "
-              f"dead letters: {manifest['dead_letters']}")
+    target = dest if is_bucket(dest) else Path(dest).resolve()
+    out.print(f"{what} {manifest['rows']:,} samples ({manifest['duplicates_dropped']:,} duplicates dropped, "
+              f"left out as not done: {left_out}) into {len(manifest['files']):,} files under {target}, "
+              f"from {manifest['source']}; dead letters: {letters}", highlight=False, soft_wrap=True)
     if "format" in manifest:
         figures = manifest["format"]
-        out.print(f"format {figures['name']}: {figures['rows']} rows, {figures['prompt_tokens']} prompt tokens "
-                  f"(loss mask 0), {figures['generated_tokens']} generated tokens (loss mask 1), longest row "
-                  f"{figures['max_row_tokens']} tokens")
+        out.print(f"format {figures['name']}: {figures['rows']:,} rows, {figures['prompt_tokens']:,} prompt tokens "
+                  f"(loss mask 0), {figures['generated_tokens']:,} generated tokens (loss mask 1), longest row "
+                  f"{figures['max_row_tokens']:,} tokens", highlight=False, soft_wrap=True)
 
 
-@app.command()
-def demo(prompts: Optional[Path] = typer.Option(None, help="Default: the bundled examples."),
-         workdir: Path = typer.Option(Path("demo-run"), help="Logs, shards and export go here.")) -> None:
-    """Run the whole job on this machine with embedded defaults, and show the result."""
+@app.command(short_help="Run the whole job on this machine, and show the result.")
+def demo(prompts: Optional[Path] = typer.Option(None, metavar="FILE", help="Default: the bundled examples."),
+         workdir: Path = typer.Option(Path("demo-run"), metavar="DIR",
+                                      help="Its Redis, logs, shards and exports go here.")) -> None:
+    """Run the whole job on this machine with embedded defaults, and show the result. Its
+    state stays under DIR: the commands it prints at the end work as printed."""
+    import importlib.util
+
+    missing = [m for m in ("matplotlib", "prometheus_client", "starlette", "uvicorn", "urllib3")
+               if importlib.util.find_spec(m) is None]
+    if missing:  # the demo runs every role here
+        raise fail(f"the demo runs a worker and SGLang stand-ins, and this install lacks {', '.join(missing)}: "
+                   "pip install -e '.[producer,worker,standin]' (or run scripts/demo.sh)")
     from .demo import run_demo
 
     raise typer.Exit(run_demo(prompts, workdir, out))
 
 
-@app.command()
-def report(run: Optional[str] = RunOpt,
-           out_path: Path = typer.Option(Path("report.html"), "--out", help="Where to write the page."),
-           trust_remote_code: bool = typer.Option(False, help="Needed to load tokenizers such as Kimi-K2.5's."),
-           redis_url: Optional[str] = RedisOpt) -> None:
-    """One self-contained HTML page about a run: lengths, finishes, dead letters, speed, servers, examples."""
-    settings, client = _connect(redis_url)
+@app.command(short_help="Write one self-contained HTML page about a run.")
+def report(run: Optional[str] = run_option(),
+           out_path: Path = typer.Option(Path("report.html"), "--out", metavar="FILE",
+                                         help="Where to write the page."),
+           trust_remote_code: bool = typer.Option(False, "--trust-remote-code",
+                                                  help="Needed to load tokenizers such as Kimi-K2.5's."),
+           redis_url: Optional[str] = redis_option()) -> None:
+    """One self-contained HTML page about a run: lengths, finishes, dead letters, speed,
+    servers, examples. Fewer samples in the shards than the ledger counts as done fails
+    (exit 1), and writes no page."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:  # the producer extra's one package
+        raise fail("the report draws its charts with matplotlib, which this install lacks: "
+                   "pip install 'reasoning-fleet[producer]'")
+    settings, client = connect(redis_url)
+    from contract.shard_home import Shortfall
+
     from .report import build_report
 
-    spec = _spec(client, run)
-    data = build_report(client, spec, settings.output_dir, settings.queue_prefix, out_path, trust_remote_code)
-    out.print(f"report of run {spec.name!r} ({data['samples']['unique_ids']} samples, "
-              f"{data['dead_letters']['total']} dead letters): {out_path.resolve()}")
+    spec = load_run(client, run)
+    where = shards_of(settings, client, spec)
+    try:
+        with reading(where):
+            data = build_report(client, spec, where, settings.queue_prefix, out_path, trust_remote_code)
+    except Shortfall as exc:
+        raise fail(str(exc), 1)
+    out.print(f"report of run {spec.name!r} ({data['samples']['unique_ids']:,} samples, "
+              f"{data['dead_letters']['total']:,} dead letters): {out_path.resolve()}", highlight=False,
+              soft_wrap=True)
 
 
-@app.command()
-def show(prompt_id: str = typer.Argument(..., metavar="ID"), run: Optional[str] = RunOpt,
+@app.command(short_help="One sample or dead letter, decoded.")
+def show(prompt_id: str = typer.Argument(..., metavar="ID", help="The prompt's id (its line's \"id\")."),
+         run: Optional[str] = run_option(),
          ids: bool = typer.Option(False, "--ids", help="Also list every token: position, id, text."),
-         trust_remote_code: bool = typer.Option(False, help="Needed to load tokenizers such as Kimi-K2.5's."),
-         redis_url: Optional[str] = RedisOpt) -> None:
-    """One stored sample (or dead letter) decoded: prompt, reasoning, answer, special tokens, provenance."""
-    settings, client = _connect(redis_url)
+         trust_remote_code: bool = typer.Option(False, "--trust-remote-code",
+                                                help="Needed to load tokenizers such as Kimi-K2.5's."),
+         redis_url: Optional[str] = redis_option()) -> None:
+    """One stored sample (or dead letter) decoded: prompt, reasoning, answer, special
+    tokens, provenance. `dead show ID` shows a dead letter the same way."""
+    settings, client = connect(redis_url)
     from contract.deadletters import DeadLetters
+    from contract.ledger import Ledger
+    from contract.names import PromptState
+    from contract.storage import store_for
 
-    from .show import find_samples, letter_view, load_decoder, render_text, sample_view
+    from .show import find_samples, letter_view, sample_view
 
-    spec = _spec(client, run)
-    rows = find_samples(settings.output_dir, spec.name, [prompt_id]).get(prompt_id)
-    letter = None if rows else DeadLetters(client, spec.name).get(prompt_id)
-    if not rows and letter is None:
-        err.print(f"[red]no sample or dead letter with id {prompt_id!r} in run {spec.name!r}[/red]")
-        raise typer.Exit(1)
-    shown = sample_view(rows, spec) if rows else letter_view(letter, spec)
-    sys.stdout.write(render_text(shown, load_decoder(spec, trust_remote_code), with_ids=ids))
+    spec = load_run(client, run)
+    where = shards_of(settings, client, spec)
+    with reading(where):
+        rows = find_samples(where, spec.name, [prompt_id]).get(prompt_id)
+    if rows:
+        print_shown(sample_view(rows, spec), spec, trust_remote_code, ids)
+        return
+    state = Ledger(client, spec.name).state(prompt_id)
+    if state == PromptState.DONE:
+        raise fail(f"prompt {prompt_id!r} of run {spec.name!r} is done in the ledger, but no shard under "
+                   f"{store_for(where).where(spec.name)} holds it; set OUTPUT_DIR to where the workers "
+                   f"wrote them (python -m producer runs lists each run's)", 1)
+    letter = DeadLetters(client, spec.name).get(prompt_id)
+    if letter is None:
+        why = "still queued or in flight" if state == PromptState.QUEUED else "not in the run"
+        raise fail(f"no sample or dead letter with id {prompt_id!r} in run {spec.name!r} (the prompt is {why})", 1)
+    print_shown(letter_view(letter, spec), spec, trust_remote_code, ids)
 
 
 def main() -> None:

@@ -8,35 +8,32 @@ answers, never the file's original ones.
 """
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 from rich.console import Console
 
+from .visible import visible
+
 CONVERSATIONS = Path(__file__).parent / "examples" / "conversations.jsonl"
 RUN = "demo-chat"
 
 
-def run_conversations(env: dict[str, str], workdir: Path, console: Console, worker, timeout: float = 600) -> dict:
-    """Enqueue the example conversations, wait for them, export the complete ones, show one."""
-    environ = {**os.environ, **env}
-    command = [sys.executable, "-m", "producer", "enqueue", str(CONVERSATIONS), "--run", RUN, "--turns", "all",
-               "--max-new-tokens", "4096"]
-    console.print(f"$ {' '.join(command[1:])}")
-    subprocess.call(command, env=environ)
+def run_conversations(env: dict[str, str], workdir: Path, console: Console, worker, producer,
+                      timeout: float = 600) -> dict:
+    """Enqueue the example conversations, wait for them, export the complete ones, show one;
+    returns the conversations' counts. `producer(console, env, *args, check=, quiet=)` runs
+    and echoes a producer command (`demo._producer`)."""
+    producer(console, env, "enqueue", str(CONVERSATIONS), "--run", RUN, "--turns", "all", "--max-new-tokens", "4096")
     report = _wait(env, worker, timeout)
     talks = report.get("conversations", {})
-    console.print(f"conversations: {talks.get('complete', 0)} complete, {talks.get('stopped', 0)} stopped "
-                  f"(a turn dead-lettered), {talks.get('in_progress', 0)} in progress; turns stored: "
-                  f"{talks.get('turns_done', 0)} of {talks.get('turns', 0)}")
+    console.print(f"conversations: {talks.get('complete', 0):,} complete, {talks.get('stopped', 0):,} stopped "
+                  f"(a turn dead-lettered), {talks.get('in_progress', 0):,} in progress; turns stored: "
+                  f"{talks.get('turns_done', 0):,} of {talks.get('turns', 0):,}", highlight=False)
     dest = workdir / "export-chat"
-    subprocess.check_call([sys.executable, "-m", "producer", "export", str(dest), "--run", RUN, "--complete-only"],
-                          env=environ, stdout=subprocess.DEVNULL)
+    producer(console, env, "export", str(dest), "--run", RUN, "--complete-only", check=True)
     _show_one(dest, console)
-    return report
+    return talks
 
 
 def _wait(env: dict[str, str], worker, timeout: float) -> dict:
@@ -76,6 +73,7 @@ def _show_one(dest: Path, console: Console) -> None:
     console.print(f"\nconversation {conversation}, regenerated turn by turn ({len(rows)} turns exported):")
     for row in sorted(chosen, key=lambda r: r["turn"]):
         prompt, output = row["input_ids"][:row["prompt_len"]], row["input_ids"][row["prompt_len"]:]
-        console.print(f"[bold]turn {row['turn']}[/bold]: prompt of {len(prompt)} tokens, ending "
-                      f"…{tok.decode(prompt[-60:])!r}", markup=True, highlight=False)
-        console.print(f"  output of {len(output)} tokens: {tok.decode(output)[:160]!r}…", highlight=False)
+        console.print(f"turn {row['turn']}: prompt of {len(prompt):,} tokens, ending "
+                      f"…{visible(repr(tok.decode(prompt[-60:])))}", markup=False, highlight=False)
+        console.print(f"  output of {len(output):,} tokens: {visible(repr(tok.decode(output)[:160]))}…",
+                      markup=False, highlight=False)

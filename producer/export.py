@@ -59,6 +59,7 @@ import redis
 from contract.ledger import Entry, Ledger, shard_code
 from contract.names import PromptState
 from contract.schema import arrow_schema
+from contract.shard_home import check_found
 from contract.spec import RunSpec, check_run_name
 from contract.storage import store_for
 
@@ -168,6 +169,7 @@ def _write_export(spec: RunSpec, client: redis.Redis, output_dir: str, folder: P
                   index_only: bool, complete_only: bool = False,
                   on_file: Callable[[Path], str] | None = None) -> dict:
     store = store_for(output_dir)
+    done_before = Ledger(client, spec.name).tally().done  # each of these has its shard by now
     sizes = store.sizes(spec.name)
     sources = list(sizes)
     if not jobs:
@@ -182,6 +184,10 @@ def _write_export(spec: RunSpec, client: redis.Redis, output_dir: str, folder: P
     files = sorted((f for s in shares for f in s.files), key=lambda f: f["name"])
     tally = Ledger(client, spec.name).tally()
     rows = sum(s.rows for s in shares)
+    left_out = sum((s.left_out for s in shares), Counter())
+    # every prompt done before the export began is exported, or left out as part of an
+    # incomplete conversation; fewer: the shards were read in the wrong place, or some are gone
+    check_found(spec.name, done_before, rows + left_out["incomplete_conversation"], store.where(spec.name))
     manifest = {
         "run": spec.name,
         "exported_at": time.time(),
@@ -189,7 +195,7 @@ def _write_export(spec: RunSpec, client: redis.Redis, output_dir: str, folder: P
         "source_rows": sum(s.source_rows for s in shares),
         "duplicates_dropped": sum(s.duplicates for s in shares),
         # stored rows whose id is not done: dead, queued, missing
-        "left_out": dict(sorted(sum((s.left_out for s in shares), Counter()).items())),
+        "left_out": dict(sorted(left_out.items())),
         # done prompts with no row exported: their canonical shard is gone, or they were
         # stored while the export ran
         "done_not_exported": max(0, tally.done - rows),

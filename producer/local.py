@@ -80,7 +80,9 @@ def spawn(name: str, argv: list[str], logs: Path, env: dict | None = None) -> Pr
 
 
 def start_redis(logs: Path, port: int | None = None, data_dir: Path | None = None,
-                appendonly: bool = False) -> tuple[Process, str]:
+                appendonly: bool = False, fsync: str = "always") -> tuple[Process, str]:
+    """A Redis server on loopback; `appendonly`: it keeps its data in `data_dir`, fsynced
+    `fsync` (Redis's appendfsync: always, everysec)."""
     port = port or free_port()
     data_dir = data_dir or logs / f"redis-{port}"
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -88,7 +90,7 @@ def start_redis(logs: Path, port: int | None = None, data_dir: Path | None = Non
             "--dir", str(data_dir), "--appendonly", "yes" if appendonly else "no",
             "--maxmemory-policy", "noeviction"]
     if appendonly:
-        argv += ["--appendfsync", "always"]
+        argv += ["--appendfsync", fsync]
     process = spawn(f"redis-{port}", argv, logs)
     url = f"redis://127.0.0.1:{port}/0"
     wait_for(lambda: redis.Redis.from_url(url).ping(), 20, f"redis on port {port}", process)

@@ -99,7 +99,9 @@ def parse_line(raw: bytes, number: int) -> Prompt:
     try:
         record = json.loads(text)
     except json.JSONDecodeError as exc:
-        raise InvalidPrompt(f"invalid JSON: {exc.msg} at column {exc.colno}") from None
+        # the column in characters, counted from 1 (Python's own message names "line 1", the
+        # line's own, and a 0-based offset); some of its messages end in " at", awaiting one
+        raise InvalidPrompt(f"invalid JSON: {exc.msg.removesuffix(' at')} (column {exc.colno})") from None
     except RecursionError:
         raise InvalidPrompt("invalid JSON: nested too deeply") from None
     except ValueError as exc:  # e.g. an integer of more than 4,300 digits

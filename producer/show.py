@@ -111,12 +111,12 @@ def sample_view(rows: list[dict], spec: RunSpec) -> Shown:
     ids, prompt_len = row["input_ids"], row["prompt_len"]
     output = ids[prompt_len:]
     end = row["think_end_index"]
-    shown = Shown(f"sample {row['id']} (run {row['run']})" + (f", stored {len(rows)} times" if len(rows) > 1 else ""))
+    shown = Shown(f"sample {row['id']} (run {row['run']})" + (f", stored {len(rows):,} times" if len(rows) > 1 else ""))
     reasoning = (end - prompt_len) if end is not None else None
     answer = len(output) - reasoning - 1 if reasoning is not None else None
     shown.fields = [
-        ("tokens", f"prompt {prompt_len}, output {len(output)}"
-         + (f" = reasoning {reasoning} + think-end 1 + answer {answer} (stop token included)" if end is not None
+        ("tokens", f"prompt {prompt_len:,}, output {len(output):,}"
+         + (f" = reasoning {reasoning:,} + think-end 1 + answer {answer:,} (stop token included)" if end is not None
             else " (no think-end: not split)")),
         ("shard", str(row.get("__filename", ""))),
         *[(k, _text(row[k])) for k in ("finish_reason", "stop_token", "think_end_index", "server", "cached_tokens",
@@ -128,13 +128,13 @@ def sample_view(rows: list[dict], spec: RunSpec) -> Shown:
         ("template", f"fingerprint {row['template_fingerprint']}"
          + ("" if row["template_fingerprint"] == spec.template_fingerprint else f", spec has {spec.template_fingerprint}")),
     ]
-    shown.sections.append(Section(f"prompt ({prompt_len} tokens, as the chat template rendered it)", ids[:prompt_len]))
+    shown.sections.append(Section(f"prompt ({prompt_len:,} tokens, as the chat template rendered it)", ids[:prompt_len]))
     if end is None:
-        shown.sections.append(Section(f"output ({len(output)} tokens, no think-end)", output, prompt_len))
+        shown.sections.append(Section(f"output ({len(output):,} tokens, no think-end)", output, prompt_len))
     else:
-        shown.sections += [Section(f"reasoning ({reasoning} tokens, before think-end)", ids[prompt_len:end], prompt_len),
+        shown.sections += [Section(f"reasoning ({reasoning:,} tokens, before think-end)", ids[prompt_len:end], prompt_len),
                            Section(f"think-end (input position {end})", ids[end:end + 1], end),
-                           Section(f"answer ({answer} tokens after think-end, stop token included)", ids[end + 1:], end + 1)]
+                           Section(f"answer ({answer:,} tokens after think-end, stop token included)", ids[end + 1:], end + 1)]
     return shown
 
 
@@ -144,14 +144,14 @@ def letter_view(letter: DeadLetter, spec: RunSpec) -> Shown:
     shown = Shown(f"dead letter {letter.id} (run {letter.run}): {letter.reason}")
     shown.fields = [("reason", letter.reason), ("message", letter.message), ("attempts", str(letter.attempts)),
                     ("servers", ", ".join(letter.servers)), ("worker", letter.worker),
-                    ("tokens", f"prompt {letter.prompt_tokens}"
-                     + (f", output {excerpt['output_len']} (only an excerpt is kept)" if "output_len" in excerpt else
+                    ("tokens", f"prompt {letter.prompt_tokens:,}"
+                     + (f", output {excerpt['output_len']:,} (only an excerpt is kept)" if "output_len" in excerpt else
                         ", no generation kept")),
                     ("sampling", _text(letter.sampling)), ("first attempt", _time(letter.first_attempt_at)),
                     ("dead at", _time(letter.dead_at))]
     shown.fields += [(f"excerpt {k}", _text(v)) for k, v in excerpt.items()
                      if k not in ("first_output_ids", "last_output_ids")]
-    shown.sections.append(Section(f"prompt ({len(prompt)} tokens, as the chat template rendered it)", prompt))
+    shown.sections.append(Section(f"prompt ({len(prompt):,} tokens, as the chat template rendered it)", prompt))
     shown.sections += _excerpt_sections(excerpt)
     return shown
 
@@ -161,11 +161,11 @@ def _excerpt_sections(excerpt: dict) -> list[Section]:
         return []
     n, first, last = excerpt["output_len"], excerpt.get("first_output_ids", []), excerpt.get("last_output_ids", [])
     if n <= len(last):
-        return [Section(f"output (all {n} tokens)", last)]
+        return [Section(f"output (all {n:,} tokens)", last)]
     gap = n - len(first) - len(last)
-    note = f"{gap} tokens between them are not kept" if gap > 0 else f"the two overlap by {-gap} tokens"
-    return [Section(f"output: first {len(first)} tokens", first),
-            Section(f"output: last {len(last)} tokens (of {n}; {note})", last, n - len(last))]
+    note = f"{gap:,} tokens between them are not kept" if gap > 0 else f"the two overlap by {-gap:,} tokens"
+    return [Section(f"output: first {len(first):,} tokens", first),
+            Section(f"output: last {len(last):,} tokens (of {n:,}; {note})", last, n - len(last))]
 
 
 def render_text(shown: Shown, decoder: Decoder, with_ids: bool = False, limit: int | None = None) -> str:
@@ -187,7 +187,7 @@ def clipped_segments(section: Section, decoder: Decoder, limit: int | None) -> l
     if limit is None or len(ids) <= limit:
         return decoder.segments(ids)
     half = limit // 2
-    note = f"\n[… {len(ids) - 2 * half} tokens not shown here: python -m producer show prints them all …]\n"
+    note = f"\n[… {len(ids) - 2 * half:,} tokens not shown here: python -m producer show prints them all …]\n"
     return decoder.segments(ids[:half]) + [(note, False)] + decoder.segments(ids[-half:])
 
 

@@ -31,17 +31,19 @@ def collect_status(client: redis.Redis, spec: RunSpec, queue_prefix: str) -> dic
     tally = Tally.from_counters(counters)
     queue = queue_for(queue_prefix, spec.served_model)
     done, dead, pending = tally.done, tally.dead, tally.queued  # pending: queued, in flight or lost in transit
-    waiting = queue_depth(client, queue)
     samples, tokens, window = ledger.recent(RATE_MINUTES)
     window = max(1.0, min(window, CLOCK.now(client) - spec.created_at))  # a young run: since it began
     rate = samples / window
-    workers = _workers(client)
+    records = heartbeats.read_all(client)
+    in_flight = in_flight_of(records, spec.name, pending)
     return {
         "run": spec.name,
         "queue": queue,
         "prompts": done + dead + pending,
-        "queued": waiting,
-        "in_flight": max(pending - waiting, 0),
+        "queued": pending - in_flight,
+        "in_flight": in_flight,
+        # messages on the queue, of every run that shares it: never a count of this run's
+        "queue_depth": queue_depth(client, queue),
         "pending": pending,
         "done": done,
         "dead": dead,
@@ -52,7 +54,7 @@ def collect_status(client: redis.Redis, spec: RunSpec, queue_prefix: str) -> dic
         "tokens_per_s": round(tokens / window, 1),
         "rate_window_s": round(window),
         "eta_s": round(pending / rate) if rate and pending else (0 if not pending else None),
-        "workers": workers,
+        "workers": (workers := _workers(client, records)),
         "cache_hits": _cache_hits(workers),
         "finished": pending == 0,
         **_conversations(spec, counters, done, dead, pending),
@@ -71,12 +73,20 @@ def _conversations(spec: RunSpec, counters: dict[str, int], done: int, dead: int
                               "turns": counters.get("conversation_turns", 0), "turns_done": done}}
 
 
-def _workers(client: redis.Redis) -> list[dict]:
+def in_flight_of(records: list[dict], run: str, pending: int) -> int:
+    """The run's prompts that live workers hold (`holding` in their heartbeats), at most its
+    pending ones (a heartbeat may list a prompt stored since). Never derived from the queue's
+    depth, which counts every run's messages on a shared queue."""
+    held = set().union(*((r.get("holding") or {}).get(run, ()) for r in records))
+    return min(len(held), pending)
+
+
+def _workers(client: redis.Redis, records: list[dict]) -> list[dict]:
     now = CLOCK.now(client)  # heartbeats are timed on Redis's clock
     return [{"worker": w["worker"], "host": w["host"], "pid": w["pid"],
              "seen_s_ago": round(now - w["at"], 1), "servers": w["servers"],
              "storage": _storage(w, now), "cache_hits": w.get("cache_hits"), "cpu": w.get("cpu") or {}}
-            for w in heartbeats.read_all(client)]
+            for w in records]
 
 
 def _cache_hits(workers: list[dict]) -> dict:

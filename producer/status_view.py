@@ -9,6 +9,8 @@ from rich.table import Table
 
 from contract.cache_hits import share_text
 
+from .visible import cell
+
 
 def _duration(seconds: float | None) -> str:
     if seconds is None:
@@ -18,11 +20,13 @@ def _duration(seconds: float | None) -> str:
 
 
 def render_status(report: dict) -> Group:
-    counts = Table(title=f"run {report['run']!r} (queue {report['queue']})")
+    depth = report.get("queue_depth")
+    shared = f", {depth:,} messages of every run on it" if depth is not None else ""
+    counts = Table(title=f"run {report['run']!r} (queue {report['queue']}{shared})")
     columns = ("prompts", "queued", "in_flight", "done", "dead", "samples/s", "tokens/s", "ETA")
     for column in columns:
         counts.add_column(column, justify="right")
-    counts.add_row(*(str(report[k]) for k in ("prompts", "queued", "in_flight", "done", "dead")),
+    counts.add_row(*(f"{report[k]:,}" for k in ("prompts", "queued", "in_flight", "done", "dead")),
                    f"{report['samples_per_s']:.2f}", f"{report['tokens_per_s']:,.0f}",
                    "done" if report["finished"] else _duration(report["eta_s"]))
     parts = [counts]
@@ -30,7 +34,7 @@ def render_status(report: dict) -> Group:
         talks = Table(title="conversations (each turn above is a prompt)")
         for column in ("enqueued", "complete", "stopped", "in_progress", "turns", "turns_done"):
             talks.add_column(column.replace("_", " "), justify="right")
-        talks.add_row(*(str(report["conversations"][k]) for k in
+        talks.add_row(*(f"{report['conversations'][k]:,}" for k in
                         ("enqueued", "complete", "stopped", "in_progress", "turns", "turns_done")))
         parts.append(talks)
     if report["dead_by_reason"]:
@@ -38,7 +42,7 @@ def render_status(report: dict) -> Group:
         dead.add_column("reason")
         dead.add_column("count", justify="right")
         for reason, count in report["dead_by_reason"].items():
-            dead.add_row(reason, str(count))
+            dead.add_row(cell(reason), f"{count:,}")
         parts.append(dead)
     servers = Table(title="servers, as each worker sees them")
     for column in ("worker", "seen", "server", "state", "in flight / target", "model", "note"):
@@ -47,8 +51,9 @@ def render_status(report: dict) -> Group:
         for server in worker["servers"]:
             note = server.get("refusal") or server.get("last_error") or ""
             target = f" / {server['target']}" if server.get("target") else ""  # older workers: no target
-            servers.add_row(worker["worker"], f"{worker['seen_s_ago']:.0f}s ago", server["url"],
-                            server["state"], f"{server['in_flight']}{target}", server.get("model_path") or "", note)
+            servers.add_row(cell(worker["worker"]), f"{worker['seen_s_ago']:.0f}s ago", cell(server["url"]),
+                            cell(server["state"]), f"{server['in_flight']:,}{target}",
+                            cell(server.get("model_path") or ""), cell(note))
     if not report["workers"]:
         servers.add_row("no live worker", "", "", "", "", "", "")
     parts.append(servers)
@@ -80,7 +85,7 @@ def _cache_table(hits: dict) -> Table:
         table.add_column(column, justify="left" if column == "server" else "right", overflow="fold")
     for server in hits["servers"]:
         known = server["known_prompt_tokens"] > 0
-        table.add_row(server["server"], f"{server['prompt_tokens']:,}",
+        table.add_row(cell(server["server"]), f"{server['prompt_tokens']:,}",
                       f"{server['cached_tokens']:,}" if known else "-", share_text(server["share"]))
     if not hits["servers"]:
         table.add_row("no live worker", "", "", "")
@@ -105,7 +110,7 @@ def _per_worker_table(title: str, column: str, workers: list[dict], line: Callab
     table.add_column("worker")
     table.add_column(column, overflow="fold")
     for worker in workers:
-        table.add_row(worker["worker"], line(worker.get(column) or {}))
+        table.add_row(cell(worker["worker"]), cell(line(worker.get(column) or {})))
     if not workers:
         table.add_row("no live worker", "")
     return table

@@ -330,7 +330,7 @@ def test_dockerfile_installs_the_project_as_a_non_root_user():
     and runs as a non-root user."""
     text = (COMPOSE_DIR / "Dockerfile").read_text()
     assert re.search(r"^FROM python:3\.11-slim\b", text, re.M)
-    assert re.search(r"pip install\b.*\s(\.|/src)\s*(\\|$)", text, re.M)
+    assert re.search(r"pip install\b.*\s\"?(\.|/src)(\[[a-z,]+\])?\"?\s*(\\|$)", text, re.M)
     users = re.findall(r"^USER\s+(\S+)", text, re.M)
     assert users and users[-1].split(":")[0] not in ("root", "0"), users
 

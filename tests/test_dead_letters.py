@@ -90,7 +90,7 @@ def test_each_fault_is_dead_lettered_with_its_reason_and_transient_ones_are_stor
     assert all(rows[pid]["attempts"] == 2 for pid in retried)
 
     # and the dead letter explains itself: payload to replay, excerpt with the think positions
-    letter = json.loads(fleet.producer("dead", "show", next(p for p, d in dead.items()
+    letter = json.loads(fleet.producer("dead", "show", "--json", next(p for p, d in dead.items()
                                                              if d["reason"] == "multiple_think_end")).stdout)
     assert len(letter["excerpt"]["think_end"]) == 2 and letter["prompt_ids"] == plan[letter["id"]][0]
     assert letter["sampling"]["max_new_tokens"] == 300 and letter["servers"] == [url]

@@ -210,7 +210,7 @@ def test_show_decodes_a_dead_letter_and_refuses_an_unknown_id(fleet, tmp_path, t
     # Given a run whose prompts are all dead-lettered with two think-ends
     finished_run(fleet, tmp_path, 2, "--fault-double-think-end", "1.0", rules=())
     letter = fleet.dead_letters()[0]
-    full = json.loads(fleet.producer("dead", "show", letter["id"]).stdout)
+    full = json.loads(fleet.producer("dead", "show", letter["id"], "--json").stdout)
 
     # When it is shown
     text = fleet.producer("show", letter["id"]).stdout

@@ -31,7 +31,7 @@ from .gate import HealthGate
 from .lease import LeaseKeeper
 from .runtime import close_runtime
 from .settings import Settings
-from .shutdown import ShutdownGrace
+from .shutdown import ShutdownGrace, farewell
 
 kombu_redis.require()  # the kombu and Celery internals the fleet relies on are where it read them
 try:
@@ -88,3 +88,4 @@ def _flush_on_shutdown(**_) -> None:
     if lifeline.broken():  # shut down before the hand-back's own exit: still not a clean exit
         logging.shutdown()
         os._exit(lifeline.EXIT_BROKEN)
+    logging.getLogger(__name__).info("%s", farewell())

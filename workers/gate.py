@@ -39,6 +39,7 @@ class HealthGate(bootsteps.StartStopStep):
     def __init__(self, parent, **kwargs):
         super().__init__(parent, **kwargs)
         self.tref = None
+        self.consumed = False  # whether this worker has consumed yet
 
     def start(self, c) -> None:
         self.runtime = get_runtime(c.app.fleet_settings, c.hostname)
@@ -93,5 +94,16 @@ class HealthGate(bootsteps.StartStopStep):
         for name in sorted(current - desired):
             c.cancel_task_queue(name)
         if desired != current:
-            log.warning("consuming from %s", ", ".join(sorted(desired)) or
-                        f"nothing: {why} (prompts stay queued in Redis)")
+            self._say(desired, why)
+
+    def _say(self, desired: set[str], why: str | None) -> None:
+        """One line per change: queues taken at INFO; stopping is a WARNING, except before the
+        worker ever consumed (its servers are still being checked at start-up)."""
+        if desired:
+            self.consumed = True
+            log.info("consuming from %s", ", ".join(sorted(desired)))
+        elif self.consumed:
+            log.warning("consuming from nothing: %s (prompts stay queued in Redis, for other workers or until "
+                        "this one can take them again)", why)
+        else:
+            log.info("waiting to consume: %s yet (prompts stay queued in Redis)", why)

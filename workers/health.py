@@ -191,7 +191,7 @@ class HealthMonitor:
                 if binding.reasoning_parser else ""
             gateway = f", a gateway to {len(binding.gateway_workers)} healthy workers" \
                 if binding.gateway_workers is not None else ""
-            log.warning("server %s ready: model=%s max_model_len=%s%s; capacity %s%s, so %d requests in "
+            log.info("server %s ready: model=%s max_model_len=%s%s; capacity %s%s, so %d requests in "
                         "flight; it takes runs enqueued without --served-model or with --served-model %s",
                         binding.url, binding.model_path, binding.max_model_len, note,
                         binding.capacity or "not reported", gateway, binding.target,
@@ -219,7 +219,11 @@ class HealthMonitor:
     def _transition(self, binding: ServerBinding, state: str, why: str) -> None:
         if state == binding.state or (binding.state == REFUSED and state == HEALTHY):
             return
-        log.warning("server %s: %s -> %s (%s)", binding.url, binding.state, state, why)
+        if binding.state == HEALTHY:  # a server lost: its prompts go elsewhere meanwhile
+            log.warning("server %s: %s -> %s (%s); its new prompts go to this worker's other servers, or wait in "
+                        "the queue; see the server's own log", binding.url, binding.state, state, why)
+        else:
+            log.info("server %s: %s -> %s (%s)", binding.url, binding.state, state, why)
         was = binding.state
         binding.state = state
         self.pool.changed()

@@ -119,7 +119,8 @@ def serve(runtime, port: int) -> int | None:
             start_http_server(candidate, addr=host)
         except OSError:
             continue
-        log.warning("metrics on http://%s:%d/metrics", host, candidate)
+        log.info("metrics on http://%s:%d/metrics", host, candidate)
         return candidate
-    log.warning("no free metrics port in %d-%d on %s; metrics disabled", port, port + 31, host)
+    log.warning("no free metrics port in %d-%d on %s; metrics disabled: set FLEET_METRICS_PORT to a free range",
+                port, port + 31, host)
     return None

@@ -40,6 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import redis
 
+from contract import shard_home
 from contract.ledger import Ledger
 from contract.write_refusal import refusal
 from contract.names import PromptState
@@ -59,12 +60,19 @@ class LedgerRefused(OSError):
 class ShardBook:
     """The ledger's side of a group commit, for the shard writer's thread."""
 
-    def __init__(self, client: redis.Redis):
+    def __init__(self, client: redis.Redis, home: str | None = None):
         self.client = client
+        self.home = home  # this worker's OUTPUT_DIR (`contract.shard_home.home`), noted in each run it writes
+        self.homed: set[str] = set()  # runs whose home this process has noted
 
     def writing(self, run: str, rows: list[Sample], shard: str) -> None:
-        """Best effort: without entries a crash after the link costs a generation, no more."""
+        """Best effort: without entries a crash after the link costs a generation, no more.
+        The first group of a run also notes where this worker writes its shards, so that
+        commands read them there (`contract/shard_home.py`)."""
         try:
+            if self.home and run not in self.homed:
+                shard_home.record(self.client, run, self.home)
+                self.homed.add(run)
             Ledger(self.client, run).writing([row.id for row in rows], shard)
         except redis.RedisError as exc:
             found = refusal(exc)

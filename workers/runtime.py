@@ -14,6 +14,7 @@ import redis
 
 from contract import heartbeats
 from contract.connections import redact_url, redis_for
+from contract.shard_home import home
 from contract.write_refusal import READ_ONLY
 
 from . import cache_hits, metrics, sharers, turns
@@ -82,7 +83,7 @@ def _build(s: Settings, worker: str) -> Runtime:
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     pool = ServerPool(s.server_urls, s.max_inflight_per_server, s.affinity_margin)
     client = redis_for(s.redis_url)
-    shards = ShardWriter(s.output_dir, worker, s.group_rows, s.shard_max_wait, book=ShardBook(client),
+    shards = ShardWriter(s.output_dir, worker, s.group_rows, s.shard_max_wait, book=ShardBook(client, home(s.output_dir)),
                          commit_timeout=s.shard_commit_timeout)
     http = make_client(s.pool_size, s.connect_timeout, s.request_timeout, key, s.server_urls)
     writes = RedisWrites()
@@ -109,7 +110,7 @@ def _build(s: Settings, worker: str) -> Runtime:
     runtime = Runtime(settings=s, worker=worker, pool=pool, monitor=monitor, http=http, redis=client,
                       shards=shards, writes=writes, affinity=Affinity(s.affinity), cpu=cpu)
     monitor.client.auth = ServerCredentials(s.server_urls)  # bindings hold redacted URLs
-    log.warning("worker %s bound to %s; broker %s; shards to %s; %d threads, at most %d in flight per server",
+    log.info("worker %s bound to %s; broker %s; shards to %s; %d threads, at most %d in flight per server",
                 worker, ", ".join(b.url for b in pool.bindings), redact_url(s.redis_url), s.output_dir,
                 s.pool_size, s.max_inflight_per_server)
     monitor.start()
@@ -129,14 +130,17 @@ def _warn_if_redis_may_forget(client: redis.Redis, url: str) -> None:
         log.warning("could not check Redis %s for eviction and persistence (%s): it needs "
                     "maxmemory-policy noeviction and appendonly yes", redact_url(url), exc)
         return
-    problems = []
+    problems, remedies = [], []
     if conf.get("maxmemory-policy", "noeviction") != "noeviction":
         problems.append(f"maxmemory-policy is {conf['maxmemory-policy']}, not noeviction (queued prompts "
                         "and ledger entries may be evicted)")
+        remedies.append("maxmemory-policy noeviction")
     if conf.get("appendonly") != "yes" and not conf.get("save"):
         problems.append("no persistence, neither AOF nor RDB save points (a restart loses every queued prompt)")
+        remedies.append("appendonly yes")
     if problems:
-        log.warning("Redis %s may forget work: %s", redact_url(url), "; ".join(problems))
+        log.warning("Redis %s may forget work: %s; set %s in its redis.conf (or CONFIG SET, then CONFIG REWRITE)",
+                    redact_url(url), "; ".join(problems), " and ".join(remedies))
 
 
 def _text(value) -> str:

@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 SETTLE_SECONDS = 10.0     # for tasks whose samples were just committed to mark them done
 HAND_BACK_SECONDS = 25.0  # the whole hand-back, after the grace (keep the pod's grace above both)
 _consumer: list = []  # [(consumer, runtime)] once consuming
+_settled = [0, 0]  # finished prompts acknowledged, and prompts handed back, at shutdown (`farewell`)
 
 
 class ShutdownGrace(bootsteps.StartStopStep):
@@ -68,9 +69,7 @@ class ShutdownGrace(bootsteps.StartStopStep):
     @staticmethod
     def _settle() -> None:
         try:
-            kept, back = settle_held(*_consumer[0])
-            if kept or back:
-                log.warning("shutdown: %d finished prompts acknowledged, %d handed back", kept, back)
+            _settled[:] = settle_held(*_consumer[0])
         except Exception:
             log.exception("settling held prompts at shutdown failed: their leases will run out")
 
@@ -83,8 +82,8 @@ def _arm_grace_timer(sig=None, how=None, exitcode=None, **_) -> None:
         grace = 0.0
     else:
         grace = _consumer[0][0].app.fleet_settings.shutdown_grace
-        log.warning("%s received: finishing in-flight prompts for up to %.0fs (FLEET_SHUTDOWN_GRACE), then "
-                    "handing the rest back to the queue", sig, grace)
+        log.info("%s received: finishing in-flight prompts for up to %.0fs (FLEET_SHUTDOWN_GRACE), then "
+                 "handing the rest back to the queue", sig, grace)
     timer = threading.Timer(grace, _hand_back)
     timer.daemon = True
     timer.start()
@@ -103,12 +102,19 @@ def _hand_back() -> None:
     _wait(lambda: committing() == 0, SETTLE_SECONDS)
     try:
         kept, back = settle_held(c, rt)
-        log.warning("grace period over: %d finished prompts kept, handing %d in-flight prompts back "
-                    "to the queue", kept, back)
+        log.info("worker stopped at the end of its grace period: samples in shards, %d finished prompts "
+                 "acknowledged, %d in-flight prompts handed back to the queue", kept, back)
     except Exception:
         log.exception("handing prompts back failed: they return when their leases run out")
     logging.shutdown()
     os._exit(lifeline.EXIT_BROKEN if lifeline.broken() else 0)
+
+
+def farewell() -> str:
+    """The worker log's last line after an ordinary shutdown: what it handed back."""
+    kept, back = _settled
+    return (f"worker stopped cleanly: samples in shards, {kept} finished prompts acknowledged and {back} "
+            f"handed back to the queue at shutdown")
 
 
 def settle_held(c, rt) -> tuple[int, int]:

@@ -2,7 +2,8 @@
 
 The order matters only for a run still going: the ledger's counts are read
 first, then the shards, then the dead letters, so the shards can only hold
-more than the ledger said, never less (the page says when they differ).
+more than the ledger said (the page says when they differ); fewer is a fault
+(`contract.shard_home.Shortfall`), and no page is written.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 import redis
 
 from contract.deadletters import DeadLetters
+from contract.shard_home import check_found
 from contract.storage import store_for
 from contract.spec import RunSpec
 
@@ -40,6 +42,9 @@ def build_report(client: redis.Redis, spec: RunSpec, output_dir: str, queue_pref
     for letter in dead_letters(client, spec.name):
         letters.add(letter)
     data = figures(samples, letters, spec)
+    # read after the ledger's counts, the shards hold at least its done samples; fewer: the
+    # shards were read in the wrong place, or some are gone, and no page is written
+    check_found(spec.name, status["done"], data["samples"]["unique_ids"], store_for(output_dir).where(spec.name))
     repeated = repeated_hashes(samples)
     if repeated:
         data["examples"]["repeated"] = _repeated_ids(output_dir, spec.name, repeated)

@@ -77,7 +77,7 @@ def _header(spec: RunSpec, status: dict, data: dict, built: dict) -> str:
                          f"<span>{_e(label)}</span></div>" for label, value, cls in cards)
     state = "finished" if status["finished"] else f"{status['pending']:,} prompts still pending"
     note = "" if agree else (f"<p class='bad'>The shards hold {samples['unique_ids']:,} distinct samples but the "
-                             f"ledger counts {status['done']:,} done (a run still writing, or shards missing).</p>")
+                             f"ledger counted {status['done']:,} done when the report began (a run still writing).</p>")
     return (f"<header><h1>Run report: <code>{_e(spec.name)}</code></h1>"
             f"<div class='sub'>{state}; read {_e(built['at'])} from {built['shards']:,} shards under "
             f"<code>{_e(built['folder'])}</code> ({samples['rows']:,} rows, {samples['duplicate_rows']:,} stored "

@@ -57,6 +57,12 @@ class Settings(SharedSettings):
     max_attempts: int = 5
     retry_backoff: float = 1.0
     retry_backoff_max: float = 60.0
+    context_length: int = Field(
+        0, ge=0,
+        description="The servers' context length (SGLang's --context-length), for servers whose own the worker "
+                    "cannot read: behind a gateway whose servers it cannot reach. Where servers report theirs, the "
+                    "smaller is used. 0: read it from the servers, and give no prompt to a server or gateway "
+                    "whose length cannot be read.")
     # Connection failures while servers restart do not spend the budget above,
     # but a prompt gives up after this many of them.
     max_unavailable: int = 50

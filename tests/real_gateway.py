@@ -40,7 +40,7 @@ class Gateway:
         return sum(int(float(v)) for v in re.findall(
             r'^smg_worker_cb_transitions_total\{[^}]*from="closed"[^}]*to="open"[^}]*\} (\S+)$', text, re.M))
 
-    def open_circuits(self, requests: int = 40) -> None:
+    def open_circuits(self, requests: int = 200) -> None:
         """What another client can do: requests the workers refuse (400: a budget beyond any context)
         until every circuit is open and the gateway answers 503 No available workers."""
         body = {"input_ids": [1, 2, 3], "sampling_params": {"max_new_tokens": 10**7}}
@@ -48,7 +48,9 @@ class Gateway:
             answer = httpx.post(f"{self.url}/generate", json=body, timeout=30)
             if answer.status_code == 503:
                 return
-        raise AssertionError(f"the gateway's circuits did not open after {requests} refused requests")
+        outcomes = [line for line in httpx.get(self.metrics, timeout=5).text.splitlines() if "_cb_" in line]
+        raise AssertionError(f"the gateway's circuits did not open after {requests} refused requests (last: "
+                             f"{answer.status_code} {answer.text[:200]}); its breakers: {outcomes}")
 
 
 def start_gateway(logs: Path, workers: list[str], *options: str, policy: str = "cache_aware") -> Gateway:
@@ -57,7 +59,8 @@ def start_gateway(logs: Path, workers: list[str], *options: str, policy: str = "
     port, metrics = free_port(), free_port()
     argv = [router_python(), "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
             "--worker-urls", *workers, "--policy", policy, "--prometheus-host", "127.0.0.1",
-            "--prometheus-port", str(metrics), "--health-check-interval-secs", "1", "--log-level", "warn",
+            "--prometheus-port", str(metrics), "--health-check-interval-secs", "1", "--shutdown-grace-period-secs", "1",
+            "--log-level", "warn",
             *options]
     env = {**os.environ, "HF_ENDPOINT": f"http://127.0.0.1:{free_port()}", "HF_HOME": str(logs / "hf-home"),
            "NO_COLOR": "1"}

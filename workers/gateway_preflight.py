@@ -36,7 +36,7 @@ def judge_gateway(client: httpx.Client, binding: ServerBinding, key_sent: bool) 
     if not workers:
         raise httpx.HTTPError(f"gateway {binding.url} lists no healthy server yet")
     judged, unread, capacity = [], [], 0
-    for url in workers:
+    for url in sorted(workers):
         server, info = ServerBinding(url), _read(client, url)
         if info is None:
             unread.append(f"{url} (not reachable)")
@@ -53,7 +53,7 @@ def judge_gateway(client: httpx.Client, binding: ServerBinding, key_sent: bool) 
         capacity += capacity_from_server_info(_body(info, "server_info")) or loads_capacity(client, url) \
             or UNKNOWN_CAPACITY
     _combine(client, binding, judged)
-    binding.unread = f"the context length of the gateway's server(s) {', '.join(unread)}" if unread else None
+    binding.unread = f"the context length of the gateway's server(s) {', '.join(sorted(unread))}" if unread else None
     return capacity
 
 

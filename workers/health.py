@@ -153,6 +153,8 @@ class HealthMonitor:
         self.observe(binding, observed, detail)
         if binding.usable and observed == HEALTHY:  # a failing server's load read would only wait too
             self._read_load(binding)
+        elif binding.state == REFUSED and observed == HEALTHY and binding.gateway_workers is not None:
+            self._recheck_refused_gateway(binding)
 
     def _read_load(self, binding: ServerBinding, listing: bool = True) -> None:
         """The server's running and waiting requests, for its tuner; a gateway's worker list first."""
@@ -188,6 +190,14 @@ class HealthMonitor:
         if first_look or binding.failures >= self.settings.health_failures:
             self._transition(binding, observed, detail)
 
+    def _recheck_refused_gateway(self, binding: ServerBinding) -> None:
+        """A refused gateway is judged again when its list changes (the server refused restarted,
+        say): the gateway itself never goes down for that."""
+        workers = gateway_workers(self.client, binding.url)
+        if workers is not None and sorted(workers) != sorted(binding.gateway_workers or []):
+            binding.state = HEALTHY
+            self._workers_changed(binding, workers)
+
     def _workers_changed(self, binding: ServerBinding, workers: list[str]) -> None:
         """A gateway gained or lost healthy workers: judged again from the servers it lists now."""
         before = binding.gateway_workers or []
@@ -196,6 +206,7 @@ class HealthMonitor:
         self._preflight(binding)
 
     def _preflight(self, binding: ServerBinding) -> None:
+        before = binding.refusal
         try:
             capacity = self.preflight(self.client, binding)
             settle_context(binding, self.settings.context_length)
@@ -207,7 +218,7 @@ class HealthMonitor:
             return
         except Unreadable as exc:  # judged again each round: the servers may become reachable
             binding.preflighted = False
-            if binding.refusal != str(exc):
+            if before != str(exc):  # once, not each round
                 log.error("server %s gets no prompt: %s", binding.url, exc)
             binding.refusal = binding.last_error = str(exc)
             self.pool.changed()

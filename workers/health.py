@@ -246,15 +246,15 @@ class HealthMonitor:
         maybe_gateway = binding.gateway_workers is not None or not binding.preflighted
         try:
             response = self.client.get(f"{url}/readiness") if maybe_gateway else None
-            if response is None or response.status_code == 404:  # not a gateway, or a router without it
-                response = self.client.get(f"{url}/health")
+            if response is None or response.status_code not in (200, 503):  # not a gateway (SGLang: 404,
+                response = self.client.get(f"{url}/health")  # or 401 without its key), or an old router
         except httpx.ConnectError as exc:
             return LOADING, f"connection refused ({exc.__class__.__name__}): loading or dead"
         except httpx.TimeoutException:
             return DOWN, f"/health did not answer in full within {self.settings.health_timeout:.0f}s"
         except httpx.HTTPError as exc:
             return DOWN, f"/health failed: {exc!r}"
-        if response.status_code == 200 and binding.gateway_workers is not None and \
+        if response.status_code == 200 and binding.gateway_workers is not None and binding.state != REFUSED and \
                 (binding.state != HEALTHY or binding.in_flight == 0):
             refused = self._generation_probe(binding)
             if refused:

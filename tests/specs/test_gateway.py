@@ -191,3 +191,19 @@ def test_a_gateway_ready_by_its_readiness_but_refusing_generations_is_seen_down_
     # while requests of this worker in flight there answer for it instead: no probe then
     binding.state, binding.in_flight, before = ServerState.HEALTHY, 3, len(asked)
     assert monitor._probe(binding)[0] == ServerState.HEALTHY and asked[before:] == ["GET /readiness"]
+
+
+@pytest.mark.parametrize("readiness", [404, 401])
+def test_a_server_not_judged_yet_that_has_no_readiness_is_probed_by_its_health(readiness):
+    # Given a server that answers /readiness 404 (SGLang has none) or 401 (its --api-key, not sent)
+    asked: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        asked.append(request.url.path)
+        return httpx.Response(readiness if request.url.path == "/readiness" else 200)
+
+    monitor = HealthMonitor(ServerPool(["http://s"], 4), Settings(sglang_urls="http://s"), {})
+    monitor.client = httpx.Client(transport=httpx.MockTransport(answer))
+    # Then its /health's status decides, as for any server
+    assert monitor._probe(monitor.pool.bindings[0])[0] == ServerState.HEALTHY
+    assert asked == ["/readiness", "/health"]

@@ -87,10 +87,11 @@ def test_a_server_killed_behind_a_round_robin_gateway_loses_no_prompt(fleet, tmp
 
 
 def test_a_gateway_that_is_ready_but_refuses_every_request_pauses_the_worker_and_no_prompt_dies(fleet, tmp_path):
-    # Given the real gateway in front of two servers, whose circuits half-open 8 s after they open,
-    # and an idle worker bound to it
+    # Given the real gateway in front of two servers, one refused request enough to open a circuit
+    # (the worker's own probes, all good, would otherwise break a run of ten), which half-opens 8 s
+    # later, and an idle worker bound to it
     backends = [fleet.standin("--context-length", str(CONTEXT))[1] for _ in range(2)]
-    gateway = start_gateway(fleet.logs, backends, "--cb-timeout-duration-secs", "8")
+    gateway = start_gateway(fleet.logs, backends, "--cb-failure-threshold", "1", "--cb-timeout-duration-secs", "8")
     fleet.processes.append(gateway.process)
     fleet.worker("w1", [gateway.url])
     wait_until(lambda: _server(fleet).get("state") == "healthy", 60, "the gateway ready for the worker", fleet)
@@ -113,6 +114,30 @@ def test_a_gateway_that_is_ready_but_refuses_every_request_pauses_the_worker_and
     assert fleet.dead_letters() == []
     assert {row["attempts"] for row in fleet.rows()} == {1}
     assert _server(fleet).get("state") == "healthy"
+
+
+def test_circuits_that_open_mid_run_pause_the_worker_and_no_prompt_spends_an_attempt(fleet, tmp_path):
+    # Given the real gateway in front of two servers, one refused request enough to open a circuit,
+    # which half-opens 6 s later, and a worker busy with a run of ~1 s generations through it, 8 at a time
+    slow = ("--max-running-requests", "4", "--step-base", "0.01", "--output-len-median", "80",
+            "--output-len-max", "120")
+    backends = [fleet.standin(*slow)[1] for _ in range(2)]
+    gateway = start_gateway(fleet.logs, backends, "--cb-failure-threshold", "1", "--cb-timeout-duration-secs", "6")
+    fleet.processes.append(gateway.process)
+    worker = fleet.worker("w1", [gateway.url])
+    n = 60
+    fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(n))))
+    wait_until(lambda: fleet.states().get("done", 0) >= 5, 120, "the run under way", fleet)
+
+    # When another client's refused requests open every circuit while the worker's requests are in flight
+    gateway.open_circuits()
+
+    # Then the worker pauses the gateway on its outage answer, and once the circuits close every
+    # prompt is stored at its first attempt, none dead-lettered
+    assert fleet.wait_finished(timeout=300) == {"done": n}
+    assert fleet.dead_letters() == []
+    assert {row["attempts"] for row in fleet.rows()} == {1}
+    assert "No available workers" in worker.log.read_text() and gateway.circuits_opened() >= 2
 
 
 def test_a_gateway_in_front_of_a_server_that_truncates_prompts_is_refused(fleet, tmp_path):

@@ -229,7 +229,7 @@ def _generation(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int
                     raise Unfit(_dead(rt, spec, prompt_id, prompt_ids, sampling, tries, Reason.PROMPT_TOO_LONG,
                                       f"{too_long} of {binding.url}"))
                 tries.servers.append(binding.url)
-                sent = _fit_context(sampling, len(prompt_ids), binding.max_model_len)
+                sent = fit_context(sampling, len(prompt_ids), binding.max_model_len)
                 with metrics.LATENCY.labels(binding.url).time():
                     generation = generate(rt.http, binding.url, prompt_ids, sent, prompt_id,
                                           timeout=s.request_timeout,
@@ -306,7 +306,7 @@ def prompt_too_long(prompt_len: int, context: int | None, max_input: int | None)
     return None
 
 
-def _fit_context(sampling: dict, prompt_len: int, context: int | None) -> dict:
+def fit_context(sampling: dict, prompt_len: int, context: int | None) -> dict:
     """SGLang refuses (400) a request whose prompt plus an explicit budget reaches the context
     (`>=`, its tokenizer manager's check); the budget is cut to what fits, and the sample
     records it. Behind a gateway the 400s would also open its circuit breakers."""

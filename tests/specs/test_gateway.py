@@ -16,7 +16,7 @@ import pytest
 
 from contract.names import ServerState
 from workers.gateway_answers import OUTAGE, UPSTREAM, gateway_failure
-from workers.generation import _fit_context, prompt_too_long
+from workers.generation import fit_context, prompt_too_long
 from workers.health import HealthMonitor
 from workers.preflight import Unreadable, preflight, settle_context
 from workers.servers import ServerBinding, ServerPool
@@ -54,8 +54,8 @@ def test_a_gateway_outage_is_its_own_failure_class_and_a_servers_answers_keep_th
 
 def test_a_budget_leaves_the_one_token_sglang_requires_and_a_prompt_without_room_is_too_long():
     # SGLang refuses prompt + max_new_tokens >= context: 100 + 1947 = 2047 is the most it takes
-    assert _fit_context({"max_new_tokens": 4096}, 100, 2048) == {"max_new_tokens": 1947}
-    assert _fit_context({"max_new_tokens": 1000}, 100, 2048) == {"max_new_tokens": 1000}
+    assert fit_context({"max_new_tokens": 4096}, 100, 2048) == {"max_new_tokens": 1947}
+    assert fit_context({"max_new_tokens": 1000}, 100, 2048) == {"max_new_tokens": 1000}
     assert prompt_too_long(2046, 2048, None) is None
     assert "no room" in prompt_too_long(2047, 2048, None)
     assert "max_req_input_len" in prompt_too_long(2040, 2048, 2040)

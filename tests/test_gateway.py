@@ -86,6 +86,31 @@ def test_a_server_killed_behind_a_round_robin_gateway_loses_no_prompt(fleet, tmp
     assert _server(fleet)["capacity"] == 16
 
 
+def test_a_server_frozen_behind_a_gateway_with_a_request_timeout_loses_no_prompt(fleet, tmp_path):
+    # Given the real gateway (round-robin) with a 10 s request timeout in front of two servers, with
+    # generations of about a second
+    slow = ("--max-running-requests", "8", "--step-base", "0.01", "--output-len-median", "80",
+            "--output-len-max", "120")
+    frozen, first = fleet.standin(*slow)
+    _, second = fleet.standin(*slow)
+    gateway = start_gateway(fleet.logs, [first, second], "--request-timeout-secs", "10", policy="round_robin")
+    fleet.processes.append(gateway.process)
+    fleet.worker("w1", [gateway.url])
+    n = 60
+    fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(n))))
+
+    # When one server freezes mid-run (SIGSTOP: its port open, nothing answered)
+    wait_until(lambda: fleet.states().get("done", 0) >= 10, 120, "a sixth of the run stored", fleet)
+    frozen.signal(signal.SIGSTOP)
+    try:
+        # Then every prompt is stored all the same, none dead-lettered
+        assert fleet.wait_finished(timeout=300) == {"done": n}
+        assert fleet.dead_letters() == []
+        assert len({row["id"] for row in fleet.rows()}) == n
+    finally:
+        frozen.signal(signal.SIGCONT)
+
+
 def test_a_gateway_that_is_ready_but_refuses_every_request_pauses_the_worker_and_no_prompt_dies(fleet, tmp_path):
     # Given the real gateway in front of two servers, one refused request enough to open a circuit
     # (the worker's own probes, all good, would otherwise break a run of ten), which half-opens 8 s

@@ -1,5 +1,10 @@
 """A stand-in for SGLang's model gateway (sgl-model-gateway, formerly sgl-router) in front of N servers.
 
+The tests run the real gateway (sglang-router from the package index, tests/real_gateway.py);
+this stand-in is kept for the benchmarks' `gw:` topologies (bench/lab.py), whose figures were
+measured with its least-in-flight routing, and it follows a newer gateway than sglang-router
+0.3.2 (which answers `/get_server_info` itself and has no `/v1/loads`).
+
 `python -m sglang_standin.gateway --worker-urls URL [URL ...] --port P`
 
 What it reproduces, after the gateway's `server.rs` and `core/worker_manager.rs`

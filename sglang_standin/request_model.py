@@ -173,11 +173,12 @@ def _check_ids(ids: list[int], cfg: StandinConfig) -> list[int]:
 
 
 def _check_total(n: int, requested: object, params: dict, cfg: StandinConfig) -> object:
-    """SGLang rejects an explicit max_new_tokens that overflows the context."""
+    """SGLang rejects an explicit max_new_tokens that, with the prompt, reaches the context
+    (its tokenizer manager's `max_new_tokens + input_token_num >= context_len`)."""
     if not isinstance(requested, (int, float)) or isinstance(requested, bool):
         raise InternalError("unsupported operand type for +")  # SGLang adds it to an int
     c = cfg.context_length
-    if requested + n <= c:
+    if requested + n < c:
         return requested
     if cfg.allow_auto_truncate:
         log.warning("Requested token count (%d input + %s new) exceeds the model's context length "

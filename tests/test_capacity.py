@@ -2,7 +2,7 @@
 
 A worker with every setting at its default reads each server's capacity from
 what it reports and keeps its running batch full with a short queue; bound to
-SGLang's gateway (the stand-in in sglang_standin/gateway.py) it treats the
+SGLang's gateway (the real sglang-router, tests/real_gateway.py) it treats the
 gateway as one server whose capacity is its workers' sum, and its health
 follows the gateway's readiness.
 """
@@ -10,15 +10,14 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 import threading
 
 import httpx
 import pytest
 
 from conftest import write_prompts
+from real_gateway import start_gateway
 from waiting import wait_until
-from producer.local import free_port, spawn, wait_for
 
 # Long enough generations (~1.5 s) that a sample of the servers' queues says something.
 SLOW = ("--step-base", "0.01", "--output-len-median", "150", "--output-len-sigma", "0.1", "--output-len-max", "200")
@@ -90,14 +89,11 @@ def test_a_worker_with_defaults_fills_a_batch_8_and_a_batch_32_server_with_a_sho
 
 
 def test_a_worker_bound_to_a_gateway_treats_it_as_one_server_of_its_workers_capacity(fleet, tmp_path):
-    # Given SGLang's gateway (its stand-in) in front of a batch-8 and a batch-32 server
+    # Given SGLang's gateway (sglang-router, the real one) in front of a batch-8 and a batch-32 server
     backends = [fleet.standin("--max-running-requests", str(n))[1] for n in (8, 32)]
-    port = free_port()
-    gateway = spawn(f"gateway-{port}", [sys.executable, "-m", "sglang_standin.gateway", "--port", str(port),
-                                        "--worker-urls", *backends], fleet.logs)
-    fleet.processes.append(gateway)
-    url = f"http://127.0.0.1:{port}"
-    wait_for(lambda: httpx.get(f"{url}/readiness", timeout=5).status_code == 200, 60, "gateway", gateway)
+    gateway = start_gateway(fleet.logs, backends)
+    fleet.processes.append(gateway.process)
+    url = gateway.url
 
     # When a worker bound to the gateway's URL alone, with defaults, drains a run
     fleet.worker("w1", [url])

@@ -654,3 +654,34 @@ def test_flower_refuses_to_start_without_basic_auth(auth, starts):
     assert (done.returncode == 0) == starts
     if not starts:
         assert "FLOWER_BASIC_AUTH" in done.stderr
+
+
+# --------------------------------------------------------------------------- SGLang's gateway
+
+
+@files
+def test_the_gateway_runs_the_pinned_sglang_router_with_a_short_health_check_interval(file):
+    """Given the gateway service (profile gateway), then it is built from compose/Dockerfile.gateway,
+    which installs the sglang-router version scripts/setup.sh tests against, listens on 0.0.0.0:30000,
+    checks its servers every 5 s (its default is a minute) and is healthy by its /readiness."""
+    gateway = render(file, "gateway", "example").service("gateway")
+    assert gateway.get("profiles") == ["gateway"]
+    dockerfile = (ROOT / "compose" / "Dockerfile.gateway").read_text()
+    [pinned] = re.findall(r"sglang-router==([\d.]+)", dockerfile)
+    assert f"sglang-router=={pinned}" in (ROOT / "scripts" / "setup.sh").read_text()
+    argv = argv_of(gateway.get("command"))
+    assert option(argv, "--host") == "0.0.0.0" and option(argv, "--port") == "30000"
+    assert option(argv, "--health-check-interval-secs") == "5"
+    assert option(argv, "--worker-urls") == EXAMPLE["GATEWAY_WORKER_URLS"].split()[0]
+    assert "/readiness" in " ".join(healthcheck_argv(gateway))
+
+
+@files
+def test_a_worker_bound_to_the_gateway_renders_with_it(file, monkeypatch):
+    """Given SGLANG_URLS naming the gateway, then the gateway profile starts it beside the core services
+    and no SGLang server, and the worker is bound to it."""
+    monkeypatch.setitem(ENV_CASES, "gateway", {**EXAMPLE, "SGLANG_URLS": "http://gateway:30000"})
+    rendered = render(file, "gateway", "gateway")
+    assert {"redis", "worker", "flower", "gateway"} <= set(rendered.services)
+    assert not {"sglang", "standin"} & set(rendered.services)
+    assert env_of(rendered.service("worker"))["SGLANG_URLS"] == "http://gateway:30000"

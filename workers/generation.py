@@ -36,8 +36,8 @@ from .runtime import Runtime
 from .servers import NoServer, ServerBinding
 from .specs import cached_spec
 from .shards import BadSample, StorageUnavailable
-from .sglang_client import (Generation, ServerCut, ServerRefused, ServerRejected, ServerUnavailable,
-                            TransientError, generate)
+from .sglang_client import (GatewayOutage, Generation, ServerCut, ServerRefused, ServerRejected,
+                            ServerUnavailable, TransientError, generate)
 from .turns import turn_columns
 from .verify import Verdict, think_positions, verify
 
@@ -224,12 +224,12 @@ def _generation(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int
         try:
             with rt.pool.acquire(spec.served_model, s.server_wait, avoid=avoid, prefer=route.prefer) as binding:
                 rt.affinity.sent(route, binding.url, rt.pool.spilled(route.prefer, binding, spec.served_model))
-                if binding.max_model_len and len(prompt_ids) >= binding.max_model_len:
+                too_long = prompt_too_long(len(prompt_ids), binding.max_model_len, binding.max_input_len)
+                if too_long:
                     raise Unfit(_dead(rt, spec, prompt_id, prompt_ids, sampling, tries, Reason.PROMPT_TOO_LONG,
-                                      f"{len(prompt_ids)} prompt tokens do not fit the context of "
-                                      f"{binding.max_model_len} tokens of {binding.url}"))
+                                      f"{too_long} of {binding.url}"))
                 tries.servers.append(binding.url)
-                sent = _fit_context(sampling, len(prompt_ids), binding.max_model_len)
+                sent = fit_context(sampling, len(prompt_ids), binding.max_model_len)
                 with metrics.LATENCY.labels(binding.url).time():
                     generation = generate(rt.http, binding.url, prompt_ids, sent, prompt_id,
                                           timeout=s.request_timeout,
@@ -247,6 +247,8 @@ def _generation(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int
             _refused(rt, spec, binding, exc, tries)
         except ServerCut as exc:
             _cut(rt, spec, exc, tries)
+        except GatewayOutage as exc:
+            _outage(rt, spec, binding, exc, tries)
         except ServerUnavailable as exc:
             rt.monitor.suspect(binding, str(exc))
             tries.last_bad_output = None
@@ -282,11 +284,34 @@ def _cut(rt: Runtime, spec: RunSpec, exc: ServerCut, tries: Attempts) -> None:
         raise GiveBack(f"{exc}; no other usable server")
 
 
-def _fit_context(sampling: dict, prompt_len: int, context: int | None) -> dict:
-    """SGLang refuses (400) a request whose prompt plus an explicit budget exceeds
-    the context; the budget is cut to what fits, and the sample records it."""
-    if context and sampling.get("max_new_tokens", 0) > context - prompt_len:
-        return {**sampling, "max_new_tokens": context - prompt_len}
+def _outage(rt: Runtime, spec: RunSpec, binding: ServerBinding, exc: GatewayOutage, tries: Attempts) -> None:
+    """The gateway answered that no worker can take a request: the binding is paused like a server
+    that is down (health brings it back once a request goes through), the request was no attempt,
+    and the prompt goes to another server at once, or back to the queue when none is usable."""
+    rt.monitor.outage(binding, str(exc))
+    tries.servers.pop()
+    tries.cut += 1
+    if not rt.pool.usable(spec.served_model):
+        raise GiveBack(f"{exc}; no other usable server")
+
+
+def prompt_too_long(prompt_len: int, context: int | None, max_input: int | None) -> str | None:
+    """Why SGLang would refuse this prompt whatever its budget, or None. Its tokenizer refuses
+    prompt + budget >= context (so a prompt needs context - 1 tokens at most, to leave one for
+    the answer) and its scheduler a prompt of `max_req_input_len` tokens or more."""
+    if context and prompt_len >= context - 1:
+        return f"{prompt_len} prompt tokens leave no room for an answer in the context of {context} tokens"
+    if max_input and prompt_len >= max_input:
+        return f"{prompt_len} prompt tokens reach the longest input allowed, {max_input} tokens (max_req_input_len)"
+    return None
+
+
+def fit_context(sampling: dict, prompt_len: int, context: int | None) -> dict:
+    """SGLang refuses (400) a request whose prompt plus an explicit budget reaches the context
+    (`>=`, its tokenizer manager's check); the budget is cut to what fits, and the sample
+    records it. Behind a gateway the 400s would also open its circuit breakers."""
+    if context and sampling.get("max_new_tokens", 0) > context - prompt_len - 1:
+        return {**sampling, "max_new_tokens": context - prompt_len - 1}
     return sampling
 
 

@@ -13,8 +13,17 @@ Each preflight (a new server, or one back from a restart) sets the binding's
 capacity afresh, and every round reads each usable server's live load
 (`workers/server_load.py`) for its in-flight tuner. A binding that is SGLang's
 model gateway is probed with `GET /readiness` (its `/health` answers 200 with
-no worker behind it), and its worker list is read again each round: when the
-healthy workers change, so does its capacity. A binding whose answers do not
+no worker behind it; so is a binding not yet judged, which may be one), and its
+worker list is read again each round: when the healthy workers change, the
+preflight judges it again (capacity, context length, model). A gateway whose
+`/readiness` says ready may still refuse every request (sglang-router answers
+`503 No available workers` while its circuit breakers are open): a request
+that gets that answer pauses the binding at once (`outage`), and a round that
+finds it ready sends a one-token `/generate` as well when this worker has
+nothing in flight there or the binding is not healthy, so the outage is seen
+within the usual rounds and ends only once a request goes through. The probe
+counts only the gateway's own outage answer as a failure: under load it may
+wait behind the servers' queues, and a timeout says nothing. A binding whose answers do not
 carry the whole server's load (a gateway, whose answers carry one worker's;
 a server with several DP ranks) has its load read once per tuning window
 (`capacity.WINDOW_SECONDS`) by a second thread as well, so that workers
@@ -44,8 +53,11 @@ import httpx
 from . import lifeline
 from .capacity import WINDOW_SECONDS
 from .deadlines import deadline_client
+from .gateway_answers import OUTAGE, gateway_failure
+from .preflight import Unreadable, settle_context
 from .preflight import preflight as preflight_server
-from .server_load import gateway_capacity, gateway_load, gateway_workers, server_load
+from .server_load import gateway_load, gateway_workers, server_load
+from .sglang_client import error_message
 from .servers import DOWN, HEALTHY, LOADING, REFUSED, WARMING, ServerBinding, ServerPool
 from .settings import Settings
 
@@ -91,6 +103,17 @@ class HealthMonitor:
         binding.state = REFUSED
         self.pool.changed()
 
+    def outage(self, binding: ServerBinding, why: str) -> None:
+        """A gateway answered a request that no worker can take: down now, as after the failed probes
+        (its other requests in flight are left to finish), and back once a probe goes through."""
+        binding.last_error = why
+        binding.successes, binding.failures = 0, max(binding.failures, self.settings.health_failures)
+        if binding.state == HEALTHY:
+            binding.state = DOWN
+            log.warning("server %s: healthy -> down (%s); prompts wait until a request goes through", binding.url,
+                        why)
+            self.pool.changed()
+
     def suspect(self, binding: ServerBinding, error: str) -> None:
         """A request failed to connect: check now rather than at the next interval."""
         binding.last_error = error
@@ -130,6 +153,8 @@ class HealthMonitor:
         self.observe(binding, observed, detail)
         if binding.usable and observed == HEALTHY:  # a failing server's load read would only wait too
             self._read_load(binding)
+        elif binding.state == REFUSED and observed == HEALTHY and binding.gateway_workers is not None:
+            self._recheck_refused_gateway(binding)
 
     def _read_load(self, binding: ServerBinding, listing: bool = True) -> None:
         """The server's running and waiting requests, for its tuner; a gateway's worker list first."""
@@ -165,20 +190,38 @@ class HealthMonitor:
         if first_look or binding.failures >= self.settings.health_failures:
             self._transition(binding, observed, detail)
 
+    def _recheck_refused_gateway(self, binding: ServerBinding) -> None:
+        """A refused gateway is judged again when its list changes (the server refused restarted,
+        say): the gateway itself never goes down for that."""
+        workers = gateway_workers(self.client, binding.url)
+        if workers is not None and sorted(workers) != sorted(binding.gateway_workers or []):
+            binding.state = HEALTHY
+            self._workers_changed(binding, workers)
+
     def _workers_changed(self, binding: ServerBinding, workers: list[str]) -> None:
-        """A gateway gained or lost healthy workers: its capacity is summed again."""
+        """A gateway gained or lost healthy workers: judged again from the servers it lists now."""
         before = binding.gateway_workers or []
         log.warning("gateway %s: %d healthy workers (was %d)", binding.url, len(workers), len(before))
-        each = binding.capacity // len(before) if binding.capacity and before else None
         binding.gateway_workers = workers
-        self.pool.reset_capacity(binding, gateway_capacity(self.client, workers, each))
+        self._preflight(binding)
 
     def _preflight(self, binding: ServerBinding) -> None:
+        before = binding.refusal
         try:
             capacity = self.preflight(self.client, binding)
+            settle_context(binding, self.settings.context_length)
         except httpx.HTTPError as exc:
+            binding.preflighted = False
             binding.last_error = f"preflight failed: {exc!r}"
             log.warning("server %s: preflight failed (%r); will retry", binding.url, exc)
+            self.pool.changed()
+            return
+        except Unreadable as exc:  # judged again each round: the servers may become reachable
+            binding.preflighted = False
+            if before != str(exc):  # once, not each round
+                log.error("server %s gets no prompt: %s", binding.url, exc)
+            binding.refusal = binding.last_error = str(exc)
+            self.pool.changed()
             return
         self.pool.reset_capacity(binding, capacity)
         binding.preflighted = True
@@ -200,21 +243,40 @@ class HealthMonitor:
 
     def _probe(self, binding: ServerBinding) -> tuple[str, str]:
         url = binding.url
+        maybe_gateway = binding.gateway_workers is not None or not binding.preflighted
         try:
-            response = self.client.get(f"{url}/readiness") if binding.gateway_workers is not None else None
-            if response is None or response.status_code == 404:  # not a gateway, or a router without it
-                response = self.client.get(f"{url}/health")
+            response = self.client.get(f"{url}/readiness") if maybe_gateway else None
+            if response is None or response.status_code not in (200, 503):  # not a gateway (SGLang: 404,
+                response = self.client.get(f"{url}/health")  # or 401 without its key), or an old router
         except httpx.ConnectError as exc:
             return LOADING, f"connection refused ({exc.__class__.__name__}): loading or dead"
         except httpx.TimeoutException:
             return DOWN, f"/health did not answer in full within {self.settings.health_timeout:.0f}s"
         except httpx.HTTPError as exc:
             return DOWN, f"/health failed: {exc!r}"
+        if response.status_code == 200 and binding.gateway_workers is not None and binding.state != REFUSED and \
+                (binding.state != HEALTHY or binding.in_flight == 0):
+            refused = self._generation_probe(binding)
+            if refused:
+                return DOWN, refused
         if response.status_code == 200:
             return HEALTHY, ""
         if response.status_code == 503:
             return WARMING, "503 from /health: warming up, shutting down or stuck"
         return DOWN, f"/health answered HTTP {response.status_code}"
+
+    def _generation_probe(self, binding: ServerBinding) -> str | None:
+        """Why a gateway that says it is ready is not (its own outage answer to a one-token
+        generation), or None: a generation, a server's error or no answer in time says nothing."""
+        body = {"input_ids": [0], "sampling_params": {"max_new_tokens": 1, "temperature": 0.0}}
+        try:
+            response = self.client.post(f"{binding.url}/generate", json=body)
+        except httpx.HTTPError:
+            return None
+        if gateway_failure(response.status_code, response.content) == OUTAGE:
+            return (f"/readiness answers 200 but /generate HTTP {response.status_code} "
+                    f"{error_message(response.content)}")
+        return None
 
     def _transition(self, binding: ServerBinding, state: str, why: str) -> None:
         if state == binding.state or (binding.state == REFUSED and state == HEALTHY):

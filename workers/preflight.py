@@ -16,7 +16,15 @@ for it instead of sending prompts that would loop through retries. The HTTP
 The preflight also reads the server's capacity (`workers/capacity.py`), which
 the health monitor turns into the binding's fresh in-flight target, and
 whether the URL is SGLang's model gateway (`workers/server_load.py`): then
-the capacity is the sum over the gateway's healthy workers.
+every judgement comes from the servers the gateway lists, each read directly
+(`workers/gateway_preflight.py`), since the gateway answers none of these
+routes for its workers.
+
+Never an unknown context length: the length used is the smallest that any
+source gives (the servers' own, `FLEET_CONTEXT_LENGTH`); a server or gateway
+whose length cannot be read, without that setting, gets no prompt
+(`Unreadable`, judged again each health round) and one log line that says
+what could not be read and how to fix it.
 """
 from __future__ import annotations
 
@@ -25,7 +33,7 @@ from dataclasses import dataclass
 import httpx
 
 from .capacity import capacity_from_server_info
-from .server_load import gateway_capacity, gateway_workers, loads_capacity
+from .server_load import gateway_workers, loads_capacity
 from .servers import ServerBinding
 
 # Each info document, by the routes that serve it (newer name first, then the deprecated alias).
@@ -44,16 +52,34 @@ class Info:
     body: dict | None  # the JSON object of a 200, else None
 
 
+class Unreadable(Exception):
+    """What the binding's context length depends on could not be read (the message says how to fix it)."""
+
+
 def preflight(client: httpx.Client, binding: ServerBinding) -> int | None:
     """Judge the server from its info routes; returns its capacity (None: it does not say)."""
     key_sent = "authorization" in client.headers
+    binding.gateway_workers = gateway_workers(client, binding.url)
+    if binding.gateway_workers is not None:
+        from .gateway_preflight import judge_gateway  # judges each server by this module's rules
+        return judge_gateway(client, binding, key_sent)
     info = fetch_info(client, binding.url)
     apply_info(binding, info, key_sent)
-    binding.gateway_workers = gateway_workers(client, binding.url)
-    server_info = _body(info, "server_info")
-    if binding.gateway_workers is not None:
-        return gateway_capacity(client, binding.gateway_workers, capacity_from_server_info(server_info))
-    return capacity_from_server_info(server_info) or loads_capacity(client, binding.url)
+    binding.unread = None if binding.max_model_len else (
+        f"no context length from {binding.url} (neither /v1/models max_model_len nor /server_info context_length)")
+    return capacity_from_server_info(_body(info, "server_info")) or loads_capacity(client, binding.url)
+
+
+def settle_context(binding: ServerBinding, setting: int) -> None:
+    """The context length used: the smallest known (the servers', `FLEET_CONTEXT_LENGTH`); raises
+    `Unreadable` when a server's could not be read and the setting does not give it."""
+    if binding.refusal:
+        return
+    if (binding.unread or not binding.max_model_len) and not setting:
+        unread = binding.unread or f"the context length of {binding.url}"
+        raise Unreadable(f"could not read {unread}: make the servers reachable from this worker, or "
+                         "set FLEET_CONTEXT_LENGTH to their context length (SGLang's --context-length)")
+    binding.max_model_len = min(n for n in (binding.max_model_len, setting) if n)
 
 
 def fetch_info(client: httpx.Client, url: str) -> dict[str, Info]:
@@ -89,7 +115,9 @@ def apply_info(binding: ServerBinding, info: dict[str, Info], key_sent: bool) ->
     binding.served_model_name = server_info.get("served_model_name") or model_info.get("served_model_name")
     binding.reasoning_parser = server_info.get("reasoning_parser") or model_info.get("reasoning_parser")
     cards = models.get("data") or []
-    binding.max_model_len = cards[0].get("max_model_len") if cards else server_info.get("context_length")
+    binding.max_model_len = _positive(cards[0].get("max_model_len") if cards else None) or \
+        _positive(server_info.get("context_length"))
+    binding.max_input_len = _positive(server_info.get("max_req_input_len"))
     binding.vocab_size = _vocab_size(model_info, server_info)
     binding.dp_size = server_info.get("dp_size") if isinstance(server_info.get("dp_size"), int) else 1
     binding.refusal = None
@@ -112,6 +140,10 @@ def credentials_refusal(status: int, route: str, key_sent: bool) -> str:
     else:
         fix = "SGLANG_API_KEY is unset; set it to the server's --api-key"
     return f"HTTP {status} on {route}: the server refuses this worker's credentials ({fix}, then restart the worker)"
+
+
+def _positive(value) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def _vocab_size(*documents: dict) -> int | None:

@@ -3,18 +3,19 @@
 A plain SGLang server reports its capacity in `/server_info` (read by the
 preflight) and its load in `/v1/loads` (2026 builds) or `/get_load` (older,
 deprecated later). SGLang's model gateway (sgl-model-gateway, formerly
-sgl-router) routes `/generate` over many workers and answers `/server_info`,
-`/model_info` and `/v1/models` by forwarding them to its first healthy worker,
-but its own `/v1/loads` / `/get_loads` report only tokens per worker, and its
-`/health` is a liveness probe that answers 200 with no worker at all. So a
+sgl-router) routes `/generate` over many workers; what it answers itself is
+no help here: sglang-router 0.3.2 answers `/get_server_info` with its own
+`{"router_manager": true}`, has no `/server_info`, `/model_info` or
+`/v1/loads` (404), a `/v1/models` without `max_model_len`, a `/get_loads` of
+tokens per worker, and a `/health` that answers 200 with no worker at all. So a
 binding is recognised as a gateway by its worker listing (`GET /workers`,
 `{"workers": [{"url", "is_healthy", ...}]}`; older routers `GET /list_workers`,
 `{"urls": [...]}`), its health is `GET /readiness` (200 while at least one
 worker is healthy; `/health` where a router has no `/readiness`), and its
 capacity and load are the sums over its healthy workers, each read from the
-worker itself. A worker the fleet cannot reach counts as the gateway's own
-forwarded capacity, or `UNKNOWN_CAPACITY`, and a load that cannot be read in
-full is not reported (the tuner then keeps its target). Reads only; every
+worker itself (the preflight's part: `workers/gateway_preflight.py`), and a
+load that cannot be read in full is not reported (the tuner then keeps its
+target). Reads only; every
 failure is None, never an exception out of here.
 """
 from __future__ import annotations
@@ -23,13 +24,12 @@ import logging
 
 import httpx
 
-from .capacity import UNKNOWN_CAPACITY, Load, capacity_from_loads, capacity_from_server_info, load_from_loads
+from .capacity import Load, capacity_from_loads, load_from_loads
 
 log = logging.getLogger(__name__)
 
 LISTINGS = ("/workers", "/list_workers")
 LOAD_ROUTES = ("/v1/loads", "/get_load")
-SERVER_INFO_ROUTES = ("/server_info", "/get_server_info")
 
 
 def listed_workers(body) -> list[str] | None:
@@ -52,28 +52,6 @@ def gateway_workers(client: httpx.Client, url: str) -> list[str] | None:
         if found is not None:
             return found
     return None
-
-
-def gateway_capacity(client: httpx.Client, workers: list[str], forwarded: int | None) -> int | None:
-    """The sum of the workers' capacities, each read from the worker, else as the gateway forwarded it."""
-    if not workers:
-        return None
-    total = 0
-    for worker in workers:
-        total += worker_capacity(client, worker) or forwarded or UNKNOWN_CAPACITY
-    return total
-
-
-def worker_capacity(client: httpx.Client, url: str) -> int | None:
-    """One server's capacity: `/server_info` (or its older alias), else its `/v1/loads` entries."""
-    for route in SERVER_INFO_ROUTES:
-        body = _get_json(client, f"{url}{route}")
-        if isinstance(body, dict):
-            found = capacity_from_server_info(body)
-            if found:
-                return found
-            break
-    return loads_capacity(client, url)
 
 
 def loads_capacity(client: httpx.Client, url: str) -> int | None:

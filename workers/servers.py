@@ -60,9 +60,11 @@ class ServerBinding:
     model_path: str | None = None
     served_model_name: str | None = None
     max_model_len: int | None = None
+    max_input_len: int | None = None  # the scheduler's max_req_input_len, where reported
     reasoning_parser: str | None = None
     vocab_size: int | None = None  # where the server reports one
     refusal: str | None = None
+    unread: str | None = None  # what the preflight could not read that the context length depends on
     last_error: str | None = None
     checked_at: float = 0.0
     preflighted: bool = False

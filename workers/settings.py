@@ -84,6 +84,12 @@ class Settings(SharedSettings):
     retry_backoff: float = Field(1.0, description="First wait, in seconds, before a transient failure is tried again "
                                  "(it doubles each time).")
     retry_backoff_max: float = Field(60.0, description="The longest wait between two tries of a prompt.")
+    context_length: int = Field(
+        0, ge=0,
+        description="The servers' context length (SGLang's --context-length), for servers whose own the worker "
+                    "cannot read: behind a gateway whose servers it cannot reach. Where servers report theirs, the "
+                    "smaller is used. 0: read it from the servers, and give no prompt to a server or gateway "
+                    "whose length cannot be read.")
     # Connection failures while servers restart do not spend the budget above,
     # but a prompt gives up after this many of them.
     max_unavailable: int = Field(50, description="Connection failures while servers restart do not spend "

@@ -17,6 +17,11 @@ Failures fall in six classes, each handled differently by the task:
   model. Retried like a transient failure, then dead-lettered as `bad_output`.
 - `ServerRejected`: HTTP 400, the server refusing this prompt (too long, bad
   parameters). Dead-lettered at once with SGLang's message.
+- `GatewayOutage`: SGLang's gateway answering for itself that no worker can
+  take a request (`workers/gateway_answers.py`: 503 no_available_workers,
+  its circuits open). An outage of the binding, not an attempt: the binding
+  is paused and the prompt goes elsewhere or back to the queue, its budget
+  untouched. The gateway's own upstream failures are `ServerUnavailable`.
 
 Invariant: a call reads at most `max_bytes` of the answer, and every wait in
 it has a deadline: the whole exchange, from the wait for the answer's head to
@@ -53,6 +58,7 @@ from urllib3.exceptions import HTTPError, ReadTimeoutError
 from .answers import read_answer
 from .cache_hits import cached_tokens
 from .deadlines import DeadlineWatchdog, Watch
+from .gateway_answers import OUTAGE, gateway_failure
 from .server_auth import Origin, basic_by_origin, origin
 
 CHUNK = 65536
@@ -83,6 +89,10 @@ class TransientError(GenerateError):
 
 
 class ServerRejected(GenerateError):
+    pass
+
+
+class GatewayOutage(GenerateError):
     pass
 
 
@@ -270,6 +280,10 @@ def _late(url: str, timeout: float, watch: Watch) -> GenerateError | None:
 def failure(url: str, status: int, body: bytes) -> GenerateError:
     """What a non-200 answer means for the prompt and the server."""
     message = error_message(body)
+    gateway = gateway_failure(status, body)
+    if gateway is not None:
+        kind = GatewayOutage if gateway == OUTAGE else ServerUnavailable
+        return kind(f"{url}: HTTP {status} {message} (the gateway's own answer)")
     if status in (401, 403):
         return ServerRefused(f"{url}: HTTP {status} {message}", status)
     if status in (400, 413, 422):

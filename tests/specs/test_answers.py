@@ -192,7 +192,10 @@ def test_a_401_on_generate_refuses_the_server_until_it_comes_back_and_passes_the
     # Given a usable server (the preflight injected: it accepts the credentials)
     settings = Settings(sglang_urls="http://a", health_failures=3, health_successes=2)
     pool = ServerPool(["http://a"], 4)
-    monitor = HealthMonitor(pool, settings, {}, preflight=lambda _client, b: setattr(b, "refusal", None))
+    def preflight(_client, b) -> None:
+        b.refusal, b.max_model_len = None, 4096
+
+    monitor = HealthMonitor(pool, settings, {}, preflight=preflight)
     binding = pool.bindings[0]
     for _ in range(2):
         monitor.observe(binding, ServerState.HEALTHY, "")

@@ -142,7 +142,7 @@ def validate(obj: dict) -> None:
 
 def test_every_overlay_is_listed():
     # Given deploy/k8s, then it has the overlays the documentation walks through
-    assert {p.name for p in OVERLAYS} == {"gpu", "sentinel", "prometheus-operator", "standin"}
+    assert {p.name for p in OVERLAYS} == {"gpu", "sentinel", "prometheus-operator", "standin", "gateway"}
 
 
 @needs_kubectl
@@ -213,9 +213,12 @@ def test_the_worker_agrees_with_the_fleets_settings(overlay, monkeypatch):
     # Then the pod's grace period covers the drain: the grace, the settle and the hand-back
     grace = pod["spec"]["terminationGracePeriodSeconds"]
     assert grace >= settings.shutdown_grace + SETTLE_SECONDS + HAND_BACK_SECONDS
-    # and the worker is bound to its own pod's server, on the port the server listens on
+    # and the worker is bound to its own pod's server, on the port the server listens on (or, in the
+    # gateway's overlay, to the gateway's Service)
     [port] = [p["containerPort"] for p in server["ports"] if p["name"] == "sglang"]
-    assert settings.server_urls == [f"http://localhost:{port}"]
+    gateways = objects(overlay, "Service", "fleet-gateway")
+    assert settings.server_urls == ([f"http://fleet-gateway:{gateways[0]['spec']['ports'][0]['port']}"]
+                                    if gateways else [f"http://localhost:{port}"])
     # and the server's probes read /health's status code there, never faster than the
     # fleet's own health timeout, with a start-up allowance for loading weights
     for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
@@ -234,6 +237,34 @@ def test_the_worker_agrees_with_the_fleets_settings(overlay, monkeypatch):
         assert annotations["prometheus.io/port"] == str(settings.metrics_port)
     # and the worker runs the documented command
     assert worker["command"] == documented_worker_command()
+
+
+@needs_kubectl
+def test_the_gateway_finds_the_generation_servers_checks_them_often_and_is_ready_by_its_readiness():
+    # Given the gateway overlay's gateway
+    overlay = K8S / "overlays" / "gateway"
+    [deployment] = objects(overlay, "Deployment", "fleet-gateway")
+    pod = deployment["spec"]["template"]
+    gateway = container(pod, "gateway")
+    args = dict(a.split("=", 1) if "=" in a else (a, "") for a in gateway["args"] if a.startswith("--"))
+    # Then it discovers the generation pods by their label, on their server's port, in its namespace
+    [generation] = objects(overlay, "Deployment", "fleet-generation")
+    labels = generation["spec"]["template"]["metadata"]["labels"]
+    selector = gateway["args"][gateway["args"].index("--selector") + 1]
+    key, value = selector.split("=")
+    assert labels[key] == value and "--service-discovery" in args
+    server_port = [p["containerPort"] for p in container(generation_pod(overlay), "sglang")["ports"]
+                   if p["name"] == "sglang"]
+    assert [int(args["--service-discovery-port"])] == server_port
+    # which its service account may list, and it checks them every 5 s (its default is a minute)
+    [role] = objects(overlay, "Role", "fleet-gateway")
+    assert {"list", "watch"} <= set(role["rules"][0]["verbs"]) and role["rules"][0]["resources"] == ["pods"]
+    assert pod["spec"]["serviceAccountName"] == "fleet-gateway" and args["--health-check-interval-secs"] == "5"
+    # and it is ready by /readiness (its /health answers 200 with no server), takes the servers' key
+    assert gateway["readinessProbe"]["httpGet"]["path"] == "/readiness"
+    assert args["--api-key"] == "$(SGLANG_API_KEY)"
+    # and its image is the pinned sglang-router the tests run
+    assert gateway["image"].endswith(":0.3.2") and "sglang-router==0.3.2" in (ROOT / "scripts" / "setup.sh").read_text()
 
 
 @needs_kubectl

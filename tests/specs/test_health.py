@@ -21,7 +21,7 @@ def monitor(refusal: str | None = None) -> tuple[HealthMonitor, ServerBinding, l
 
     def preflight(_client, binding: ServerBinding) -> None:
         calls.append(binding.url)
-        binding.model_path, binding.refusal = "m", refusal
+        binding.model_path, binding.refusal, binding.max_model_len = "m", refusal, 4096
 
     settings = Settings(sglang_urls="http://a", health_failures=3, health_successes=2)
     pool = ServerPool(["http://a"], 4)
@@ -80,7 +80,11 @@ def test_a_server_that_restarts_with_another_batch_gets_a_target_from_its_new_ca
     capacities = iter([64, 256])
     settings = Settings(sglang_urls="http://a", health_failures=3, health_successes=2)
     pool = ServerPool(["http://a"], 1024)
-    m = HealthMonitor(pool, settings, {}, preflight=lambda _client, _binding: next(capacities))
+    def preflight(_client, binding: ServerBinding) -> int:
+        binding.max_model_len = 4096
+        return next(capacities)
+
+    m = HealthMonitor(pool, settings, {}, preflight=preflight)
     b = pool.bindings[0]
     feed(m, b, H, H)
     assert (b.capacity, b.target) == (64, 72)

@@ -21,7 +21,9 @@ if [ ! -f ".venv/.installed-$hash-test" ] && [ ! -f ".venv/.installed-$hash-$rol
 fi
 # SGLang's real gateway for the tests (tests/real_gateway.py): sglang-router, a Rust binary in a wheel,
 # in a virtual environment of its own (its FastAPI would pin the stand-in's Starlette). The version is
-# the one the README names as supported; FLEET_SGLANG_ROUTER overrides it to try another.
+# the one the documentation names as supported; FLEET_SGLANG_ROUTER overrides it to try another.
+# The demo does not need it.
+[ "$role" = test ] || exit 0
 ROUTER="${FLEET_SGLANG_ROUTER:-sglang-router==0.3.2}"
 router_stamp=".venv-router/.installed-$(echo "$ROUTER" | sha256sum | cut -c1-16)"
 if [ ! -f "$router_stamp" ]; then

@@ -231,7 +231,10 @@ def test_the_cli_reference_lists_every_command_and_option_with_its_help(site):
         assert "-".join(path) in ids, path
         for param in command.params:
             # and each of its options (and arguments) is listed, under every name it answers to
-            for name in [*param.opts, *param.secondary_opts]:
+            # (an argument by the placeholder its usage shows)
+            names = [param.metavar or param.name.upper()] if param.param_type_name == "argument" \
+                else [*param.opts, *param.secondary_opts]
+            for name in names:
                 assert name in text, (path, name)
             # with its help
             if getattr(param, "help", None):

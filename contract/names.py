@@ -64,8 +64,9 @@ MEANINGS: dict[Reason, str] = {
                        "shard format cannot hold (an id outside int32, a length that does not add up)",
     Reason.SERVER_ERROR: "transient failures (5xx, 503, timeouts) outlasted the retry budget "
                          "(`FLEET_MAX_ATTEMPTS`)",
-    Reason.PROMPT_TOO_LONG: "longer than the server's `max_model_len` (or `enqueue --max-prompt-tokens`, "
-                            "reported at enqueue)",
+    Reason.PROMPT_TOO_LONG: "leaves no room for an answer in the server's context (prompt >= context length - 1, "
+                            "SGLang refusing prompt + budget >= context) or exceeds its `max_req_input_len` "
+                            "(or `enqueue --max-prompt-tokens`, reported at enqueue)",
     Reason.POISON: "the prompt's workers died holding it (OOM, a native crash) more than `FLEET_MAX_DELIVERIES` "
                    "times, the last time alone in its worker (the workers are in `excerpt.held_by`)",
     Reason.WORKER_ERROR: "the task failed unexpectedly `FLEET_MAX_CRASHES` times (traceback kept); also a "

@@ -31,7 +31,7 @@ import time
 from dataclasses import dataclass
 
 from .lab import Lab
-from .procs import tree_cpu_seconds
+from .procs import _TICKS, tree_cpu_seconds
 from .prompts import repeated, write_jsonl
 from .publish import enqueue
 from .saturation import PROFILES
@@ -98,11 +98,18 @@ def _reading(lab: Lab, pid: int, progress: tuple[int, int]) -> dict:
     done, polls = progress
     return {
         "time": time.monotonic(), "done": done, "polls": polls,
-        "worker_cpu_s": tree_cpu_seconds(pid),
+        "worker_cpu_s": tree_cpu_seconds(pid), "worker_sys_s": _sys_seconds(pid),
         "redis_cpu_s": float(info["used_cpu_sys"]) + float(info["used_cpu_user"]),
         "net_in": int(info["total_net_input_bytes"]), "net_out": int(info["total_net_output_bytes"]),
         "commands": {k[len("cmdstat_"):]: int(v["calls"]) for k, v in info.items() if k.startswith("cmdstat_")},
     }
+
+
+def _sys_seconds(pid: int) -> float:
+    """The kernel's share of a process's CPU (/proc/<pid>/stat stime): thread switches and I/O."""
+    with open(f"/proc/{pid}/stat", "rb") as handle:
+        raw = handle.read().decode()
+    return int(raw[raw.rindex(")") + 2:].split()[12]) / _TICKS
 
 
 def _per_sample(start: dict, end: dict, states: dict) -> dict:
@@ -120,6 +127,8 @@ def _per_sample(start: dict, end: dict, states: dict) -> dict:
         "redis_out_bytes_per_sample": (end["net_out"] - start["net_out"]) / samples,
         "worker_cpu_us_per_sample": (end["worker_cpu_s"] - start["worker_cpu_s"]) / samples * 1e6,
         "worker_cpu_share": (end["worker_cpu_s"] - start["worker_cpu_s"]) / wall,
+        "worker_sys_share": (end["worker_sys_s"] - start["worker_sys_s"]) / max(
+            end["worker_cpu_s"] - start["worker_cpu_s"], 1e-9),
     }
 
 
@@ -138,5 +147,5 @@ def sample_figures(d: dict) -> list:
                     f"{d['redis_out_bytes_per_sample']:,.0f} B out per sample"),
         Figure(part, "worker CPU per stored sample", d["worker_cpu_us_per_sample"], "{:,.0f}", "us",
                note=f"one worker process, batch-256 stand-in, ~100-token answers; "
-                    f"{d['worker_cpu_share']:.2f} of a core"),
+                    f"{d['worker_cpu_share']:.2f} of a core, {d['worker_sys_share']:.0%} of it in the kernel"),
     ]

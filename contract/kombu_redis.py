@@ -29,6 +29,14 @@ way kombu lets other threads ack; `Channel.close` -> `QoS.restore_unacked_once`
 found, so all of the above holds for it too. Delivery tags are
 global in Redis (uuids in the `unacked` hash and `unacked_index` set, shared
 by every channel), so any client can renew, acknowledge or expire any tag.
+The tag travels in the message itself (`properties.delivery_tag`, set when it
+was published), which is how a task knows its own (`request.properties`).
+
+`batch_takes` replaces kombu's take and acknowledgement with fewer commands
+(`kombu_take.py` says how): `Channel._brpop_read` (BRPOP's reply parsed, the
+queue cycle rotated, one message delivered), `QoS.append`, `QoS.ack` and
+`QoS.reject`, each checked against a hash of its 5.7.0 source (`REPLACED`),
+and `QoS.can_consume_max_estimate` (the prefetch count's room).
 
 Lease scores are times: `QoS.append` scores a delivery with the module's
 `time()` and `QoS.restore_visible` restores what scores older than `time() -

@@ -102,6 +102,7 @@ def _reading(lab: Lab, pid: int, progress: tuple[int, int]) -> dict:
         "redis_cpu_s": float(info["used_cpu_sys"]) + float(info["used_cpu_user"]),
         "net_in": int(info["total_net_input_bytes"]), "net_out": int(info["total_net_output_bytes"]),
         "commands": {k[len("cmdstat_"):]: int(v["calls"]) for k, v in info.items() if k.startswith("cmdstat_")},
+        "usec": {k[len("cmdstat_"):]: int(v["usec"]) for k, v in info.items() if k.startswith("cmdstat_")},
     }
 
 
@@ -118,10 +119,13 @@ def _per_sample(start: dict, end: dict, states: dict) -> dict:
     calls["hgetall"] = calls.get("hgetall", 0) - end["polls"]  # the bench's own polls
     calls["info"] = calls.get("info", 0) - 1  # the reading at the window's end
     per = {name: n / samples for name, n in sorted(calls.items(), key=lambda kv: -kv[1]) if n > 0}
+    usec = {name: (n - start.get("usec", {}).get(name, 0)) / samples for name, n in end.get("usec", {}).items()}
     wall = end["time"] - start["time"]
     return {
         "samples": samples, "wall_s": wall, "samples_per_s": samples / wall, "states": states,
         "commands_per_sample": sum(per.values()), "commands": per,
+        # Redis's own time in each command, per sample (a script's includes the commands it calls)
+        "command_us": {name: round(us, 2) for name, us in sorted(usec.items(), key=lambda kv: -kv[1]) if us > 0},
         "redis_cpu_us_per_sample": (end["redis_cpu_s"] - start["redis_cpu_s"]) / samples * 1e6,
         "redis_in_bytes_per_sample": (end["net_in"] - start["net_in"]) / samples,
         "redis_out_bytes_per_sample": (end["net_out"] - start["net_out"]) / samples,

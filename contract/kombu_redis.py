@@ -35,8 +35,9 @@ was published), which is how a task knows its own (`request.properties`).
 `batch_takes` replaces kombu's take and acknowledgement with fewer commands
 (`kombu_take.py` says how): `Channel._brpop_read` (BRPOP's reply parsed, the
 queue cycle rotated, one message delivered), `QoS.append`, `QoS.ack` and
-`QoS.reject`, each checked against a hash of its 5.7.0 source (`REPLACED`),
-and `QoS.can_consume_max_estimate` (the prefetch count's room).
+`QoS.reject`, each checked against a hash of its 5.7.0 source (`REPLACED`;
+where one differs, kombu's own are kept), and `QoS.can_consume_max_estimate`
+(the prefetch count's room).
 
 Lease scores are times: `QoS.append` scores a delivery with the module's
 `time()` and `QoS.restore_visible` restores what scores older than `time() -
@@ -51,11 +52,13 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import logging
 import threading
 from functools import lru_cache
 from types import SimpleNamespace
 from typing import Any, Callable, Iterable, Iterator
 
+log = logging.getLogger(__name__)
 READ_FROM = "5.7.0"
 UNACKED = "unacked"               # hash: delivery tag -> JSON [message, exchange, routing key]
 UNACKED_INDEX = "unacked_index"   # sorted set: delivery tag -> time fetched (the lease)
@@ -239,12 +242,12 @@ def reuse_clients() -> None:
 
 
 # What `batch_takes` replaces or skips, as read from kombu 5.7.0 (a hash of each one's source):
-# another kombu's version of any of them is refused (`check`), never patched blindly.
+# where any of them differs, kombu's own take and ack are kept, never patched blindly.
 REPLACED = {"Channel._brpop_read": "c42518699709f2df", "QoS.append": "35c655f6ecc62fe6",
             "QoS.ack": "1bc15a4ddf541af6", "QoS.reject": "747a02434344d1a6"}
 
 
-def batch_takes() -> None:
+def batch_takes() -> bool:
     """kombu's take and acknowledgement in few Redis commands (`kombu_take` says how and why).
 
     `Channel._brpop_read` is kombu's own but for its last step: the message BRPOP
@@ -252,13 +255,22 @@ def batch_takes() -> None:
     script, then delivered in order; `QoS.append` leaves what the script recorded
     to it (the channel's memory only), and `QoS.ack` and `QoS.reject` leave what a
     group commit acknowledged (`settled`). A channel with a global key prefix (not
-    the fleet's) keeps kombu's way. Idempotent."""
+    the fleet's) keeps kombu's way, and so does a kombu whose versions of these differ
+    from the ones read (`REPLACED`): it works as before, at kombu's cost, and says so.
+    Returns whether the batched way is installed. Idempotent."""
     from kombu.transport import redis as kredis
     from kombu.transport.virtual import base as virtual
 
     channel, qos = kredis.Channel, kredis.QoS
     if getattr(channel._brpop_read, "fleet_batches", False):
-        return
+        return True
+    moved = [name for name, expected in REPLACED.items()
+             if _source_hash(getattr(getattr(kredis, name.split(".")[0]), name.split(".")[1], None)) != expected]
+    if moved:
+        log.warning(
+            "kombu's take and acknowledgement kept as kombu does them (about ten more Redis commands a "
+            "sample): %s not the one(s) read from kombu %s", ", ".join(moved), READ_FROM)
+        return False
     read, append, ack, reject = channel._brpop_read, qos.append, qos.ack, qos.reject
 
     def _append(self, message, delivery_tag):
@@ -289,6 +301,7 @@ def batch_takes() -> None:
 
     _brpop_read.fleet_batches = True
     qos.append, qos.ack, qos.reject, channel._brpop_read = _append, _ack, _reject, _brpop_read
+    return True
 
 
 def _read_and_take(self, options: dict) -> bool:
@@ -389,11 +402,6 @@ def _kombu_redis_problems() -> list[str]:
     if not (isinstance(sentinel, type) and issubclass(sentinel, channel)
             and sentinel._create_client is channel._create_client and sentinel.QoS is channel.QoS):
         problems.append("kombu.transport.redis.SentinelChannel no longer shares Channel's client and QoS")
-    installed = getattr(getattr(channel, "_brpop_read", None), "fleet_batches", False)
-    for name, expected in ({} if installed else REPLACED).items():  # installed: checked before
-        owner, _, attribute = name.partition(".")
-        if _source_hash(getattr(getattr(kredis, owner), attribute, None)) != expected:
-            problems.append(f"kombu.transport.redis.{name} is not the one read from {READ_FROM}")
     for name in ("can_consume_max_estimate",):
         if not callable(getattr(kredis.QoS, name, None)):
             problems.append(f"kombu.transport.redis.QoS.{name} is gone")

@@ -67,8 +67,8 @@ def test_one_take_is_bounded_whatever_the_room(client):
 
 @pytest.fixture
 def kombu_connection(server):
-    kombu_redis.batch_takes()
-    kombu_redis.batch_takes()  # idempotent
+    assert kombu_redis.batch_takes()  # this kombu is the one read: installed
+    assert kombu_redis.batch_takes()  # idempotent
     with Connection(server, transport_options={"visibility_timeout": 3600}) as connection:
         yield connection
 

@@ -300,6 +300,8 @@ def batch_takes() -> bool:
             self._flush_brpop_reauth()
 
     _brpop_read.fleet_batches = True
+    for replaced, original in ((_append, append), (_ack, ack), (_reject, reject), (_brpop_read, read)):
+        replaced.fleet_original = original  # what `check` reads
     qos.append, qos.ack, qos.reject, channel._brpop_read = _append, _ack, _reject, _brpop_read
     return True
 
@@ -411,7 +413,8 @@ def _kombu_redis_problems() -> list[str]:
     if not hasattr(kredis.QoS, "restore_at_shutdown"):
         problems.append("kombu.transport.redis.QoS.restore_at_shutdown is gone")
     for name in ("append", "restore_visible"):  # lease scores read the module's `time` (`use_clock`)
-        code = getattr(getattr(kredis.QoS, name, None), "__code__", None)
+        found = getattr(kredis.QoS, name, None)
+        code = getattr(getattr(found, "fleet_original", found), "__code__", None)
         if code is None or "time" not in code.co_names or not callable(getattr(kredis, "time", None)):
             problems.append(f"kombu.transport.redis.QoS.{name} no longer reads the module's time()")
     return problems

@@ -15,6 +15,8 @@ Parts (each can be chosen with --parts, each sized by its flags):
   cache            prefix-cache hit share and throughput of the fleet (affinity on and off)
                    against an oracle client, on conversations and shared system prompts
                    (not in the default set: --parts cache)
+  sample           Redis commands, Redis CPU and worker CPU per stored sample, one worker on a
+                   batch-256 stand-in with short answers (not in the default set: --parts sample)
 
 Defaults are sized to finish in about fifteen minutes on a 2-core machine; every
 goal is a ratio or a size measured within the same run.
@@ -34,8 +36,8 @@ from rich.console import Console
 
 from .report import Figure, at_least, at_most, print_table, write_json
 
-PARTS = ("saturation", "producer", "worker", "redis", "producer-memory", "scale", "inflight", "storage", "cache")
-DEFAULT_PARTS = tuple(p for p in PARTS if p not in ("scale", "inflight", "cache"))
+PARTS = ("saturation", "producer", "worker", "redis", "producer-memory", "scale", "inflight", "storage", "cache", "sample")
+DEFAULT_PARTS = tuple(p for p in PARTS if p not in ("scale", "inflight", "cache", "sample"))
 MiB = 1024 * 1024
 MEMORY_SCALE = 10_000  # worker RSS: after 10,000 and after 100,000 samples, as the issue sets it
 
@@ -109,6 +111,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     k.add_argument("--cache-batch", type=int, default=16, help="batch of each of the 4 stand-ins")
     k.add_argument("--cache-prefill-per-token", type=float, default=0.00001,
                    help="seconds per uncached prompt token (a 1,500-token prefill: about 2 decode steps)")
+    q = p.add_argument_group("cost per sample")
+    q.add_argument("--sample-prompts", type=int, default=6000, help="prompts queued before the worker starts")
+    q.add_argument("--sample-warmup", type=int, default=1500, help="samples stored before the window opens")
+    q.add_argument("--sample-tail", type=int, default=1000, help="samples still queued when it closes")
     args = p.parse_args(argv)
     args.parts = [x.strip() for x in args.parts.split(",") if x.strip()]
     unknown = set(args.parts) - set(PARTS)
@@ -317,6 +323,12 @@ def main(argv: list[str] | None = None) -> int:
                     batch=args.cache_batch, prefill_per_token=args.cache_prefill_per_token,
                     fleet_env=_env_pairs(args.fleet_env)), log)
                 figures += cache_figures(details["cache"], hit_goal=0.9, speed_goal=args.ratio_goal)
+            if "sample" in args.parts:
+                from .sample_cost import SampleOptions, run_sample_cost, sample_figures
+
+                details["sample"] = run_sample_cost(lab, SampleOptions(
+                    prompts=args.sample_prompts, warmup=args.sample_warmup, tail=args.sample_tail), log)
+                figures += sample_figures(details["sample"])
             if "scale" in args.parts:
                 from .scale import ScaleOptions, run_scale
                 from .scale_figures import real_run_figures, scale_figures

@@ -29,6 +29,15 @@ way kombu lets other threads ack; `Channel.close` -> `QoS.restore_unacked_once`
 found, so all of the above holds for it too. Delivery tags are
 global in Redis (uuids in the `unacked` hash and `unacked_index` set, shared
 by every channel), so any client can renew, acknowledge or expire any tag.
+The tag travels in the message itself (`properties.delivery_tag`, set when it
+was published), which is how a task knows its own (`request.properties`).
+
+`batch_takes` replaces kombu's take and acknowledgement with fewer commands
+(`kombu_take.py` says how): `Channel._brpop_read` (BRPOP's reply parsed, the
+queue cycle rotated, one message delivered), `QoS.append`, `QoS.ack` and
+`QoS.reject`, each checked against a hash of its 5.7.0 source (`REPLACED`;
+where one differs, kombu's own are kept), and `QoS.can_consume_max_estimate`
+(the prefetch count's room).
 
 Lease scores are times: `QoS.append` scores a delivery with the module's
 `time()` and `QoS.restore_visible` restores what scores older than `time() -
@@ -40,11 +49,16 @@ it too: every score is written and compared on one clock.
 """
 from __future__ import annotations
 
+import hashlib
+import inspect
 import json
+import logging
+import threading
 from functools import lru_cache
 from types import SimpleNamespace
 from typing import Any, Callable, Iterable, Iterator
 
+log = logging.getLogger(__name__)
 READ_FROM = "5.7.0"
 UNACKED = "unacked"               # hash: delivery tag -> JSON [message, exchange, routing key]
 UNACKED_INDEX = "unacked_index"   # sorted set: delivery tag -> time fetched (the lease)
@@ -86,6 +100,36 @@ def mark_acked(qos, tag: str) -> None:
     qos._dirty.add(tag)
 
 
+class _Settled:
+    """Delivery tags a group commit acknowledged in Redis (`kombu_take.forget`), until kombu's own
+    ack of each settles only its channel's memory. Bounded: a tag whose ack never comes (its task
+    ended another way meanwhile) is forgotten after `LIMIT` newer ones."""
+    LIMIT = 65536
+
+    def __init__(self) -> None:
+        self._tags: dict[str, bool] = {}
+        self._lock = threading.Lock()
+
+    def add(self, tags: Iterable[str]) -> None:
+        with self._lock:
+            self._tags.update(dict.fromkeys(tags, True))
+            while len(self._tags) > self.LIMIT:
+                del self._tags[next(iter(self._tags))]
+
+    def pop(self, tag: str) -> bool:
+        with self._lock:
+            return self._tags.pop(tag, False)
+
+
+_SETTLED = _Settled()
+
+
+def settled(tags: Iterable[str]) -> None:
+    """These deliveries are acknowledged in Redis already (with their group commit): kombu's ack
+    of each, when its task returns, settles only its channel's memory (`batch_takes`)."""
+    _SETTLED.add(tags)
+
+
 def renew(client, tags: Iterable[str], at: float) -> None:
     """Re-score leases that still exist (XX: never resurrect an acknowledged tag)."""
     tags = list(tags)
@@ -94,8 +138,9 @@ def renew(client, tags: Iterable[str], at: float) -> None:
 
 
 def ack(client, tags: Iterable[str]) -> None:
-    """Acknowledge by tag, as `QoS.ack` -> `_remove_from_indices` does."""
-    tags = list(tags)
+    """Acknowledge by tag, as `QoS.ack` -> `_remove_from_indices` does (a tag its group commit
+    acknowledged already is left out)."""
+    tags = [tag for tag in tags if not _SETTLED.pop(tag)]
     if tags:
         with client.pipeline() as pipe:
             pipe.zrem(UNACKED_INDEX, *tags)
@@ -196,6 +241,109 @@ def reuse_clients() -> None:
     kredis.Channel._create_client = _create_client
 
 
+# What `batch_takes` replaces or skips, as read from kombu 5.7.0 (a hash of each one's source):
+# where any of them differs, kombu's own take and ack are kept, never patched blindly.
+REPLACED = {"Channel._brpop_read": "c42518699709f2df", "QoS.append": "35c655f6ecc62fe6",
+            "QoS.ack": "1bc15a4ddf541af6", "QoS.reject": "747a02434344d1a6"}
+
+
+def batch_takes() -> bool:
+    """kombu's take and acknowledgement in few Redis commands (`kombu_take` says how and why).
+
+    `Channel._brpop_read` is kombu's own but for its last step: the message BRPOP
+    took and up to the prefetch count's room more are recorded and taken by one
+    script, then delivered in order; `QoS.append` leaves what the script recorded
+    to it (the channel's memory only), and `QoS.ack` and `QoS.reject` leave what a
+    group commit acknowledged (`settled`). A channel with a global key prefix (not
+    the fleet's) keeps kombu's way, and so does a kombu whose versions of these differ
+    from the ones read (`REPLACED`): it works as before, at kombu's cost, and says so.
+    Returns whether the batched way is installed. Idempotent."""
+    from kombu.transport import redis as kredis
+    from kombu.transport.virtual import base as virtual
+
+    channel, qos = kredis.Channel, kredis.QoS
+    if getattr(channel._brpop_read, "fleet_batches", False):
+        return True
+    moved = [name for name, expected in REPLACED.items()
+             if _source_hash(getattr(getattr(kredis, name.split(".")[0]), name.split(".")[1], None)) != expected]
+    if moved:
+        log.warning(
+            "kombu's take and acknowledgement kept as kombu does them (about ten more Redis commands a "
+            "sample): %s not the one(s) read from kombu %s", ", ".join(moved), READ_FROM)
+        return False
+    read, append, ack, reject = channel._brpop_read, qos.append, qos.ack, qos.reject
+
+    def _append(self, message, delivery_tag):
+        recorded = self.__dict__.get("fleet_recorded")
+        if recorded and delivery_tag in recorded:
+            recorded.discard(delivery_tag)
+            return virtual.QoS.append(self, message, delivery_tag)
+        return append(self, message, delivery_tag)
+
+    def _ack(self, delivery_tag):
+        if _SETTLED.pop(delivery_tag):
+            return virtual.QoS.ack(self, delivery_tag)
+        return ack(self, delivery_tag)
+
+    def _reject(self, delivery_tag, requeue=False):
+        if _SETTLED.pop(delivery_tag):  # acknowledged with its group commit: nothing to restore
+            return virtual.QoS.ack(self, delivery_tag)
+        return reject(self, delivery_tag, requeue)
+
+    def _brpop_read(self, **options):
+        if self.global_keyprefix:
+            return read(self, **options)
+        try:
+            return _read_and_take(self, options)
+        finally:
+            self._in_poll = None
+            self._flush_brpop_reauth()
+
+    _brpop_read.fleet_batches = True
+    for replaced, original in ((_append, append), (_ack, ack), (_reject, reject), (_brpop_read, read)):
+        replaced.fleet_original = original  # what `check` reads
+    qos.append, qos.ack, qos.reject, channel._brpop_read = _append, _ack, _reject, _brpop_read
+    return True
+
+
+def _read_and_take(self, options: dict) -> bool:
+    """kombu 5.7.0's `_brpop_read` body, its delivery of the one message BRPOP took replaced by
+    `kombu_take.take`'s: that message and what else the prefetch count allows, each recorded."""
+    from kombu.transport import redis as kredis
+    from kombu.utils.encoding import bytes_to_str
+    from kombu.utils.json import loads
+
+    from . import kombu_take
+
+    try:
+        dest__item = self.client.parse_response(self.client.connection, "BRPOP", **options)
+    except self.connection_errors:
+        self.client.connection.disconnect()
+        raise
+    if not dest__item:
+        raise kredis.Empty()
+    dest, item = dest__item
+    dest = bytes_to_str(dest).rsplit(self.sep, 1)[0]
+    self._queue_cycle.rotate(dest)
+    first = loads(bytes_to_str(item))
+    readable = kombu_take.readable(first)
+    queues = self._queue_cycle.consume(len(self.active_queues))
+    lists = [self._q_for_pri(queue, pri) for pri in self.priority_steps for queue in queues]
+    room = self.qos.can_consume_max_estimate()
+    with self.conn_or_acquire() as client:
+        taken = kombu_take.take(client, lists, first if readable else None,
+                                kombu_take.MOST_PER_TAKE if room is None else room - 1, kredis.time())
+    recorded = self.qos.__dict__.setdefault("fleet_recorded", set())
+    if readable:
+        recorded.add(first["properties"]["delivery_tag"])
+    self.connection._deliver(first, dest)
+    for message in taken:
+        if message.recorded:
+            recorded.add(message.payload["properties"]["delivery_tag"])
+        self.connection._deliver(message.payload, message.source.rsplit(self.sep, 1)[0])
+    return True
+
+
 def unacked_messages(client) -> Iterator[dict]:
     """The messages every worker holds, as Celery protocol-2 dicts (headers, body, ...)."""
     for raw in client.hvals(UNACKED):
@@ -256,10 +404,17 @@ def _kombu_redis_problems() -> list[str]:
     if not (isinstance(sentinel, type) and issubclass(sentinel, channel)
             and sentinel._create_client is channel._create_client and sentinel.QoS is channel.QoS):
         problems.append("kombu.transport.redis.SentinelChannel no longer shares Channel's client and QoS")
+    for name in ("can_consume_max_estimate",):
+        if not callable(getattr(kredis.QoS, name, None)):
+            problems.append(f"kombu.transport.redis.QoS.{name} is gone")
+    for name in ("_q_for_pri", "_flush_brpop_reauth", "conn_or_acquire"):
+        if not callable(getattr(channel, name, None)):
+            problems.append(f"kombu.transport.redis.Channel.{name} is gone")
     if not hasattr(kredis.QoS, "restore_at_shutdown"):
         problems.append("kombu.transport.redis.QoS.restore_at_shutdown is gone")
     for name in ("append", "restore_visible"):  # lease scores read the module's `time` (`use_clock`)
-        code = getattr(getattr(kredis.QoS, name, None), "__code__", None)
+        found = getattr(kredis.QoS, name, None)
+        code = getattr(getattr(found, "fleet_original", found), "__code__", None)
         if code is None or "time" not in code.co_names or not callable(getattr(kredis, "time", None)):
             problems.append(f"kombu.transport.redis.QoS.{name} no longer reads the module's time()")
     return problems
@@ -330,9 +485,14 @@ class _Expected(Exception):
         super().__init__(reason, message)
 
 
-def _has_parameters(function, *names: str) -> bool:
-    import inspect
+def _source_hash(function) -> str | None:
+    try:
+        return hashlib.sha256(inspect.getsource(function).encode()).hexdigest()[:16]
+    except (OSError, TypeError):
+        return None
 
+
+def _has_parameters(function, *names: str) -> bool:
     try:
         parameters = inspect.signature(function).parameters
     except (TypeError, ValueError):

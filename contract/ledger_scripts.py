@@ -116,22 +116,25 @@ flush()
 return out
 """, prelude=PRELUDE, each=("field", "id", "ids"), key_offset="B")
 
-# Per prompt the state found ('' if none). Every prompt's writing entry goes: a done prompt needs none.
+# Per prompt the state found ('' if none). Every prompt's writing entry goes: a done prompt needs
+# none. The entries and the stored prompts' ids go in one HDEL each, not one per prompt.
 DONE = Lua("""
-local out, stored, tokens = {}, 0, 0
+local out, stored, tokens, every, gone = {}, 0, 0, {}, {}
 for i, p in ipairs(prompts) do
   local found = kind(state(p))
-  redis.call('HDEL', writing, p.id)
+  every[i] = p.id
   if found == 'queued' or found == 'dead' then
     if found == 'dead' then forget_letter(p.id) end
     redis.call('HSET', p.key, p.field, a.code)
-    redis.call('HDEL', ids, p.id)
+    gone[#gone + 1] = p.id
     add('state:' .. found, -1)
     stored, tokens = stored + 1, tokens + tonumber(p.tokens)
   end
   out[i] = found or ''
 end
+if #every > 0 then redis.call('HDEL', writing, unpack(every)) end
 if stored > 0 then
+  redis.call('HDEL', ids, unpack(gone))
   add('state:done', stored)
   add('output_tokens', tokens)
   redis.call('HINCRBY', shards, a.code, stored)

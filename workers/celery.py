@@ -39,6 +39,7 @@ try:
 except ValidationError as _refused:  # OUTPUT_DIR=gs://... and the like: the worker does not start
     raise SystemExit(f"worker refused to start: {settings_refusal(_refused)}") from None
 kombu_redis.reuse_clients()  # a client object per channel, not one per message and ack
+kombu_redis.batch_takes()  # many messages taken per script, acknowledged with their group commit
 kombu_redis.use_clock(lambda: CLOCK.now(redis_for(settings.redis_url)))  # lease scores on Redis's clock
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
 if not settings.task_log:  # FLEET_TASK_LOG: Celery checks these levels once, when it builds its tracer

@@ -40,7 +40,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import redis
 
-from contract import shard_home
+from contract import kombu_redis, kombu_take, shard_home
 from contract.ledger import Ledger
 from contract.write_refusal import refusal
 from contract.names import PromptState
@@ -49,6 +49,7 @@ from contract.schema import Sample, is_shard
 from contract.storage import store_for
 
 from . import deliveries, metrics
+from .group_acks import GROUP_ACKS
 
 log = logging.getLogger(__name__)
 
@@ -90,14 +91,19 @@ class ShardBook:
             log.warning("could not drop the writing entries of %d samples of run %s (%r)", len(rows), run, exc)
 
     def mark_done(self, run: str, rows: list[Sample], shard: str) -> None:
-        """The group is durable in `shard`: mark it done and forget its deliveries, one round
-        trip (raises if Redis fails: its tasks then fail, and their redeliveries find the entries).
-        Returns once a replica has the done marks (`replicated`), so no task is acknowledged
-        for a prompt a failover could turn back to queued."""
+        """The group is durable in `shard`: mark it done, forget its deliveries and acknowledge
+        the messages of its tasks (`group_acks`), in this order, one round trip (raises if Redis
+        fails: its tasks then fail, and their redeliveries find the entries). Returns once a
+        replica has the done marks (`replicated`), so no task is acknowledged for a prompt a
+        failover could turn back to queued."""
+        tags = GROUP_ACKS.claim(run, [row.id for row in rows])
         with replicated(self.client), self.client.pipeline(transaction=False) as pipe:
             Ledger(self.client, run).mark_group_done([(row.id, row.output_len) for row in rows], shard, pipe)
+            done_replies = len(pipe)
             deliveries.clear(pipe, run, *(row.id for row in rows))
-            found = Ledger.found(pipe.execute()[:-1])
+            kombu_take.forget(pipe, tags)
+            found = Ledger.found(pipe.execute()[:done_replies])
+        kombu_redis.settled(tags)
         again = [row.id for row, state in zip(rows, found) if state not in (PromptState.QUEUED, PromptState.DEAD)]
         if again:
             log.warning("%d prompts stored again (already done or not in the ledger), counted once: %s",

@@ -50,6 +50,7 @@ from contract.schema import Sample
 from . import deliveries, turns
 from .deliveries import STARTED
 from .generation import Buried, DeadLettered, GiveBack, bury, process_prompt
+from .group_acks import GROUP_ACKS
 from .lease import hold_limit
 from .reconcile import reconciled
 from .runtime import Runtime, get_runtime
@@ -108,7 +109,8 @@ def _generate(self, run: str, prompt_id: str, max_new_tokens: int | None) -> str
             spec = cached_spec(rt.settings.redis_url, run)
             if spec.turns == "all":  # its next turn is rendered here: the tokenizer loads meanwhile
                 turns.warm(spec)
-            with TaskSamples(rt.shards) as samples:
+            tag = None if spec.turns == "all" else (self.request.properties or {}).get("delivery_tag")
+            with TaskSamples(rt.shards, tag) as samples:
                 outcome = process_prompt(rt, spec, prompt_id, unpack_ids(raw), max_new_tokens, samples.submit)
         STARTED.finish(rt.redis, run, prompt_id, cleared=samples.marked_done())
         if spec.turns == "all" and not isinstance(outcome, Buried):
@@ -246,23 +248,31 @@ def committing() -> int:
 
 class TaskSamples:
     """What one task hands the shard writer: its samples are counted in `committing()` from
-    their submit until the task leaves the `with` block (marked done, or failed)."""
+    their submit until the task leaves the `with` block (marked done, or failed). With `tag`
+    (its message's delivery tag), the group commit that marks a sample done also acknowledges
+    the message, until the task leaves the block (`group_acks`)."""
 
     in_flight = 0  # across the worker's tasks
     _lock = threading.Lock()
 
-    def __init__(self, writer: ShardWriter):
-        self.writer = writer
+    def __init__(self, writer: ShardWriter, tag: str | None = None):
+        self.writer, self.tag = writer, tag
         self.last_row: Sample | None = None  # a conversation's next turn is rendered from it
         self._futures: list[Future] = []
+        self._expected: list[tuple[str, str]] = []
 
     def __enter__(self) -> "TaskSamples":
         return self
 
     def __exit__(self, *_) -> None:
         self._count(-len(self._futures))
+        for run, prompt_id in self._expected:
+            GROUP_ACKS.drop(run, prompt_id, self.tag)
 
     def submit(self, run: str, row: Sample) -> Future:
+        if self.tag:
+            GROUP_ACKS.expect(run, row.id, self.tag)
+            self._expected.append((run, row.id))
         future = self.writer.submit(run, row)
         self._futures.append(future)
         self.last_row = row

@@ -16,7 +16,9 @@ import pyarrow.parquet as pq
 from contract.codec import pack_ids
 from contract.keys import RunKeys
 from contract.ledger import Entry, Ledger, shard_code
+from contract.kombu_redis import UNACKED, UNACKED_INDEX
 from workers import deliveries
+from workers.group_acks import GROUP_ACKS
 from workers.reconcile import ShardBook, reconciled
 from workers.shards import ShardWriter
 
@@ -46,6 +48,26 @@ def test_a_group_is_marked_done_by_the_writer_before_its_tasks_are_released(clie
     code = shard_code(paths.pop())
     assert ledger.entries([f"p-{i}" for i in range(5)]) == [Entry("done", shard=code)] * 5
     assert ledger.tally().output_tokens == 10 and not client.exists(RunKeys("r").writing)
+
+
+def test_a_group_commit_acknowledges_the_messages_of_the_tasks_still_waiting_for_it(client, tmp_path):
+    # Given four queued prompts whose messages a worker holds, and tasks for three of them waiting
+    # for their commit (the fourth gave up and took its delivery back off the list)
+    queued(client, 4)
+    for i in range(4):
+        client.hset(UNACKED, f"tag-{i}", "[]")
+        client.zadd(UNACKED_INDEX, {f"tag-{i}": 1.0})
+        GROUP_ACKS.expect("r", f"p-{i}", f"tag-{i}")
+    GROUP_ACKS.drop("r", "p-3", "tag-3")
+    GROUP_ACKS.drop("r", "p-2", "another delivery's tag")  # names another delivery: left as it is
+    writer = ShardWriter(str(tmp_path), "w", max_rows=4, max_wait=30, book=ShardBook(client))
+    # When the four samples are committed as one group
+    for future in [writer.submit("r", sample(i)) for i in range(4)]:
+        future.result(timeout=10)
+    writer.close()
+    # Then the three waiting tasks' messages are acknowledged with the done marks, the fourth is not
+    assert client.hkeys(UNACKED) == [b"tag-3"] and client.zrange(UNACKED_INDEX, 0, -1) == [b"tag-3"]
+    assert GROUP_ACKS.claim("r", [f"p-{i}" for i in range(4)]) == []
 
 
 def test_a_failed_write_leaves_no_entry_and_the_retry_names_the_linked_shard(client, tmp_path):

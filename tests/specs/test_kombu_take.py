@@ -1,0 +1,112 @@
+"""kombu's take and acknowledgement in few commands (`contract/kombu_take.py`), on a real Redis and a real kombu."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from kombu import Connection, Consumer, Exchange, Producer, Queue
+
+from contract import kombu_redis, kombu_take
+from contract.kombu_redis import UNACKED, UNACKED_INDEX
+
+
+def _message(tag: str, body: str = "x") -> dict:
+    return {"body": body, "content-encoding": "utf-8", "content-type": "text/plain", "headers": {},
+            "properties": {"delivery_tag": tag, "body_encoding": "base64", "priority": 0,
+                           "delivery_info": {"exchange": "q", "routing_key": "q"}}}
+
+
+def test_take_records_what_brpop_took_and_takes_more_oldest_first_each_recorded(client):
+    # Given a queue of five messages (kombu pushes on the left, takes on the right)
+    for i in range(5):
+        client.lpush("q", json.dumps(_message(f"t{i}")))
+    first = _message("brpop")
+
+    # When the message BRPOP took is handed over with room for three more
+    taken = kombu_take.take(client, ["q"], first, 3, 1000.5)
+
+    # Then the three oldest are taken, in order, and two stay queued
+    assert [t.payload["properties"]["delivery_tag"] for t in taken] == ["t0", "t1", "t2"]
+    assert all(t.recorded and t.source == "q" for t in taken)
+    assert client.llen("q") == 2
+    # and each of the four is unacknowledged as kombu records it: [message, exchange, routing key], its lease scored
+    for tag in ("brpop", "t0", "t1", "t2"):
+        message, exchange, routing_key = json.loads(client.hget(UNACKED, tag))
+        assert message["properties"]["delivery_tag"] == tag and (exchange, routing_key) == ("q", "q")
+        assert client.zscore(UNACKED_INDEX, tag) == 1000.5
+
+
+def test_take_follows_brpops_order_of_lists_and_never_takes_past_its_room(client):
+    # Given messages on a high-priority list and the plain one
+    client.lpush("q\x06\x163", json.dumps(_message("high")))
+    client.lpush("q", *[json.dumps(_message(f"low{i}")) for i in range(3)])
+
+    # When there is room for two, none taken by BRPOP
+    taken = kombu_take.take(client, ["q", "q\x06\x163"], None, 2, 1.0)
+
+    # Then the lists are emptied in the order given, two messages in all
+    assert [(t.source, t.payload["properties"]["delivery_tag"]) for t in taken] == [("q", "low0"), ("q", "low1")]
+    assert client.hlen(UNACKED) == 2 and client.llen("q") == 1 and client.llen("q\x06\x163") == 1
+
+
+def test_a_message_the_script_cannot_read_is_handed_back_unrecorded_for_kombu_to_judge(client):
+    # Given a message without delivery info beside a good one
+    odd = {"body": "x", "properties": {"delivery_tag": "odd"}}
+    client.lpush("q", json.dumps(odd), json.dumps(_message("good")))
+
+    taken = kombu_take.take(client, ["q"], None, 10, 1.0)
+
+    assert [(t.payload["properties"]["delivery_tag"], t.recorded) for t in taken] == [("odd", False), ("good", True)]
+    assert client.hkeys(UNACKED) == [b"good"]
+
+
+def test_one_take_is_bounded_whatever_the_room(client):
+    client.lpush("q", *[json.dumps(_message(f"m{i}")) for i in range(kombu_take.MOST_PER_TAKE + 50)])
+    assert len(kombu_take.take(client, ["q"], None, 10_000, 1.0)) == kombu_take.MOST_PER_TAKE
+
+
+@pytest.fixture
+def kombu_connection(server):
+    assert kombu_redis.batch_takes()  # this kombu is the one read: installed
+    assert kombu_redis.batch_takes()  # idempotent
+    with Connection(server, transport_options={"visibility_timeout": 3600}) as connection:
+        yield connection
+
+
+def test_a_consumer_gets_every_message_once_each_recorded_and_a_group_commits_ack_skips_kombus(client, kombu_connection):
+    # Given ten messages published through kombu, and a consumer allowed to hold six
+    queue = Queue("work", Exchange("work", "direct"), routing_key="work")
+    with kombu_connection.channel() as publishing:
+        producer = Producer(publishing)
+        for i in range(10):
+            producer.publish({"n": i}, exchange=queue.exchange, routing_key="work", declare=[queue],
+                             serializer="json")
+    received = []
+    channel = kombu_connection.channel()
+    consumer = Consumer(channel, [queue], callbacks=[lambda body, message: received.append(message)])
+    consumer.qos(prefetch_count=6)
+
+    # When it drains what it may hold
+    with consumer:
+        while len(received) < 6:
+            kombu_connection.drain_events(timeout=5)
+
+    # Then it got the oldest six, in order, each unacknowledged in Redis, and four stay queued
+    assert [m.payload["n"] for m in received] == list(range(6))
+    tags = [m.delivery_tag for m in received]
+    assert sorted(k.decode() for k in client.hkeys(UNACKED)) == sorted(tags)
+    assert client.zcard(UNACKED_INDEX) == 6 and client.llen("work") == 4
+
+    # When a group commit acknowledges three in its own round trip, then kombu acks all six
+    with client.pipeline(transaction=False) as pipe:
+        kombu_take.forget(pipe, tags[:3])
+        pipe.execute()
+    kombu_redis.settled(tags[:3])
+    client.hset(UNACKED, tags[0], "written again: kombu's ack of a settled tag must not touch Redis")
+    for message in received:
+        message.ack()
+
+    # Then the three others were acknowledged by kombu, and a settled tag's ack left Redis alone
+    assert client.hkeys(UNACKED) == [tags[0].encode()]
+    assert client.zcard(UNACKED_INDEX) == 0
+    channel.close()

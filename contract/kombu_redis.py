@@ -50,6 +50,13 @@ UNACKED = "unacked"               # hash: delivery tag -> JSON [message, exchang
 UNACKED_INDEX = "unacked_index"   # sorted set: delivery tag -> time fetched (the lease)
 PRIORITY_SEP = "\x06\x16"         # `queue + sep + priority` names a priority sub-list
 PRIORITY_STEPS = (0, 3, 6, 9)
+# Celery consumer steps whose Redis traffic grows with the square of the fleet, which the worker
+# leaves out (`workers.consumer.FleetConsumer`): gossip has every worker receive every other
+# worker's heartbeat event (~360 B/s per pair), mingle asks every worker at each start. Flower
+# reads the heartbeat events themselves (the Heart step stays) and `celery inspect` is remote
+# control (the Control step stays).
+GROWS_WITH_FLEET = ("celery.worker.consumer.gossip:Gossip", "celery.worker.consumer.mingle:Mingle")
+WITHOUT_GROWS_WITH_FLEET = ("without_gossip", "without_mingle")  # the options (flags) that turn each off
 
 
 def queue_lists(queue: str) -> list[str]:
@@ -166,34 +173,41 @@ def use_clock(clock: Callable[[], float]) -> None:
     kredis.time = clock
 
 
-def reuse_clients() -> None:
-    """One redis client object per channel for kombu's own short calls.
+def share_client(client: Callable[[], Any]) -> None:
+    """kombu's own short calls go through `client()`, the worker's shared client.
 
     kombu's `Channel.conn_or_acquire` builds a new `redis.Redis` for every call
-    it serves: each delivery's `QoS.append`, each `QoS.ack`, each fanout
-    publish. Building one copies redis-py's table of response callbacks, and at
-    a few hundred samples a second that was 7-9% of a worker's CPU (py-spy,
-    16 and 256 in flight). A redis-py client is thread-safe (each command and
-    each pipeline takes a connection from the pool), so the channel keeps the
-    first one it builds for its pool and hands it out again; a channel whose
-    pool is replaced builds a new one. The asynchronous client (BRPOP, the
-    event loop's) is kombu's as before. Idempotent."""
+    it serves (each delivery's `QoS.append`, each `QoS.ack`, each event and
+    fanout publish, the restore sweep), on a pool of its own per channel and
+    connection: building one copied redis-py's table of response callbacks
+    (7-9% of a busy worker's CPU, py-spy), and the pools of the consumer's,
+    the events' and remote control's connections each kept connections open
+    (10 to 15 a worker in all). A redis-py client is thread-safe (each command
+    and each pipeline takes a connection from its pool), and kombu's broker is
+    the fleet's Redis (same URL and database), so every channel hands out the
+    worker's own client (`workers/redis_pool.py`: a few connections, shared).
+    The asynchronous clients (BRPOP, the remote-control subscription: the
+    event loop's) are kombu's as before, but the connection a new channel
+    opens on their pool to check Redis (`Channel.__init__` pings) is closed
+    after the check: a channel that only publishes (events, the producer
+    pool) never uses it again, and one that fetches or subscribes opens its
+    own when it starts. Idempotent."""
     from kombu.transport import redis as kredis
 
-    built = kredis.Channel._create_client
-    if getattr(built, "fleet_reuses", False):
-        return
+    built = getattr(kredis.Channel._create_client, "fleet_built", kredis.Channel._create_client)
+    init = getattr(kredis.Channel.__init__, "fleet_built", kredis.Channel.__init__)
 
     def _create_client(self, asynchronous=False):
         if asynchronous:
             return built(self, asynchronous=True)
-        client = self.__dict__.get("_fleet_client")
-        if client is None or client.connection_pool is not self.pool:
-            client = self.__dict__["_fleet_client"] = built(self, asynchronous=False)
-        return client
+        return client()
 
-    _create_client.fleet_reuses = True
-    kredis.Channel._create_client = _create_client
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.async_pool.disconnect(inuse_connections=False)
+
+    _create_client.fleet_built, __init__.fleet_built = built, init
+    kredis.Channel._create_client, kredis.Channel.__init__ = _create_client, __init__
 
 
 def unacked_messages(client) -> Iterator[dict]:
@@ -256,6 +270,9 @@ def _kombu_redis_problems() -> list[str]:
     if not (isinstance(sentinel, type) and issubclass(sentinel, channel)
             and sentinel._create_client is channel._create_client and sentinel.QoS is channel.QoS):
         problems.append("kombu.transport.redis.SentinelChannel no longer shares Channel's client and QoS")
+    if "ping" not in getattr(getattr(channel.__init__, "fleet_built", channel.__init__), "__code__", None).co_names \
+            or not isinstance(getattr(channel, "async_pool", None), property):
+        problems.append("kombu.transport.redis.Channel no longer checks Redis with a ping on its async_pool")
     if not hasattr(kredis.QoS, "restore_at_shutdown"):
         problems.append("kombu.transport.redis.QoS.restore_at_shutdown is gone")
     for name in ("append", "restore_visible"):  # lease scores read the module's `time` (`use_clock`)
@@ -297,6 +314,7 @@ def _celery_problems() -> list[str]:
     from celery.utils.serialization import get_pickleable_exception
     from celery.worker import strategy
     from celery.worker.consumer import Consumer, events, tasks
+    from kombu.utils.imports import symbol_by_name
 
     problems = [f"celery.worker.consumer.Consumer.{name} is gone" for name in (
         "on_connection_error_after_connected", "on_send_event_buffered", "add_task_queue", "cancel_task_queue")
@@ -304,6 +322,12 @@ def _celery_problems() -> list[str]:
     for module, step in ((tasks, "Tasks"), (events, "Events")):
         if not hasattr(module, step):
             problems.append(f"the consumer step {module.__name__}:{step} is gone")
+    if not _has_parameters(Consumer, "worker_options"):
+        problems.append("celery's Consumer takes no worker_options (the worker turns gossip and mingle off there)")
+    for step, option in zip(GROWS_WITH_FLEET, WITHOUT_GROWS_WITH_FLEET):
+        found = symbol_by_name(step) if step in Consumer.Blueprint.default_steps else None
+        if found is None or not _has_parameters(found, option):
+            problems.append(f"the consumer step {step} is gone or no longer takes {option} (the worker turns it off)")
     if not _has_parameters(EventDispatcher, "buffer_group", "buffer_limit", "on_send_buffered"):
         problems.append("celery's EventDispatcher takes no buffer_group, buffer_limit or on_send_buffered")
     dispatcher = EventDispatcher(enabled=False, app=Celery(set_as_current=False), buffer_group=["task"])

@@ -89,6 +89,12 @@ DETACHED = Detached()
 
 
 class FleetConsumer(Consumer):
+    def __init__(self, *args, worker_options=None, **kwargs):
+        """Gossip and mingle off whatever the command line says (`kombu_redis.GROWS_WITH_FLEET`): a plain
+        `celery -A workers worker` runs neither, as `--without-gossip --without-mingle` would have it."""
+        options = {**(worker_options or {}), **dict.fromkeys(kombu_redis.WITHOUT_GROWS_WITH_FLEET, True)}
+        super().__init__(*args, worker_options=options, **kwargs)
+
     def on_send_event_buffered(self) -> None:
         """Celery asks its event loop to flush after every buffered task event; the loop's
         timer flushes them in batches instead (`events.BatchedEvents`)."""

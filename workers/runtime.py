@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import redis
 
 from contract import heartbeats
-from contract.connections import redact_url, redis_for
+from contract.connections import redact_url
 from contract.write_refusal import READ_ONLY
 
 from . import cache_hits, metrics, sharers, turns
@@ -23,6 +23,7 @@ from .deliveries import STARTED
 from .health import HealthMonitor
 from .server_auth import ServerCredentials
 from .reconcile import ShardBook
+from .redis_pool import worker_redis
 from .redis_writes import RedisWrites
 from .servers import ServerPool
 from .settings import Settings
@@ -81,7 +82,7 @@ def _build(s: Settings, worker: str) -> Runtime:
     key = s.sglang_api_key.get_secret_value() if s.sglang_api_key else None
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     pool = ServerPool(s.server_urls, s.max_inflight_per_server, s.affinity_margin)
-    client = redis_for(s.redis_url)
+    client = worker_redis(s.redis_url)
     shards = ShardWriter(s.output_dir, worker, s.group_rows, s.shard_max_wait, book=ShardBook(client),
                          commit_timeout=s.shard_commit_timeout)
     http = make_client(s.pool_size, s.connect_timeout, s.request_timeout, key, s.server_urls)

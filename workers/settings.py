@@ -75,6 +75,11 @@ class Settings(SharedSettings):
     # live worker renews its own well before then.
     lease_seconds: float = 120.0
     restore_interval: float = 10.0
+    # Redis: the connections every short call of the worker shares, kombu's included
+    # (workers/redis_pool.py); with kombu's fetch and remote control, the worker holds this + 2.
+    redis_connections: int = Field(2, ge=1, description=(
+        "Connections the worker's short Redis calls share (its own and kombu's); with kombu's "
+        "blocking fetch and the remote-control subscription the worker holds this many plus two."))
     # Lost-message audit: how often, and the longest queue it lists.
     audit_interval: float = 30.0
     audit_max_queue: int = 10_000

@@ -2,8 +2,8 @@
 
 The fleet needs a few things kombu does not expose: the deliveries a channel
 still holds (to renew their leases, acknowledge them and hand them back), the
-sorted set that scores them, the hash of unacknowledged messages (for the
-lost-message audit), the priority sub-lists of a queue, and a way to keep a
+sorted set that scores them, the hash of unacknowledged messages, the
+priority sub-lists of a queue (read by the lost-message audit), and a way to keep a
 channel's deliveries when the channel closes because its connection was lost
 (`detach`). Each is read here and nowhere else, with the kombu version it was
 read from. `check()` lists what an upgrade moved, of these and of the Celery
@@ -50,6 +50,7 @@ UNACKED = "unacked"               # hash: delivery tag -> JSON [message, exchang
 UNACKED_INDEX = "unacked_index"   # sorted set: delivery tag -> time fetched (the lease)
 PRIORITY_SEP = "\x06\x16"         # `queue + sep + priority` names a priority sub-list
 PRIORITY_STEPS = (0, 3, 6, 9)
+RESTORE_PAGE = 500                # lapsed leases one restore sweep reads (kombu's `unacked_restore_limit`)
 # Celery consumer steps whose Redis traffic grows with the square of the fleet, which the worker
 # leaves out (`workers.consumer.FleetConsumer`): gossip has every worker receive every other
 # worker's heartbeat event (~360 B/s per pair), mingle asks every worker at each start. Flower
@@ -210,16 +211,20 @@ def share_client(client: Callable[[], Any]) -> None:
     kredis.Channel._create_client, kredis.Channel.__init__ = _create_client, __init__
 
 
-def unacked_messages(client) -> Iterator[dict]:
-    """The messages every worker holds, as Celery protocol-2 dicts (headers, body, ...)."""
-    for raw in client.hvals(UNACKED):
-        yield json.loads(raw)[0]
-
-
-def queued_messages(client, queue: str) -> Iterator[dict]:
+def queued_messages(client, queue: str, page: int = 500) -> Iterator[dict]:
+    """A queue's messages (Celery protocol-2 dicts), a page of LRANGE at a time from the head, so
+    no one command grows with the queue. kombu publishes and restores with LPUSH or RPUSH and
+    fetches with BRPOP, so no message moves towards the head: one present throughout is read at
+    least once (a push at the head may show one twice)."""
     for name in queue_lists(queue):
-        for raw in client.lrange(name, 0, -1):
-            yield json.loads(raw)
+        start = 0
+        while True:
+            raws = client.lrange(name, start, start + page - 1)
+            for raw in raws:
+                yield json.loads(raw)
+            if len(raws) < page:
+                break
+            start += page
 
 
 def check() -> list[str]:

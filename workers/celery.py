@@ -57,6 +57,9 @@ app = celery_app(
         # A worker killed during a restore sweep leaves the sweep's lock behind;
         # kombu's 5 minutes would stall every restore for that long.
         "unacked_mutex_expire": max(10, int(settings.lease_seconds / 2)),
+        # kombu's sweep reads every lapsed lease at once by default: after a mass death, one reply of
+        # hundreds of thousands. A page a sweep (one every restore interval, by some worker).
+        "unacked_restore_limit": kombu_redis.RESTORE_PAGE,
     },
     include=["workers.tasks"],
     task_acks_late=True,

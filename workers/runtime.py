@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import redis
 
 from contract import heartbeats
+from contract.clock import CLOCK
 from contract.connections import redact_url
 from contract.write_refusal import READ_ONLY
 
@@ -88,15 +89,17 @@ def _build(s: Settings, worker: str) -> Runtime:
     http = make_client(s.pool_size, s.connect_timeout, s.request_timeout, key, s.server_urls)
     writes = RedisWrites()
     cpu = CpuWatch(rule_for(s.cpu_bound_share, s.cpu_bound_seconds))
+    started: list[float] = []  # in each heartbeat (Redis's clock): the audit's sign of a restart under one name
 
     def heartbeat() -> None:  # also the probe of whether Redis takes writes (workers/redis_writes.py)
         cpu.observe(*pool.free_slots())  # once a round: the CPU-bound signal's interval
         ttl = 3 * s.health_interval + s.health_timeout
         try:
+            started[:] = started or [CLOCK.now(client)]
             pool.shared_by(sharers.count(client, worker, [b.url for b in pool.bindings if b.usable], ttl))
             heartbeats.publish(client, worker, pool.snapshot(), ttl=ttl,
                                holding=STARTED.holding, storage=shards.storage.snapshot(),
-                               cache_hits=cache_hits.WINDOW.snapshot(), cpu=cpu.snapshot())
+                               cache_hits=cache_hits.WINDOW.snapshot(), cpu=cpu.snapshot(), started=started[0])
         except Exception as exc:
             if not writes.failed(exc):
                 raise  # not a refusal: the health thread logs it as the heartbeat's trouble

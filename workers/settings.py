@@ -83,6 +83,10 @@ class Settings(SharedSettings):
     # Lost-message audit: how often, and the longest queue it lists.
     audit_interval: float = 30.0
     audit_max_queue: int = 10_000
+    audit_slice: int = Field(5_000, ge=1, description=(
+        "Pending prompts of a run the lost-message audit looks at per round (a cursor over the run's "
+        "prompts, so a pass takes pending / slice rounds): the round's cost is bounded by it, not by "
+        "the fleet or what is in flight."))
     # SIGTERM: finish in-flight prompts for this long, then hand the rest back.
     shutdown_grace: float = 60.0
 

@@ -39,7 +39,18 @@ def check_invariants(ledger: Ledger, store: DeadLetters, pids: list[str]) -> Non
     states = dict(zip(pids, ledger.states(pids)))
     letters = {d.id for d in store}
     assert letters <= {pid for pid, s in states.items() if s == "dead"}
-    assert ledger.pending_ids() == {pid for pid, s in states.items() if s == "queued"}
+    queued = {pid for pid, s in states.items() if s == "queued"}
+    assert pending_pass(ledger, count=3) == queued
+    assert ledger.pending(pids) == [pid in queued for pid in pids]
+
+
+def pending_pass(ledger, count: int) -> set[str]:
+    """Every prompt one full pass of `pending_page` names, a page of `count` at a time."""
+    cursor, seen = None, set()
+    while cursor != 0:
+        cursor, page = ledger.pending_page(cursor or 0, count)
+        seen.update(page)
+    return seen
 
 
 def test_enqueue_counts_only_prompts_the_run_does_not_have(client):

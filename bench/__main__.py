@@ -15,6 +15,9 @@ Parts (each can be chosen with --parts, each sized by its flags):
   cache            prefix-cache hit share and throughput of the fleet (affinity on and off)
                    against an oracle client, on conversations and shared system prompts
                    (not in the default set: --parts cache)
+  fleet            Redis CPU per sample and per worker-second, commands, connections, the audit's
+                   rounds and the longest command at 10, 100 and 1,000 simulated workers, projected
+                   to 100, 1,000 and 5,000 nodes (not in the default set: --parts fleet)
 
 Defaults are sized to finish in about fifteen minutes on a 2-core machine; every
 goal is a ratio or a size measured within the same run.
@@ -34,8 +37,9 @@ from rich.console import Console
 
 from .report import Figure, at_least, at_most, print_table, write_json
 
-PARTS = ("saturation", "producer", "worker", "redis", "producer-memory", "scale", "inflight", "storage", "cache")
-DEFAULT_PARTS = tuple(p for p in PARTS if p not in ("scale", "inflight", "cache"))
+PARTS = ("saturation", "producer", "worker", "redis", "producer-memory", "scale", "inflight", "storage", "cache",
+         "fleet")
+DEFAULT_PARTS = tuple(p for p in PARTS if p not in ("scale", "inflight", "cache", "fleet"))
 MiB = 1024 * 1024
 MEMORY_SCALE = 10_000  # worker RSS: after 10,000 and after 100,000 samples, as the issue sets it
 
@@ -109,6 +113,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     k.add_argument("--cache-batch", type=int, default=16, help="batch of each of the 4 stand-ins")
     k.add_argument("--cache-prefill-per-token", type=float, default=0.00001,
                    help="seconds per uncached prompt token (a 1,500-token prefill: about 2 decode steps)")
+    z = p.add_argument_group("fleet size")
+    z.add_argument("--fleet-sizes", default="10,100,1000", help="simulated workers, comma-separated")
+    z.add_argument("--fleet-samples", type=int, default=1000, help="samples the real worker stores per size")
     args = p.parse_args(argv)
     args.parts = [x.strip() for x in args.parts.split(",") if x.strip()]
     unknown = set(args.parts) - set(PARTS)
@@ -317,6 +324,12 @@ def main(argv: list[str] | None = None) -> int:
                     batch=args.cache_batch, prefill_per_token=args.cache_prefill_per_token,
                     fleet_env=_env_pairs(args.fleet_env)), log)
                 figures += cache_figures(details["cache"], hit_goal=0.9, speed_goal=args.ratio_goal)
+            if "fleet" in args.parts:
+                from .fleet_size import FleetOptions, fleet_figures, run_fleet_size
+
+                details["fleet"] = run_fleet_size(lab, FleetOptions(
+                    workers=[int(x) for x in args.fleet_sizes.split(",")], samples=args.fleet_samples), log)
+                figures += fleet_figures(details["fleet"])
             if "scale" in args.parts:
                 from .scale import ScaleOptions, run_scale
                 from .scale_figures import real_run_figures, scale_figures

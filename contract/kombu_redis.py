@@ -327,6 +327,10 @@ def _celery_problems() -> list[str]:
     for module, step in ((tasks, "Tasks"), (events, "Events")):
         if not hasattr(module, step):
             problems.append(f"the consumer step {module.__name__}:{step} is gone")
+    from celery.worker.consumer import heart
+
+    if not _has_parameters(heart.Heart, "heartbeat_interval"):
+        problems.append("celery's Heart step takes no heartbeat_interval (the worker sets it)")
     if not _has_parameters(Consumer, "worker_options"):
         problems.append("celery's Consumer takes no worker_options (the worker turns gossip and mingle off there)")
     for step, option in zip(GROWS_WITH_FLEET, WITHOUT_GROWS_WITH_FLEET):

@@ -10,7 +10,6 @@ threads: what Redis's CLIENT LIST shows of it while it generates and after.
 """
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -18,6 +17,7 @@ from pathlib import Path
 import httpx
 import redis
 
+from bench.procs import redis_connections_of
 from contract import heartbeats
 from contract.clock import CLOCK
 from contract.keys import WORKERS, RunKeys
@@ -29,27 +29,6 @@ from waiting import wait_until
 
 MOST_CONNECTIONS = 4
 N = 300
-
-
-def connections_of(client: redis.Redis, pid: int) -> list[dict]:
-    """The entries of CLIENT LIST whose client end is a socket of process `pid` (its own
-    connections, matched by local port through /proc, whoever else talks to Redis)."""
-    inodes = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            target = os.readlink(f"/proc/{pid}/fd/{fd}")
-        except OSError:
-            continue
-        if target.startswith("socket:["):
-            inodes.add(target[8:-1])
-    ports = set()
-    for table in ("tcp", "tcp6"):
-        with open(f"/proc/{pid}/net/{table}") as handle:
-            for line in handle.readlines()[1:]:
-                fields = line.split()
-                if fields[9] in inodes:
-                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return [c for c in client.client_list() if int(c["addr"].rsplit(":", 1)[1]) in ports]
 
 
 def plain_worker(fleet, name: str, servers: list[str], **extra: str) -> Process:
@@ -74,7 +53,7 @@ def test_a_busy_worker_with_many_threads_and_servers_holds_at_most_four_redis_co
     seen: list[list[dict]] = []
 
     def finished() -> bool:
-        seen.append(connections_of(client, worker.popen.pid))
+        seen.append(redis_connections_of(client, worker.popen.pid))
         return int(client.hget(RunKeys("default").counters, "state:done") or 0) == N
 
     wait_until(finished, 240, "every prompt stored", fleet, poll=0.1)

@@ -63,9 +63,13 @@ def read(client: redis.Redis, names: list[str], page: int = 50) -> list[dict | N
     return [json.loads(raw) if raw else None for raw in raws]
 
 
-def last_seen(client: redis.Redis, names: list[str]) -> list[float | None]:
-    """Each named worker's last heartbeat time (the registry's score), None if never heard of."""
-    return [float(s) if s is not None else None for s in client.zmscore(WORKERS, names)] if names else []
+def last_seen(client: redis.Redis, names: list[str], page: int = 500) -> list[float | None]:
+    """Each named worker's last heartbeat time (the registry's score), None if never heard of
+    (one ZMSCORE per `page` of them)."""
+    scores = []
+    for start in range(0, len(names), page):
+        scores += client.zmscore(WORKERS, names[start:start + page])
+    return [float(s) if s is not None else None for s in scores]
 
 
 def held(client: redis.Redis) -> dict[str, set[str]]:

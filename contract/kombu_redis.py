@@ -211,7 +211,7 @@ def share_client(client: Callable[[], Any]) -> None:
     kredis.Channel._create_client, kredis.Channel.__init__ = _create_client, __init__
 
 
-def queued_messages(client, queue: str, page: int = 500) -> Iterator[dict]:
+def queued_messages(client, queue: str, page: int = 200) -> Iterator[dict]:
     """A queue's messages (Celery protocol-2 dicts), a page of LRANGE at a time from the head, so
     no one command grows with the queue. kombu publishes and restores with LPUSH or RPUSH and
     fetches with BRPOP, so no message moves towards the head: one present throughout is read at

@@ -17,7 +17,7 @@ import random
 from contract.codec import pack_ids
 from contract.deadletters import DeadLetter, DeadLetters
 from contract.keys import RunKeys
-from contract.ledger import AGAIN, NEW, Entry, Ledger, shard_code
+from contract.ledger import AGAIN, NEW, READ_CHUNK, Entry, Ledger, shard_code
 from workers import deliveries
 
 
@@ -319,10 +319,10 @@ def test_enqueue_sends_a_script_call_per_chunk_of_prompts(client):
     # When they are enqueued in one call
     outcomes = ledger.enqueue({p: pack_ids([1]) for p in pids}, 1)
 
-    # Then each is queued, by three script calls of at most READ_CHUNK (1,000) prompts each
+    # Then each is queued, by a script call per READ_CHUNK (250) prompts: ten
     assert outcomes == [NEW] * 2500 and ledger.tally().queued == 2500
     stats = client.info("commandstats")
-    assert sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("eval", "evalsha")) == 3
+    assert sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("eval", "evalsha")) == 2500 // READ_CHUNK == 10
 
 
 def test_a_letter_with_a_field_this_version_does_not_know_is_still_listed(client, caplog):

@@ -11,6 +11,12 @@ at most 4 connections in steady state however many threads and servers it
 has, and Redis's `maxclients` (10,000 by default) is not what limits the
 fleet (measured: 10 to 15 per worker before, gossip off). kombu's own short
 calls reach it through `kombu_redis.share_client`.
+
+A small pool asks one thing of its callers: none holds a connection while it
+waits for another (two such threads would wait on each other until the pool's
+timeout). A pipeline holds its connection only while it executes; kombu's
+restore transaction (WATCH) would ask for a second one only for a message
+published to a named exchange, and the fleet publishes to the default one.
 """
 from __future__ import annotations
 

@@ -17,6 +17,9 @@ Parts (each can be chosen with --parts, each sized by its flags):
                    (not in the default set: --parts cache)
   sample           Redis commands, Redis CPU and worker CPU per stored sample, one worker on a
                    batch-256 stand-in with short answers (not in the default set: --parts sample)
+  fleet            Redis CPU per sample and per worker-second, commands, connections, the audit's
+                   rounds and the longest command at 10, 100 and 1,000 simulated workers, projected
+                   to 100, 1,000 and 5,000 nodes (not in the default set: --parts fleet)
 
 Defaults are sized to finish in about fifteen minutes on a 2-core machine; every
 goal is a ratio or a size measured within the same run.
@@ -36,8 +39,9 @@ from rich.console import Console
 
 from .report import Figure, at_least, at_most, print_table, write_json
 
-PARTS = ("saturation", "producer", "worker", "redis", "producer-memory", "scale", "inflight", "storage", "cache", "sample")
-DEFAULT_PARTS = tuple(p for p in PARTS if p not in ("scale", "inflight", "cache", "sample"))
+PARTS = ("saturation", "producer", "worker", "redis", "producer-memory", "scale", "inflight", "storage", "cache",
+         "sample", "fleet")
+DEFAULT_PARTS = tuple(p for p in PARTS if p not in ("scale", "inflight", "cache", "sample", "fleet"))
 MiB = 1024 * 1024
 MEMORY_SCALE = 10_000  # worker RSS: after 10,000 and after 100,000 samples, as the issue sets it
 
@@ -115,6 +119,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     q.add_argument("--sample-prompts", type=int, default=6000, help="prompts queued before the worker starts")
     q.add_argument("--sample-warmup", type=int, default=1500, help="samples stored before the window opens")
     q.add_argument("--sample-tail", type=int, default=1000, help="samples still queued when it closes")
+    z = p.add_argument_group("fleet size")
+    z.add_argument("--fleet-sizes", default="10,100,1000", help="simulated workers, comma-separated")
+    z.add_argument("--fleet-samples", type=int, default=1000, help="samples the real worker stores per size")
     args = p.parse_args(argv)
     args.parts = [x.strip() for x in args.parts.split(",") if x.strip()]
     unknown = set(args.parts) - set(PARTS)
@@ -329,6 +336,12 @@ def main(argv: list[str] | None = None) -> int:
                 details["sample"] = run_sample_cost(lab, SampleOptions(
                     prompts=args.sample_prompts, warmup=args.sample_warmup, tail=args.sample_tail), log)
                 figures += sample_figures(details["sample"])
+            if "fleet" in args.parts:
+                from .fleet_size import FleetOptions, fleet_figures, run_fleet_size
+
+                details["fleet"] = run_fleet_size(lab, FleetOptions(
+                    workers=[int(x) for x in args.fleet_sizes.split(",")], samples=args.fleet_samples), log)
+                figures += fleet_figures(details["fleet"])
             if "scale" in args.parts:
                 from .scale import ScaleOptions, run_scale
                 from .scale_figures import real_run_figures, scale_figures

@@ -109,3 +109,24 @@ def tree_cpu_seconds(pid: int) -> float:
 
 def thread_count(pid: int) -> int:
     return _status_kib(pid, "Threads")
+
+
+def redis_connections_of(client, pid: int) -> list[dict]:
+    """The entries of Redis's CLIENT LIST whose client end is a socket of process `pid` (its
+    own connections, matched by local port through /proc, whoever else talks to Redis)."""
+    inodes = set()
+    for fd in os.listdir(f"/proc/{pid}/fd"):
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{fd}")
+        except OSError:  # closed meanwhile
+            continue
+        if target.startswith("socket:["):
+            inodes.add(target[8:-1])
+    ports = set()
+    for table in ("tcp", "tcp6"):
+        with open(f"/proc/{pid}/net/{table}") as handle:
+            for line in handle.readlines()[1:]:
+                fields = line.split()
+                if fields[9] in inodes:
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return [c for c in client.client_list() if int(c["addr"].rsplit(":", 1)[1]) in ports]

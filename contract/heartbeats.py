@@ -54,10 +54,22 @@ def read_all(client: redis.Redis) -> list[dict]:
     return [r for r in read(client, names) if r is not None]
 
 
-def read(client: redis.Redis, names: list[str]) -> list[dict | None]:
-    """Each named worker's heartbeat, None where it has expired (one call)."""
-    raws = client.mget([WORKER_PREFIX + n for n in names]) if names else []
+def read(client: redis.Redis, names: list[str], page: int = 50) -> list[dict | None]:
+    """Each named worker's heartbeat, None where it has expired (one MGET per `page` of them: a
+    heartbeat lists the prompts its worker holds, so no one call grows with the fleet)."""
+    raws = []
+    for start in range(0, len(names), page):
+        raws += client.mget([WORKER_PREFIX + n for n in names[start:start + page]])
     return [json.loads(raw) if raw else None for raw in raws]
+
+
+def last_seen(client: redis.Redis, names: list[str], page: int = 500) -> list[float | None]:
+    """Each named worker's last heartbeat time (the registry's score), None if never heard of
+    (one ZMSCORE per `page` of them)."""
+    scores = []
+    for start in range(0, len(names), page):
+        scores += client.zmscore(WORKERS, names[start:start + page])
+    return [float(s) if s is not None else None for s in scores]
 
 
 def held(client: redis.Redis) -> dict[str, set[str]]:

@@ -10,6 +10,9 @@ from __future__ import annotations
 RUNS = "fleet:runs"                  # set: every run's name
 WORKER_PREFIX = "fleet:worker:"      # string per worker: its heartbeat (JSON, expires)
 AUDIT_LOCK = "fleet:audit:lock"      # string: the worker running the lost-message audit
+# hash per run: where the audit's pass over the run's pending prompts stands (`cursor`), and the
+# prompts its last round found missing (`suspects`, JSON) at `at` (Redis's clock); workers/audit.py
+AUDIT_PREFIX = "fleet:audit:run:"
 REPLICATED = "fleet:replicated"      # counter: a write whose replication confirms every earlier one (replication.py)
 WORKERS = "fleet:workers"            # sorted set: worker -> time of its last heartbeat
 SHARERS_PREFIX = "fleet:sharers:"    # sorted set per server URL (redacted): worker -> its last health round there

@@ -2,8 +2,8 @@
 
 The fleet needs a few things kombu does not expose: the deliveries a channel
 still holds (to renew their leases, acknowledge them and hand them back), the
-sorted set that scores them, the hash of unacknowledged messages (for the
-lost-message audit), the priority sub-lists of a queue, and a way to keep a
+sorted set that scores them, the hash of unacknowledged messages, the
+priority sub-lists of a queue (read by the lost-message audit), and a way to keep a
 channel's deliveries when the channel closes because its connection was lost
 (`detach`). Each is read here and nowhere else, with the kombu version it was
 read from. `check()` lists what an upgrade moved, of these and of the Celery
@@ -64,6 +64,14 @@ UNACKED = "unacked"               # hash: delivery tag -> JSON [message, exchang
 UNACKED_INDEX = "unacked_index"   # sorted set: delivery tag -> time fetched (the lease)
 PRIORITY_SEP = "\x06\x16"         # `queue + sep + priority` names a priority sub-list
 PRIORITY_STEPS = (0, 3, 6, 9)
+RESTORE_PAGE = 500                # lapsed leases one restore sweep reads (kombu's `unacked_restore_limit`)
+# Celery consumer steps whose Redis traffic grows with the square of the fleet, which the worker
+# leaves out (`workers.consumer.FleetConsumer`): gossip has every worker receive every other
+# worker's heartbeat event (~360 B/s per pair), mingle asks every worker at each start. Flower
+# reads the heartbeat events themselves (the Heart step stays) and `celery inspect` is remote
+# control (the Control step stays).
+GROWS_WITH_FLEET = ("celery.worker.consumer.gossip:Gossip", "celery.worker.consumer.mingle:Mingle")
+WITHOUT_GROWS_WITH_FLEET = ("without_gossip", "without_mingle")  # the options (flags) that turn each off
 
 
 def queue_lists(queue: str) -> list[str]:
@@ -211,34 +219,41 @@ def use_clock(clock: Callable[[], float]) -> None:
     kredis.time = clock
 
 
-def reuse_clients() -> None:
-    """One redis client object per channel for kombu's own short calls.
+def share_client(client: Callable[[], Any]) -> None:
+    """kombu's own short calls go through `client()`, the worker's shared client.
 
     kombu's `Channel.conn_or_acquire` builds a new `redis.Redis` for every call
-    it serves: each delivery's `QoS.append`, each `QoS.ack`, each fanout
-    publish. Building one copies redis-py's table of response callbacks, and at
-    a few hundred samples a second that was 7-9% of a worker's CPU (py-spy,
-    16 and 256 in flight). A redis-py client is thread-safe (each command and
-    each pipeline takes a connection from the pool), so the channel keeps the
-    first one it builds for its pool and hands it out again; a channel whose
-    pool is replaced builds a new one. The asynchronous client (BRPOP, the
-    event loop's) is kombu's as before. Idempotent."""
+    it serves (each delivery's `QoS.append`, each `QoS.ack`, each event and
+    fanout publish, the restore sweep), on a pool of its own per channel and
+    connection: building one copied redis-py's table of response callbacks
+    (7-9% of a busy worker's CPU, py-spy), and the pools of the consumer's,
+    the events' and remote control's connections each kept connections open
+    (10 to 15 a worker in all). A redis-py client is thread-safe (each command
+    and each pipeline takes a connection from its pool), and kombu's broker is
+    the fleet's Redis (same URL and database), so every channel hands out the
+    worker's own client (`workers/redis_pool.py`: a few connections, shared).
+    The asynchronous clients (BRPOP, the remote-control subscription: the
+    event loop's) are kombu's as before, but the connection a new channel
+    opens on their pool to check Redis (`Channel.__init__` pings) is closed
+    after the check: a channel that only publishes (events, the producer
+    pool) never uses it again, and one that fetches or subscribes opens its
+    own when it starts. Idempotent."""
     from kombu.transport import redis as kredis
 
-    built = kredis.Channel._create_client
-    if getattr(built, "fleet_reuses", False):
-        return
+    built = getattr(kredis.Channel._create_client, "fleet_built", kredis.Channel._create_client)
+    init = getattr(kredis.Channel.__init__, "fleet_built", kredis.Channel.__init__)
 
     def _create_client(self, asynchronous=False):
         if asynchronous:
             return built(self, asynchronous=True)
-        client = self.__dict__.get("_fleet_client")
-        if client is None or client.connection_pool is not self.pool:
-            client = self.__dict__["_fleet_client"] = built(self, asynchronous=False)
-        return client
+        return client()
 
-    _create_client.fleet_reuses = True
-    kredis.Channel._create_client = _create_client
+    def __init__(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.async_pool.disconnect(inuse_connections=False)
+
+    _create_client.fleet_built, __init__.fleet_built = built, init
+    kredis.Channel._create_client, kredis.Channel.__init__ = _create_client, __init__
 
 
 # What `batch_takes` replaces or skips, as read from kombu 5.7.0 (a hash of each one's source):
@@ -344,16 +359,20 @@ def _read_and_take(self, options: dict) -> bool:
     return True
 
 
-def unacked_messages(client) -> Iterator[dict]:
-    """The messages every worker holds, as Celery protocol-2 dicts (headers, body, ...)."""
-    for raw in client.hvals(UNACKED):
-        yield json.loads(raw)[0]
-
-
-def queued_messages(client, queue: str) -> Iterator[dict]:
+def queued_messages(client, queue: str, page: int = 200) -> Iterator[dict]:
+    """A queue's messages (Celery protocol-2 dicts), a page of LRANGE at a time from the head, so
+    no one command grows with the queue. kombu publishes and restores with LPUSH or RPUSH and
+    fetches with BRPOP, so no message moves towards the head: one present throughout is read at
+    least once (a push at the head may show one twice)."""
     for name in queue_lists(queue):
-        for raw in client.lrange(name, 0, -1):
-            yield json.loads(raw)
+        start = 0
+        while True:
+            raws = client.lrange(name, start, start + page - 1)
+            for raw in raws:
+                yield json.loads(raw)
+            if len(raws) < page:
+                break
+            start += page
 
 
 def check() -> list[str]:
@@ -410,6 +429,9 @@ def _kombu_redis_problems() -> list[str]:
     for name in ("_q_for_pri", "_flush_brpop_reauth", "conn_or_acquire"):
         if not callable(getattr(channel, name, None)):
             problems.append(f"kombu.transport.redis.Channel.{name} is gone")
+    if "ping" not in getattr(getattr(channel.__init__, "fleet_built", channel.__init__), "__code__", None).co_names \
+            or not isinstance(getattr(channel, "async_pool", None), property):
+        problems.append("kombu.transport.redis.Channel no longer checks Redis with a ping on its async_pool")
     if not hasattr(kredis.QoS, "restore_at_shutdown"):
         problems.append("kombu.transport.redis.QoS.restore_at_shutdown is gone")
     for name in ("append", "restore_visible"):  # lease scores read the module's `time` (`use_clock`)
@@ -452,6 +474,7 @@ def _celery_problems() -> list[str]:
     from celery.utils.serialization import get_pickleable_exception
     from celery.worker import strategy
     from celery.worker.consumer import Consumer, events, tasks
+    from kombu.utils.imports import symbol_by_name
 
     problems = [f"celery.worker.consumer.Consumer.{name} is gone" for name in (
         "on_connection_error_after_connected", "on_send_event_buffered", "add_task_queue", "cancel_task_queue")
@@ -459,6 +482,16 @@ def _celery_problems() -> list[str]:
     for module, step in ((tasks, "Tasks"), (events, "Events")):
         if not hasattr(module, step):
             problems.append(f"the consumer step {module.__name__}:{step} is gone")
+    from celery.worker.consumer import heart
+
+    if not _has_parameters(heart.Heart, "heartbeat_interval"):
+        problems.append("celery's Heart step takes no heartbeat_interval (the worker sets it)")
+    if not _has_parameters(Consumer, "worker_options"):
+        problems.append("celery's Consumer takes no worker_options (the worker turns gossip and mingle off there)")
+    for step, option in zip(GROWS_WITH_FLEET, WITHOUT_GROWS_WITH_FLEET):
+        found = symbol_by_name(step) if step in Consumer.Blueprint.default_steps else None
+        if found is None or not _has_parameters(found, option):
+            problems.append(f"the consumer step {step} is gone or no longer takes {option} (the worker turns it off)")
     if not _has_parameters(EventDispatcher, "buffer_group", "buffer_limit", "on_send_buffered"):
         problems.append("celery's EventDispatcher takes no buffer_group, buffer_limit or on_send_buffered")
     dispatcher = EventDispatcher(enabled=False, app=Celery(set_as_current=False), buffer_group=["task"])

@@ -19,7 +19,6 @@ from pydantic import ValidationError
 from contract import kombu_redis
 from contract.broker import celery_app
 from contract.clock import CLOCK
-from contract.connections import redis_for
 from contract.settings import settings_refusal
 
 from . import flower_guard  # noqa: F401  (Flower refuses to listen beyond localhost without auth)
@@ -29,6 +28,7 @@ from .audit import LostMessageAudit
 from .events import BatchedEvents
 from .gate import HealthGate
 from .lease import LeaseKeeper
+from .redis_pool import configure as configure_redis, worker_redis
 from .runtime import close_runtime
 from .settings import Settings
 from .shutdown import ShutdownGrace, farewell
@@ -38,9 +38,10 @@ try:
     settings = Settings()
 except ValidationError as _refused:  # OUTPUT_DIR=gs://... and the like: the worker does not start
     raise SystemExit(f"worker refused to start: {settings_refusal(_refused)}") from None
-kombu_redis.reuse_clients()  # a client object per channel, not one per message and ack
+configure_redis(settings.redis_connections)  # every short Redis call shares a few connections
+kombu_redis.share_client(lambda: worker_redis(settings.redis_url))  # kombu's too
 kombu_redis.batch_takes()  # many messages taken per script, acknowledged with their group commit
-kombu_redis.use_clock(lambda: CLOCK.now(redis_for(settings.redis_url)))  # lease scores on Redis's clock
+kombu_redis.use_clock(lambda: CLOCK.now(worker_redis(settings.redis_url)))  # lease scores on Redis's clock
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
 if not settings.task_log:  # FLEET_TASK_LOG: Celery checks these levels once, when it builds its tracer
     for name in ("celery.app.trace", "celery.worker.strategy"):
@@ -57,6 +58,9 @@ app = celery_app(
         # A worker killed during a restore sweep leaves the sweep's lock behind;
         # kombu's 5 minutes would stall every restore for that long.
         "unacked_mutex_expire": max(10, int(settings.lease_seconds / 2)),
+        # kombu's sweep reads every lapsed lease at once by default: after a mass death, one reply of
+        # hundreds of thousands. A page a sweep (one every restore interval, by some worker).
+        "unacked_restore_limit": kombu_redis.RESTORE_PAGE,
     },
     include=["workers.tasks"],
     task_acks_late=True,

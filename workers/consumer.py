@@ -88,7 +88,20 @@ class Detached:
 DETACHED = Detached()
 
 
+# Seconds between the worker-heartbeat events Flower reads (Celery's default: 2): each is a PUBLISH
+# (one a node every 2 s is ~0.07 Redis cores at 5,000 nodes); Flower reads the interval from the
+# event and counts a worker offline after two missed. `--heartbeat-interval` on the command line wins.
+HEART_INTERVAL = 10.0
+
+
 class FleetConsumer(Consumer):
+    def __init__(self, *args, worker_options=None, **kwargs):
+        """Gossip and mingle off whatever the command line says (`kombu_redis.GROWS_WITH_FLEET`): a plain
+        `celery -A workers worker` runs neither, as `--without-gossip --without-mingle` would have it."""
+        options = {**(worker_options or {}), **dict.fromkeys(kombu_redis.WITHOUT_GROWS_WITH_FLEET, True)}
+        options["heartbeat_interval"] = options.get("heartbeat_interval") or HEART_INTERVAL
+        super().__init__(*args, worker_options=options, **kwargs)
+
     def on_send_event_buffered(self) -> None:
         """Celery asks its event loop to flush after every buffered task event; the loop's
         timer flushes them in batches instead (`events.BatchedEvents`)."""

@@ -13,7 +13,8 @@ from dataclasses import dataclass, field
 import redis
 
 from contract import heartbeats
-from contract.connections import redact_url, redis_for
+from contract.clock import CLOCK
+from contract.connections import redact_url
 from contract.shard_home import home
 from contract.write_refusal import READ_ONLY
 
@@ -24,6 +25,7 @@ from .deliveries import STARTED
 from .health import HealthMonitor
 from .server_auth import ServerCredentials
 from .reconcile import ShardBook
+from .redis_pool import worker_redis
 from .redis_writes import RedisWrites
 from .servers import ServerPool
 from .settings import Settings
@@ -82,21 +84,23 @@ def _build(s: Settings, worker: str) -> Runtime:
     key = s.sglang_api_key.get_secret_value() if s.sglang_api_key else None
     headers = {"Authorization": f"Bearer {key}"} if key else {}
     pool = ServerPool(s.server_urls, s.max_inflight_per_server, s.affinity_margin)
-    client = redis_for(s.redis_url)
+    client = worker_redis(s.redis_url)
     shards = ShardWriter(s.output_dir, worker, s.group_rows, s.shard_max_wait, book=ShardBook(client, home(s.output_dir)),
                          commit_timeout=s.shard_commit_timeout)
     http = make_client(s.pool_size, s.connect_timeout, s.request_timeout, key, s.server_urls)
     writes = RedisWrites()
     cpu = CpuWatch(rule_for(s.cpu_bound_share, s.cpu_bound_seconds))
+    started: list[float] = []  # in each heartbeat (Redis's clock): the audit's sign of a restart under one name
 
     def heartbeat() -> None:  # also the probe of whether Redis takes writes (workers/redis_writes.py)
         cpu.observe(*pool.free_slots())  # once a round: the CPU-bound signal's interval
         ttl = 3 * s.health_interval + s.health_timeout
         try:
+            started[:] = started or [CLOCK.now(client)]
             pool.shared_by(sharers.count(client, worker, [b.url for b in pool.bindings if b.usable], ttl))
             heartbeats.publish(client, worker, pool.snapshot(), ttl=ttl,
                                holding=STARTED.holding, storage=shards.storage.snapshot(),
-                               cache_hits=cache_hits.WINDOW.snapshot(), cpu=cpu.snapshot())
+                               cache_hits=cache_hits.WINDOW.snapshot(), cpu=cpu.snapshot(), started=started[0])
         except Exception as exc:
             if not writes.failed(exc):
                 raise  # not a refusal: the health thread logs it as the heartbeat's trouble

@@ -116,12 +116,21 @@ class Settings(SharedSettings):
                                    "worker renews its own well before then.")
     restore_interval: float = Field(10.0, description="How often a worker looks for expired leases to return to the "
                                      "queue.")
+    # Redis: the connections every short call of the worker shares, kombu's included
+    # (workers/redis_pool.py); with kombu's fetch and remote control, the worker holds this + 2.
+    redis_connections: int = Field(2, ge=1, description=(
+        "Connections the worker's short Redis calls share (its own and kombu's); with kombu's "
+        "blocking fetch and the remote-control subscription the worker holds this many plus two."))
     # Lost-message audit: how often, and the longest queue it lists.
     audit_interval: float = Field(30.0, description="How often the lost-message audit runs: it republishes a queued "
                                    "prompt whose message is neither in the queue nor in flight nor held by a live "
                                    "worker.")
     audit_max_queue: int = Field(10_000, description="The audit runs only while the queue is at most this long (it "
                                     "lists the queue).")
+    audit_slice: int = Field(5_000, ge=1, description=(
+        "Pending prompts of a run the lost-message audit looks at per round (a cursor over the run's "
+        "prompts, so a pass takes pending / slice rounds): the round's cost is bounded by it, not by "
+        "the fleet or what is in flight."))
     # SIGTERM: finish in-flight prompts for this long, then hand the rest back.
     shutdown_grace: float = Field(60.0, description="On SIGTERM: finish in-flight prompts for this long, then hand "
                                    "the rest back to the queue.")

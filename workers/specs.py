@@ -9,8 +9,9 @@ from __future__ import annotations
 import logging
 from functools import lru_cache
 
-from contract.connections import redis_for
 from contract.spec import OlderLayout, RunSpec, load_spec
+
+from .redis_pool import worker_redis
 
 log = logging.getLogger(__name__)
 _REFUSED: set[str] = set()  # runs whose refusal this process has logged
@@ -18,7 +19,7 @@ _REFUSED: set[str] = set()  # runs whose refusal this process has logged
 
 @lru_cache(maxsize=64)
 def _cached_spec(url: str, run: str) -> RunSpec | None:
-    return load_spec(redis_for(url), run)
+    return load_spec(worker_redis(url), run)
 
 
 def cached_spec(url: str, run: str) -> RunSpec:

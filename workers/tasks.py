@@ -103,7 +103,7 @@ def _generate(self, run: str, prompt_id: str, max_new_tokens: int | None) -> str
         before = intake.held_by if writing is None else deliveries.holders(rt.redis, run, prompt_id)
         if len(before) > rt.settings.max_deliveries:
             return _bury_poison(rt, run, prompt_id, raw, max_new_tokens, before)
-        with _alone_if(len(before) == rt.settings.max_deliveries, rt):
+        with _alone_if(len(before) == rt.settings.max_deliveries, rt, run, prompt_id):
             if not intake.noted:  # its last chance (noted once alone here), or a write to reconcile
                 STARTED.start(rt.redis, run, prompt_id, rt.worker)
             spec = cached_spec(rt.settings.redis_url, run)
@@ -145,14 +145,17 @@ def _take_back_if_possible(rt: Runtime, run: str, prompt_id: str) -> None:
 
 
 @contextmanager
-def _alone_if(last_chance: bool, rt: Runtime) -> Iterator[None]:
+def _alone_if(last_chance: bool, rt: Runtime, run: str, prompt_id: str) -> Iterator[None]:
     """A prompt on its last allowed delivery runs as the only such prompt in this worker, so
     that if the worker dies again, the death is its own and not a bystander's: prompts that were
-    merely in flight beside a poison one wait here (uncounted) and finish."""
+    merely in flight beside a poison one wait here (uncounted, but listed as held in the
+    heartbeat, which the audit reads before republishing such a prompt) and finish."""
     if not last_chance:
         yield
         return
-    if not _LAST_CHANCE.acquire(timeout=hold_limit(rt.settings)):
+    with STARTED.taking(run, prompt_id):
+        acquired = _LAST_CHANCE.acquire(timeout=hold_limit(rt.settings))
+    if not acquired:
         raise GiveBack("another prompt on its last delivery held this worker too long")
     try:
         yield

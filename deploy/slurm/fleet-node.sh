@@ -28,7 +28,8 @@ done
 
 if [[ $stopping == 0 ]]; then
     export SGLANG_URLS="http://localhost:$SGLANG_PORT"
-    celery -A workers worker -l INFO -n gen@%h > "$LOGS/worker-$node.log" 2>&1 &
+    # No gossip, no mingle: they grow with the square of the fleet (the app drops them anyway).
+    celery -A workers worker -l INFO -n gen@%h --without-gossip --without-mingle > "$LOGS/worker-$node.log" 2>&1 &
     worker=$!
     # `wait` returns early when a trapped signal arrives: wait again until the worker has exited.
     while :; do

@@ -136,28 +136,28 @@ def test_the_hold_limit_outlasts_every_request_a_task_may_make():
     assert hold_limit(s) > (s.max_attempts + 1) * s.request_timeout + s.lease_seconds
 
 
-def test_a_channel_builds_one_client_for_its_short_calls_and_a_new_one_for_a_new_pool():
-    # Given kombu's Redis channel with the fleet's client reuse (no connection is opened)
-    kombu_redis.reuse_clients()
-    kombu_redis.reuse_clients()  # idempotent
-    channel = object.__new__(kombu_redis_transport.Channel)
-    pools = iter([SimpleNamespace(connection_kwargs={}), SimpleNamespace(connection_kwargs={})])
-    channel.__dict__["_pool"] = None
-    channel.__dict__["_async_pool"] = None
-    built = []
+def test_every_channel_hands_out_the_workers_shared_client_for_its_short_calls():
+    # Given kombu's Redis channels with the worker's shared client (no connection is opened)
+    original = kombu_redis_transport.Channel._create_client
+    shared = SimpleNamespace(name="the worker's client")
+    try:
+        kombu_redis.share_client(lambda: shared)
+        kombu_redis.share_client(lambda: shared)  # idempotent: kombu's own builder stays underneath
+        channels = [object.__new__(kombu_redis_transport.Channel) for _ in range(2)]
+        built = []
+        for channel in channels:
+            channel.__dict__["_async_pool"] = None
+            channel._get_pool = lambda asynchronous=False: built.append(asynchronous) or SimpleNamespace(
+                connection_kwargs={})
+            channel.Client = lambda connection_pool, **_: SimpleNamespace(connection_pool=connection_pool)
 
-    def fake_pool(asynchronous=False):
-        built.append(asynchronous)
-        return next(pools)
+        # When each serves appends and acks, and the event loop asks for its blocking client
+        short = [channel._create_client() for channel in channels for _ in range(3)]
+        blocking = channels[0]._create_client(asynchronous=True)
 
-    channel._get_pool = fake_pool
-    channel.Client = lambda connection_pool, **_: SimpleNamespace(connection_pool=connection_pool)
-
-    # When it serves three appends/acks, then its pool is replaced and it serves one more
-    first = [channel._create_client() for _ in range(3)]
-    channel.__dict__["_pool"] = None
-    after = channel._create_client()
-
-    # Then the three got one client, and the new pool a new client of its own
-    assert first[0] is first[1] is first[2] and first[0].connection_pool is not after.connection_pool
-    assert after is channel._create_client()
+        # Then every short call got the one shared client, no pool of kombu's was built for them,
+        # and the blocking fetch still gets a client on kombu's own asynchronous pool
+        assert all(client is shared for client in short)
+        assert blocking is not shared and built == [True]
+    finally:
+        kombu_redis_transport.Channel._create_client = original

@@ -17,7 +17,7 @@ import random
 from contract.codec import pack_ids
 from contract.deadletters import DeadLetter, DeadLetters
 from contract.keys import RunKeys
-from contract.ledger import AGAIN, NEW, Entry, Ledger, shard_code
+from contract.ledger import AGAIN, NEW, READ_CHUNK, Entry, Ledger, shard_code
 from workers import deliveries
 
 
@@ -39,7 +39,18 @@ def check_invariants(ledger: Ledger, store: DeadLetters, pids: list[str]) -> Non
     states = dict(zip(pids, ledger.states(pids)))
     letters = {d.id for d in store}
     assert letters <= {pid for pid, s in states.items() if s == "dead"}
-    assert ledger.pending_ids() == {pid for pid, s in states.items() if s == "queued"}
+    queued = {pid for pid, s in states.items() if s == "queued"}
+    assert pending_pass(ledger, count=3) == queued
+    assert ledger.pending(pids) == [pid in queued for pid in pids]
+
+
+def pending_pass(ledger, count: int) -> set[str]:
+    """Every prompt one full pass of `pending_page` names, a page of `count` at a time."""
+    cursor, seen = None, set()
+    while cursor != 0:
+        cursor, page = ledger.pending_page(cursor or 0, count)
+        seen.update(page)
+    return seen
 
 
 def test_enqueue_counts_only_prompts_the_run_does_not_have(client):
@@ -308,10 +319,10 @@ def test_enqueue_sends_a_script_call_per_chunk_of_prompts(client):
     # When they are enqueued in one call
     outcomes = ledger.enqueue({p: pack_ids([1]) for p in pids}, 1)
 
-    # Then each is queued, by three script calls of at most READ_CHUNK (1,000) prompts each
+    # Then each is queued, by a script call per READ_CHUNK (250) prompts: ten
     assert outcomes == [NEW] * 2500 and ledger.tally().queued == 2500
     stats = client.info("commandstats")
-    assert sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("eval", "evalsha")) == 3
+    assert sum(stats.get(f"cmdstat_{c}", {}).get("calls", 0) for c in ("eval", "evalsha")) == 2500 // READ_CHUNK == 10
 
 
 def test_a_letter_with_a_field_this_version_does_not_know_is_still_listed(client, caplog):

@@ -1,0 +1,464 @@
+"""Fleet size: what N workers cost one Redis, at 10, 100 and 1,000 simulated workers.
+
+For each N, in a flushed Redis:
+- **state**: N simulated workers, each holding `in_flight` prompts (256) as a
+  real worker would leave them: the run's ledger entries (`Ledger.enqueue`),
+  kombu's unacknowledged message and lease for each (a real message of the
+  run, taken from the queue, under a tag of its own), the prompt's deliveries
+  entry naming its worker, and the worker's heartbeat listing them
+  (`heartbeats.publish`). One client listens to the event channel as Flower
+  does, so the events' PUBLISH pays for a subscriber.
+- **rounds**: each simulated worker's periodic work, through the workers' own
+  functions, one round trip per worker as a worker sends it: the health
+  round's heartbeat and sharer stamp (`heartbeats.publish`, `sharers.count`,
+  every `health_interval`), the lease round (`lease.finished` then
+  `kombu_redis.renew` of its 256 leases, every lease/4), kombu's restore
+  sweep (mutex, one page of lapsed leases, every restore interval) and
+  Celery's worker-heartbeat event (every 2 s). Redis CPU (INFO cpu) per
+  worker-second is the sum over these, each per round over its interval.
+- **audit**: the lost-message audit of the run (`LostMessageAudit.audit_run`,
+  the workers' own), round after round until its pass over every pending
+  prompt is over, with `lost` prompts planted without a message: Redis CPU and
+  commands per round, and whether every lost one was found.
+- **samples**: a real worker (`celery -A workers worker`) on an instant
+  stand-in stores `samples` short answers (after a warm-up) beside that
+  state: Redis CPU and commands per stored sample (INFO commandstats counts a
+  script's own commands, as the issue counted them), and the worker's Redis
+  connections (CLIENT LIST, by the worker's own sockets).
+
+SLOWLOG runs with threshold 0 throughout, so the longest command any part sent
+is measured, not sampled. The projection: n nodes at `rate` samples a second
+each, `in_flight` prompts in flight each, cost n x (rate x per sample + per
+worker-second) + the audit's rounds (one per audit interval, whatever n).
+"""
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+
+import redis
+
+from .lab import Lab
+from .procs import redis_connections_of
+from .prompts import repeated, write_jsonl
+from .publish import enqueue
+
+RUN = "fleet"
+INSTANT = ["--step-base", "0", "--step-per-request", "0", "--prefill-per-token", "0",
+           "--output-len-median", "100", "--output-len-sigma", "0.3", "--output-len-max", "300"]
+LIVE = 900  # seconds a simulated worker's heartbeat lives: it stays live through every part
+EVENTS = "/0.celeryev"  # kombu's fanout channel prefix for Celery's event exchange (Flower's subscription)
+
+
+@dataclass
+class FleetOptions:
+    workers: list[int] = field(default_factory=lambda: [10, 100, 1000])
+    in_flight: int = 256          # prompts each simulated worker holds
+    rounds: int = 3               # of each kind of periodic work, per simulated worker
+    lost: int = 20                # prompts planted without a message, for the audit to find
+    samples: int = 1000           # stored by the real worker, after a warm-up
+    warmup: int = 200
+    audit_slice: int = 5000       # FLEET_AUDIT_SLICE
+    rate: float = 2.0             # samples a second per node, for the projection
+    nodes: list[int] = field(default_factory=lambda: [100, 1000, 5000])
+    timeout: float = 600.0
+
+
+def run_fleet_size(lab: Lab, opts: FleetOptions, log) -> dict:
+    from workers.settings import Settings
+
+    settings = Settings(audit_slice=opts.audit_slice)
+    results = {}
+    for n in opts.workers:
+        lab.flush()
+        log(f"fleet {n}: {n} simulated workers x {opts.in_flight} in flight")
+        state = _fill(lab, n, opts)
+        with _Listener(lab.redis_url), Longest(lab.client) as longest:
+            d = {"workers": n, "in_flight": n * opts.in_flight, **_rounds(lab, state, settings, opts)}
+            d["audit"] = _audit(lab, state, settings, opts)
+            _renew(lab, state)  # live workers' leases: kombu's sweep must not restore them meanwhile
+            d["samples"] = _samples(lab, opts, log)
+        (p99, kind), (p999, tail_kind) = longest.percentile(0.99), longest.percentile(0.999)
+        d["longest"] = {"ms": longest.us / 1000, "command": longest.command, "steady_ms": p99 / 1000,
+                        "steady": kind, "p999_ms": p999 / 1000, "p999": tail_kind,
+                        "commands_seen": sum(len(v) for v in longest.by_name.values())}
+        log(f"fleet {n}: {d['samples']['redis_us_per_sample']:.0f} us Redis per sample, "
+            f"{d['redis_us_per_worker_s']:.1f} us per worker-second, audit {d['audit']['redis_ms_per_round']:.1f} "
+            f"ms a round, longest command {d['longest']['ms']:.2f} ms ({d['longest']['command']}), "
+            f"largest 99th percentile {d['longest']['steady_ms']:.2f} ms ({d['longest']['steady']})")
+        results[n] = d
+    lab.flush()
+    return {"options": opts.__dict__, "results": results,
+            "projection": project(results[max(results)], opts, settings)}
+
+
+# --- the simulated fleet's state -----------------------------------------------------------
+
+@dataclass
+class FleetState:
+    holding: dict[str, list[str]]      # worker -> prompt ids
+    tags: dict[str, list[str]]         # worker -> its delivery tags
+    lost: list[str]
+    queue: str
+    message_bytes: int
+
+
+def _fill(lab: Lab, n: int, opts: FleetOptions) -> FleetState:
+    from contract import heartbeats, kombu_redis
+    from contract.clock import CLOCK
+    from contract.keys import RunKeys
+    from contract.ledger import Ledger
+
+    client = lab.client
+    path = write_jsonl(lab.root / "prompts" / "fleet-one.jsonl", [("template", repeated(1)[0][1])])
+    enqueue(path, RUN, 512)
+    queue = _queue_of(client)
+    raw_message = client.rpop(queue)  # a real message of the run: the template of every simulated one
+    message_bytes = len(raw_message)
+    template = json.loads(raw_message)
+    ids = client.hget(RunKeys(RUN).token_ids, "template")
+    ledger = Ledger(client, RUN)
+    holding = {f"sim-{w:04d}@node": [f"s{w:04d}-{i:03d}" for i in range(opts.in_flight)] for w in range(n)}
+    lost = ["template"] + [f"lost-{i:03d}" for i in range(opts.lost)]  # the template's message is taken
+    everyone = [pid for pids in holding.values() for pid in pids] + lost
+    for start in range(0, len(everyone), 5000):
+        ledger.enqueue([(pid, ids) for pid in everyone[start:start + 5000]], call="bench")
+    now, tags = CLOCK.now(client), {}
+    for worker, pids in holding.items():
+        tags[worker] = [str(uuid.uuid4()) for _ in pids]
+        with client.pipeline(transaction=False) as pipe:
+            for pid, tag in zip(pids, tags[worker]):
+                message = _message(template, pid, tag)
+                pipe.hset(kombu_redis.UNACKED, tag, json.dumps([message, "", queue]))
+            pipe.zadd(kombu_redis.UNACKED_INDEX, dict.fromkeys(tags[worker], now))
+            pipe.hset(RunKeys(RUN).deliveries, mapping=dict.fromkeys(pids, worker))
+            pipe.execute()
+        heartbeats.publish(client, worker, [], ttl=LIVE, holding=lambda pids=pids: {RUN: pids},
+                           started=now - 86_400)
+    return FleetState(holding, tags, lost, queue, message_bytes)
+
+
+def _renew(lab: Lab, state: FleetState) -> None:
+    from contract import kombu_redis
+    from contract.clock import CLOCK
+
+    now = CLOCK.now(lab.client)
+    for tags in state.tags.values():
+        kombu_redis.renew(lab.client, tags, now)
+
+
+def _queue_of(client) -> str:
+    from contract.spec import run_queues
+
+    return run_queues(client, "fleet.generate")[RUN]
+
+
+def _message(template: dict, prompt_id: str, tag: str) -> dict:
+    """The run's real message, for another prompt under another delivery tag."""
+    message = json.loads(json.dumps(template))
+    message["headers"]["id"] = message["headers"]["root_id"] = f"{RUN}:{prompt_id}"
+    message["properties"]["delivery_tag"] = tag
+    return message
+
+
+# --- periodic work per simulated worker ----------------------------------------------------
+
+def _rounds(lab: Lab, state: FleetState, settings, opts: FleetOptions) -> dict:
+    """Redis CPU (us) of each kind of round, per worker and round, and per worker-second."""
+    from contract import heartbeats, kombu_redis
+    from contract.clock import CLOCK
+    from workers import lease, sharers
+    from workers.consumer import HEART_INTERVAL, Delivery
+
+    client, ttl = lab.client, 3 * settings.health_interval + settings.health_timeout
+    event = json.dumps({"hostname": "x", "type": "worker-heartbeat", "freq": 2.0, "sw_ident": "py-celery",
+                        "sw_ver": "5.7.0", "sw_sys": "Linux", "active": 256, "processed": 100_000,
+                        "loadavg": [1.0, 1.0, 1.0], "timestamp": time.time(), "clock": 1}).encode() * 2
+
+    def health(worker: str) -> None:
+        sharers.count(client, worker, [f"http://{worker}:30000"], ttl)
+        heartbeats.publish(client, worker, [], ttl=LIVE, holding=lambda: {RUN: state.holding[worker]},
+                           started=0.0)
+
+    def leases(worker: str) -> None:
+        held = [Delivery(tag, None, RUN, pid) for tag, pid in zip(state.tags[worker], state.holding[worker])]
+        lease.finished(client, held)
+        kombu_redis.renew(client, state.tags[worker], CLOCK.sync(client))
+
+    def sweep(worker: str) -> None:
+        if client.set("unacked_mutex", worker, nx=True, ex=60):
+            client.zrevrangebyscore(kombu_redis.UNACKED_INDEX, CLOCK.now(client) - settings.lease_seconds, 0,
+                                    start=0, num=kombu_redis.RESTORE_PAGE, withscores=True)
+            client.delete("unacked_mutex")
+
+    def heart(worker: str) -> None:
+        client.publish(f"{EVENTS}/worker.heartbeat", event)
+
+    kinds = {"health": (health, settings.health_interval), "lease": (leases, max(1.0, settings.lease_seconds / 4)),
+             "restore sweep": (sweep, settings.restore_interval), "worker-heartbeat event": (heart, HEART_INTERVAL)}
+    per_round = {}
+    for name, (work, _) in kinds.items():
+        before = _redis_cpu(client), _calls(client)
+        for _ in range(opts.rounds):
+            for worker in state.holding:
+                work(worker)
+        cpu, calls = _redis_cpu(client) - before[0], _calls(client) - before[1]
+        rounds = opts.rounds * len(state.holding)
+        per_round[name] = {"redis_us": cpu / rounds * 1e6, "commands": calls / rounds}
+    per_second = sum(per_round[name]["redis_us"] / interval for name, (_, interval) in kinds.items())
+    commands = sum(per_round[name]["commands"] / interval for name, (_, interval) in kinds.items())
+    return {"rounds": per_round, "intervals": {k: i for k, (_, i) in kinds.items()},
+            "redis_us_per_worker_s": per_second, "commands_per_worker_s": commands}
+
+
+# --- the audit -----------------------------------------------------------------------------
+
+def _audit(lab: Lab, state: FleetState, settings, opts: FleetOptions) -> dict:
+    """The audit's rounds until its pass is over and every lost prompt was confirmed."""
+    from workers.audit import AuditState, LostMessageAudit
+
+    client = lab.client
+    found: set[str] = set()
+
+    class Audit(LostMessageAudit):
+        def __init__(self):  # no consumer: the rounds alone
+            self._stalled = {}
+
+        def _republish(self, app, client, run, queue, confirmed):
+            found.update(confirmed)
+            return len(confirmed)
+
+    rt = type("Runtime", (), {"redis": client, "settings": settings})()
+    audit, audit_state = Audit(), AuditState(client, RUN, fresh=1e9)
+    pending = len(state.holding) * opts.in_flight + len(state.lost)
+    most_rounds = 2 * (pending // settings.audit_slice + 2)
+    before, rounds = (_redis_cpu(client), _calls(client)), 0
+    t0 = time.monotonic()
+    while rounds < most_rounds and not set(state.lost) <= found:
+        audit.audit_run(None, rt, RUN, state.queue, audit_state)
+        rounds += 1
+    cpu, calls = _redis_cpu(client) - before[0], _calls(client) - before[1]
+    return {"rounds": rounds, "found": len(found & set(state.lost)), "lost": len(state.lost),
+            "false": len(found - set(state.lost)), "redis_ms_per_round": cpu / rounds * 1e3,
+            "commands_per_round": calls / rounds, "client_s_per_round": (time.monotonic() - t0) / rounds,
+            "slice": settings.audit_slice}
+
+
+# --- a real worker's samples -----------------------------------------------------------------
+
+def _samples(lab: Lab, opts: FleetOptions, log) -> dict:
+    prompts = [(f"real-{pid}", msgs) for pid, msgs in repeated(opts.warmup + opts.samples)]
+    warm = write_jsonl(lab.root / "prompts" / "fleet-warm.jsonl", prompts[:opts.warmup])
+    cost = write_jsonl(lab.root / "prompts" / "fleet-cost.jsonl", prompts[opts.warmup:])
+    [standin] = lab.standins(1, INSTANT)
+    # Its own audit waits: the bench's audit part measured the audit, and the simulated fleet's lost
+    # prompts are not for it to publish again.
+    worker = lab.worker("fleet-size", {"SGLANG_URLS": standin.url, "OUTPUT_DIR": str(lab.output_dir("fleet")),
+                                       "FLEET_AUDIT_INTERVAL": "3600"})
+    watch = [worker, standin.process]
+    try:
+        enqueue(warm, "fleet-warm", 512)
+        lab.wait_finished("fleet-warm", opts.warmup, opts.timeout, watch, interval=0.1)
+        worker.signal(signal.SIGSTOP)  # the producer's publishing is not charged to the samples
+        try:
+            enqueue(cost, "fleet-cost", 512)
+            before = _redis_cpu(lab.client), _calls(lab.client)
+        finally:
+            worker.signal(signal.SIGCONT)
+        most = [0]
+        lab.wait_finished("fleet-cost", opts.samples, opts.timeout, watch, interval=0.1,
+                          on_poll=lambda: most.__setitem__(0, max(most[0], len(
+                              redis_connections_of(lab.client, worker.popen.pid)))))
+        cpu, calls = _redis_cpu(lab.client) - before[0], _calls(lab.client) - before[1]
+    finally:
+        lab.stop(watch)
+    log(f"fleet: real worker stored {opts.samples} samples, {calls / opts.samples:.1f} commands each")
+    return {"samples": opts.samples, "redis_us_per_sample": cpu / opts.samples * 1e6,
+            "commands_per_sample": calls / opts.samples, "connections": most[0]}
+
+
+# --- Redis's own counters ------------------------------------------------------------------
+
+OWN = ("cmdstat_info", "cmdstat_config", "cmdstat_slowlog", "cmdstat_client")  # the bench's readings
+
+
+def _redis_cpu(client: redis.Redis) -> float:
+    info = client.info("cpu")
+    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+
+
+def _calls(client: redis.Redis) -> int:
+    return sum(v["calls"] for k, v in client.info("commandstats").items() if not k.startswith(OWN))
+
+
+def _script_names() -> dict[str, str]:
+    """SHA1 -> `module.NAME` of every Lua script the fleet sends, for naming EVALSHA calls."""
+    import hashlib
+    import importlib
+
+    from contract.scripts import Lua
+
+    names = {}
+    for module in ("contract.ledger_scripts", "contract.ledger", "contract.conversation_ledger",
+                   "workers.deliveries", "contract.deliveries"):
+        try:
+            found = importlib.import_module(module)
+        except ImportError:
+            continue
+        for attr, value in vars(found).items():
+            if isinstance(value, Lua):
+                names[hashlib.sha1(value.source.encode()).hexdigest()] = f"{module.rsplit('.', 1)[1]}.{attr}"
+    return names
+
+
+SCRIPTS = _script_names()
+
+
+class Longest:
+    """The longest commands Redis ran while it watched: SLOWLOG at threshold 0 logs every command
+    with its own run time (not its wait), drained every 0.2 s so none is dropped unread.
+
+    SLOWLOG's time is wall time, so on a shared machine the longest single one can be any command
+    Redis was descheduled in (an LPUSH of one message took 24 ms here, a 256-prompt READ 86 ms at
+    a load of 8 on 2 cores), so besides it (`us`, `command`) the figure is each command kind's
+    99th percentile, the largest of them (`steady`): a command slow by what it does is slow every
+    time it is sent, and `percentile(0.999)` says how far the tail went."""
+
+    def __init__(self, client: redis.Redis):
+        self.client, self.us, self.command = client, 0, ""
+        self.by_name: dict[str, list[int]] = {}
+        self.stop = threading.Event()
+
+    def __enter__(self) -> "Longest":
+        self.client.config_set("slowlog-max-len", 50_000)
+        self.client.config_set("slowlog-log-slower-than", 0)
+        self.client.slowlog_reset()
+        self.thread = threading.Thread(target=self._drain, daemon=True)
+        self.thread.start()
+        return self
+
+    def _drain(self) -> None:
+        while not self.stop.wait(0.2):
+            self.read()
+
+    def read(self) -> None:
+        entries = self.client.slowlog_get(50_000)
+        self.client.slowlog_reset()
+        for entry in entries:
+            words = entry["command"].split() if isinstance(entry["command"], bytes) else list(entry["command"])
+            name = (words[0].decode() if isinstance(words[0], bytes) else str(words[0])).lower() if words else ""
+            if name in ("slowlog", "info", "config", "client"):
+                continue
+            if name == "evalsha" and len(words) > 1:
+                sha = words[1].decode() if isinstance(words[1], bytes) else str(words[1])
+                name = f"evalsha {SCRIPTS.get(sha, sha[:8])}"
+            self.by_name.setdefault(name, []).append(entry["duration"])
+            if entry["duration"] > self.us:
+                shown = [w.decode(errors="replace") if isinstance(w, bytes) else str(w) for w in words[:3]]
+                self.us, self.command = entry["duration"], " ".join(shown)[:80]
+
+    def percentile(self, share: float = 0.99) -> tuple[float, str]:
+        """(microseconds, command kind) of the largest `share` percentile among command kinds."""
+        worst = (0.0, "")
+        for name, durations in self.by_name.items():
+            durations.sort()
+            worst = max(worst, (float(durations[min(len(durations) - 1, int(share * len(durations)))]), name))
+        return worst
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
+        self.read()
+        self.client.config_set("slowlog-log-slower-than", 10_000)
+
+
+class _Listener:
+    """A subscriber to Celery's event channel, as Flower is, reading what it gets."""
+
+    def __init__(self, url: str):
+        self.client = redis.Redis.from_url(url)
+        self.stop = threading.Event()
+
+    def __enter__(self) -> "_Listener":
+        self.pubsub = self.client.pubsub(ignore_subscribe_messages=True)
+        self.pubsub.psubscribe(f"{EVENTS}*")
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+        return self
+
+    def _read(self) -> None:
+        while not self.stop.is_set():
+            self.pubsub.get_message(timeout=0.5)
+
+    def __exit__(self, *exc) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
+        self.pubsub.close()
+
+
+# --- projection ----------------------------------------------------------------------------
+
+def project(d: dict, opts: FleetOptions, settings) -> dict:
+    """Redis cores and commands a second at each node count, from the largest fleet measured."""
+    # The task events a node publishes: its worker flushes them every FLUSH_INTERVAL when there are
+    # any (3 a sample), each PUBLISH costing what a heart event does.
+    from workers.events import FLUSH_INTERVAL
+
+    flushes = min(1 / FLUSH_INTERVAL, 3 * opts.rate)
+    events = flushes * d["rounds"]["worker-heartbeat event"]["redis_us"]
+    per_node_us = opts.rate * d["samples"]["redis_us_per_sample"] + d["redis_us_per_worker_s"] + events
+    per_node_commands = opts.rate * d["samples"]["commands_per_sample"] + d["commands_per_worker_s"] \
+        + flushes
+    audit_us_per_s = d["audit"]["redis_ms_per_round"] * 1e3 / settings.audit_interval
+    return {"per_node_us_per_s": per_node_us, "events_us_per_s": events, "audit_us_per_s": audit_us_per_s,
+            "nodes": {n: {"cores": (n * per_node_us + audit_us_per_s) / 1e6, "commands_per_s": n * per_node_commands,
+                          "connections": n * d["samples"]["connections"], "in_flight": n * opts.in_flight}
+                      for n in opts.nodes}}
+
+
+# --- figures -------------------------------------------------------------------------------
+
+def fleet_figures(d: dict) -> list:
+    from .report import Figure, at_most
+
+    figures = []
+    for n, r in d["results"].items():
+        part, s, a = f"9 fleet size, {n} workers", r["samples"], r["audit"]
+        rounds = ", ".join(f"{k} {v['redis_us']:.0f} us/{r['intervals'][k]:g} s" for k, v in r["rounds"].items())
+        figures += [
+            Figure(part, "Redis CPU per stored sample", s["redis_us_per_sample"], "{:.0f}", "us",
+                   goal="<= 150 (#34 point 4)", met=at_most(s["redis_us_per_sample"], 150),
+                   note=f"a real worker, {s['samples']} short answers on an instant stand-in, beside "
+                        f"{r['in_flight']:,} simulated prompts in flight"),
+            Figure(part, "Redis commands per stored sample", s["commands_per_sample"], "{:.1f}",
+                   goal="<= 9 (#34 point 4)", met=at_most(s["commands_per_sample"], 9),
+                   note="INFO commandstats, a script's own commands counted"),
+            Figure(part, "Redis CPU per worker-second", r["redis_us_per_worker_s"], "{:.1f}", "us",
+                   note=f"periodic work of each simulated worker: {rounds}"),
+            Figure(part, "Redis connections of one worker", s["connections"], "{:.0f}", goal="<= 4",
+                   met=at_most(s["connections"], 4), note="CLIENT LIST, most seen while it stored samples"),
+            Figure(part, "audit: Redis CPU per round", a["redis_ms_per_round"], "{:.2f}", "ms",
+                   note=f"{a['commands_per_round']:.0f} commands a round, slice {a['slice']:,}; "
+                        f"{a['rounds']} rounds found {a['found']}/{a['lost']} lost prompts, {a['false']} others"),
+            Figure(part, "longest command (99th pct of its kind)", r["longest"]["steady_ms"], "{:.2f}", "ms",
+                   goal="<= 10", met=at_most(r["longest"]["steady_ms"], 10),
+                   note=f"{r['longest']['steady']}; SLOWLOG at threshold 0 over {r['longest']['commands_seen']:,} "
+                        f"commands (wall time: a shared machine's scheduling included): 99.9th pct "
+                        f"{r['longest']['p999_ms']:.2f} ms ({r['longest']['p999']}), the longest single one "
+                        f"{r['longest']['ms']:.2f} ms ({r['longest']['command']})"),
+        ]
+    p, o = d["projection"], d["options"]
+    for n, x in p["nodes"].items():
+        judged = n == max(p["nodes"])
+        figures.append(Figure(
+            "9 fleet size, projected", f"{n:,} nodes: Redis cores", x["cores"], "{:.2f}",
+            goal="<= 1.0" if judged else "", met=at_most(x["cores"], 1.0) if judged else None,
+            note=f"{o['rate']:g} samples/s and {o['in_flight']} in flight a node ({x['in_flight']:,} in all): "
+                 f"{x['commands_per_s']:,.0f} commands/s, {x['connections']:,} connections; per node "
+                 f"{p['per_node_us_per_s']:.0f} us/s (task events {p['events_us_per_s']:.0f}), "
+                 f"audit {p['audit_us_per_s']:.0f} us/s"))
+    return figures

@@ -1,0 +1,60 @@
+"""Where a pending prompt's message may be when it is not in its queue: the audit's reads per prompt.
+
+A message that leaves its queue is taken by a worker: kombu records it as
+unacknowledged, the task notes the delivery in the run's deliveries entry
+(`Ledger.intake`, naming the worker) and the worker lists the prompt in its
+heartbeat (`holding`) from just before that note until it settles it. So the
+entry names every worker that may hold a prompt taken from its queue, and a
+few reads per prompt tell whether one does, where the audit once read the
+whole unacknowledged hash and every heartbeat (a gigabyte and seconds of
+Redis at 10^6 prompts in flight). A prompt is accounted for when one of its
+named workers
+
+- is live and lists it (held), or
+- is silent (dead, frozen, cut off) but was heard from within `window` (a
+  lease, a restore sweep and audit rounds): its deliveries are still leased,
+  or just restored to the queue, or
+- is live but started within `window`: a worker restarted under the name of
+  one that died holding the prompt, whose leases have not run out yet.
+
+Anything else is missing now: a prompt with no entry (its message taken and
+not yet noted, for milliseconds, or lost on its way), or whose workers are
+long gone while it is not in its queue. The audit confirms a loss only when
+its next round finds the prompt missing again (`audit.Suspects`).
+"""
+from __future__ import annotations
+
+from typing import Iterable
+
+import redis
+
+from contract import deliveries, heartbeats
+from contract.clock import CLOCK
+from contract.keys import RunKeys
+
+PAGE = 500  # fields per HMGET
+
+
+def accounted_for(client: redis.Redis, run: str, prompt_ids: list[str], window: float) -> set[str]:
+    """The prompts of `prompt_ids` that a named worker holds, or may still hold (see above)."""
+    entries: list[bytes | None] = []
+    for start in range(0, len(prompt_ids), PAGE):
+        entries += client.hmget(RunKeys(run).deliveries, prompt_ids[start:start + PAGE])
+    named = {pid: deliveries.names(raw) for pid, raw in zip(prompt_ids, entries) if raw}
+    workers = sorted({name for names in named.values() for name in names})
+    records = dict(zip(workers, heartbeats.read(client, workers)))
+    seen = dict(zip(workers, heartbeats.last_seen(client, workers)))
+    holding = {w: set((r.get("holding") or {}).get(run, ())) for w, r in records.items() if r is not None}
+    now = CLOCK.now(client)
+    return {pid for pid, names in named.items()
+            if any(accounts(pid, records[w], holding.get(w, set()), seen[w], now, window) for w in names)}
+
+
+def accounts(prompt_id: str, record: dict | None, holding: Iterable[str], last_seen: float | None,
+             now: float, window: float) -> bool:
+    """Whether a worker named in the prompt's entry holds it or may still hold it: `record` its
+    live heartbeat (None: expired), `holding` the run's prompts that heartbeat lists, `last_seen`
+    its last heartbeat's time (None: never heard of), all on Redis's clock."""
+    if record is not None:
+        return prompt_id in holding or now - float(record.get("started") or 0.0) < window
+    return last_seen is not None and now - last_seen < window

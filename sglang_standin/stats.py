@@ -21,6 +21,7 @@ class Stats:
         self.requests = 0
         self.attempts: dict[str, int] = defaultdict(int)
         self.generations: dict[str, int] = defaultdict(int)
+        self.generating: dict[str, int] = defaultdict(int)  # started and not yet answered (fault tests)
         self.bad_outputs: dict[str, list[str]] = defaultdict(list)
         self.trickled: dict[str, int] = defaultdict(int)
         self.wedged: dict[str, int] = defaultdict(int)
@@ -44,6 +45,13 @@ class Stats:
     def note_generation(self, key: str) -> None:
         """A generation for `key` was started (not a fault-injected 500/503)."""
         self.generations[key] += 1
+        self.generating[key] += 1
+
+    def note_answered(self, key: str) -> None:
+        """The generation for `key` ended (answered, or its client left)."""
+        self.generating[key] -= 1
+        if self.generating[key] <= 0:
+            del self.generating[key]
 
     def note_bad_output(self, key: str, kind: str) -> None:
         """An answer for `key` was sent with the bad-output fault `kind`."""
@@ -91,6 +99,7 @@ class Stats:
         return {
             "requests": self.requests,
             "generations": dict(self.generations),
+            "generating": sorted(self.generating),
             "attempts": dict(self.attempts),
             "bad_outputs": {k: list(v) for k, v in self.bad_outputs.items()},
             "trickled": dict(self.trickled),

@@ -26,7 +26,8 @@ delivery tag -> message; `QoS._dirty`, the tags acked but not yet flushed, the
 way kombu lets other threads ack; `Channel.close` -> `QoS.restore_unacked_once`
 -> `restore_unacked`, guarded by `restore_at_shutdown`). `SentinelChannel`
 (`sentinel://`) subclasses that `Channel` and overrides only how its pool is
-found, so all of the above holds for it too. Delivery tags are
+found (`_sentinel_managed_pool`, which `follow_sentinel_pools` wraps to list
+the pools), so all of the above holds for it too. Delivery tags are
 global in Redis (uuids in the `unacked` hash and `unacked_index` set, shared
 by every channel), so any client can renew, acknowledge or expire any tag.
 
@@ -41,6 +42,7 @@ it too: every score is written and compared on one clock.
 from __future__ import annotations
 
 import json
+import weakref
 from functools import lru_cache
 from types import SimpleNamespace
 from typing import Any, Callable, Iterable, Iterator
@@ -196,6 +198,49 @@ def reuse_clients() -> None:
     kredis.Channel._create_client = _create_client
 
 
+def on_ack(callback: Callable[[str], None]) -> None:
+    """Call `callback(tag)` after each acknowledgement kombu's Redis QoS makes, so a worker
+    remembers what it acknowledged (an ack that went to a primary being replaced is lost with
+    it: `workers/failover.py` sends it again). Idempotent; a second callback replaces the first."""
+    from kombu.transport import redis as kredis
+
+    base = getattr(kredis.QoS.ack, "fleet_base", kredis.QoS.ack)
+
+    def ack(self, delivery_tag):
+        base(self, delivery_tag)
+        callback(delivery_tag)
+
+    ack.fleet_base = base
+    kredis.QoS.ack = ack
+
+
+_SENTINEL_POOLS: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def follow_sentinel_pools() -> None:
+    """Keep a (weak) list of the connection pools kombu's `SentinelChannel` builds, so that a
+    worker that learns of a failover drops their idle connections to the old primary at once
+    (`sentinel_pools`), publishing channels included. Idempotent."""
+    from kombu.transport import redis as kredis
+
+    built = kredis.SentinelChannel._sentinel_managed_pool
+    if getattr(built, "fleet_follows", False):
+        return
+
+    def _sentinel_managed_pool(self, asynchronous=False):
+        pool = built(self, asynchronous)
+        _SENTINEL_POOLS.add(pool)
+        return pool
+
+    _sentinel_managed_pool.fleet_follows = True
+    kredis.SentinelChannel._sentinel_managed_pool = _sentinel_managed_pool
+
+
+def sentinel_pools() -> list[Any]:
+    """The Sentinel-managed pools kombu built in this process that are still in use."""
+    return list(_SENTINEL_POOLS)
+
+
 def unacked_messages(client) -> Iterator[dict]:
     """The messages every worker holds, as Celery protocol-2 dicts (headers, body, ...)."""
     for raw in client.hvals(UNACKED):
@@ -256,6 +301,8 @@ def _kombu_redis_problems() -> list[str]:
     if not (isinstance(sentinel, type) and issubclass(sentinel, channel)
             and sentinel._create_client is channel._create_client and sentinel.QoS is channel.QoS):
         problems.append("kombu.transport.redis.SentinelChannel no longer shares Channel's client and QoS")
+    if not callable(getattr(sentinel, "_sentinel_managed_pool", None)):
+        problems.append("kombu.transport.redis.SentinelChannel._sentinel_managed_pool is gone")
     if not hasattr(kredis.QoS, "restore_at_shutdown"):
         problems.append("kombu.transport.redis.QoS.restore_at_shutdown is gone")
     for name in ("append", "restore_visible"):  # lease scores read the module's `time` (`use_clock`)

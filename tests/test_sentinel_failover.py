@@ -52,7 +52,7 @@ FAULTS = int(os.environ.get("FLEET_FAILOVER_TIMES", "2"))
 FREEZE_S = 12.0
 RECOVERY_S = 30.0
 MAX_NEW_TOKENS = 512  # some prompts hit it: dead letters (truncated) beside the stored samples
-STANDIN = ("--step-base", "0.05", "--max-running-requests", "64")
+STANDIN = ("--step-base", "0.02", "--max-running-requests", "16")  # most of the run queued, not in flight
 
 
 class SentinelFleet(Fleet):
@@ -154,9 +154,12 @@ class Watch:
         """Seconds from the shards holding every stored prompt to status saying finished."""
         return self.finished_at - max(self.shard_ids[pid] for pid in stored)
 
+    def generated_twice(self) -> set[str]:
+        return {pid for pid, n in Counter(self.stats()["generations"]).items() if n > 1}
+
     def generated_again(self) -> set[str]:
-        again = {pid for pid, n in Counter(self.stats()["generations"]).items() if n > 1}
-        return again - self.generating_at_faults
+        """Generated more than once, though not generating when any fault began."""
+        return self.generated_twice() - self.generating_at_faults
 
 
 def _start(fleet: SentinelFleet, tmp_path: Path, records: list[dict], *enqueue_args: str) -> Watch:
@@ -188,6 +191,7 @@ def _figures(case: str, faults: int, watch: Watch, stored: set[str], dead: set[s
             out.write(json.dumps({"case": case, "faults": faults, "prompts": N, "stored": len(stored),
                                   "dead": len(dead), "generating_at_faults": len(watch.generating_at_faults),
                                   "generated_again": sorted(watch.generated_again()),
+                                  "generated_twice_in_all": len(watch.generated_twice()),
                                   "status_lag_s": round(lag, 1)}) + "\n")
 
 

@@ -27,6 +27,7 @@ from . import storage_guard  # noqa: F401  (a worker refuses to start when OUTPU
 from . import lifeline
 from .audit import LostMessageAudit
 from .events import BatchedEvents
+from .failover import FailoverWatch
 from .gate import HealthGate
 from .lease import LeaseKeeper
 from .runtime import close_runtime
@@ -39,6 +40,7 @@ try:
 except ValidationError as _refused:  # OUTPUT_DIR=gs://... and the like: the worker does not start
     raise SystemExit(f"worker refused to start: {settings_refusal(_refused)}") from None
 kombu_redis.reuse_clients()  # a client object per channel, not one per message and ack
+kombu_redis.follow_sentinel_pools()  # a failover drops their connections to the old primary (workers/failover.py)
 kombu_redis.use_clock(lambda: CLOCK.now(redis_for(settings.redis_url)))  # lease scores on Redis's clock
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
 if not settings.task_log:  # FLEET_TASK_LOG: Celery checks these levels once, when it builds its tracer
@@ -74,7 +76,7 @@ app = celery_app(
 )
 app.set_current()
 app.fleet_settings = settings
-for step in (HealthGate, LeaseKeeper, ShutdownGrace, LostMessageAudit, BatchedEvents):
+for step in (HealthGate, LeaseKeeper, ShutdownGrace, LostMessageAudit, BatchedEvents, FailoverWatch):
     app.steps["consumer"].add(step)
 
 

@@ -35,6 +35,7 @@ from __future__ import annotations
 import logging
 from functools import lru_cache
 from pathlib import PurePosixPath
+from typing import Callable, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -43,33 +44,52 @@ import redis
 from contract.ledger import Ledger
 from contract.write_refusal import refusal
 from contract.names import PromptState
-from contract.replication import replicated
+from contract.replication import FailedOver, confirmed, replicated
 from contract.schema import Sample, is_shard
 from contract.storage import store_for
 
 from . import deliveries, metrics
+from .recent import REMEMBER_S, Recent
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class LedgerRefused(OSError):
     """Redis refuses writes: a shard written now could not be noted, so it waits like a storage outage."""
 
 
-class ShardBook:
-    """The ledger's side of a group commit, for the shard writer's thread."""
+AGAIN = 5  # writes of one ledger step across failovers met one after another
 
-    def __init__(self, client: redis.Redis):
+
+class ShardBook:
+    """The ledger's side of a group commit, for the shard writer's thread.
+
+    Writing entries and done marks are reported only once a replica has them
+    (`contract/replication.confirmed`, the writes and their barrier in one round trip): an
+    entry lost in a failover would leave a stored sample to be generated again, a lost done
+    mark a prompt that `status` counts as queued until its lease runs out. A failover met on
+    the way (`FailedOver`: the primary that took them was being replaced) is written again, at
+    once, on the primary the Sentinels name now. What was marked done lately is remembered
+    (`recent`) so a failover found later can assert it on the new primary (`workers/failover.py`)."""
+
+    def __init__(self, client: redis.Redis, remember: float = REMEMBER_S):
         self.client = client
+        self.recent = Recent(remember)  # (run, [(id, output_len)], shard) of the groups marked done lately
 
     def writing(self, run: str, rows: list[Sample], shard: str) -> None:
-        """Best effort: without entries a crash after the link costs a generation, no more."""
+        """Raises `LedgerRefused` when Redis refuses the entries (or a failover outlasts
+        `AGAIN` writes): no shard without its entries, the writer holds the group and retries.
+        Other Redis errors are let be: without entries a crash after the link costs a
+        generation, no more."""
+        ids = [row.id for row in rows]
         try:
-            Ledger(self.client, run).writing([row.id for row in rows], shard)
+            _again(lambda: confirmed(self.client, lambda pipe: Ledger(pipe, run).writing(ids, shard)),
+                   f"the writing entries of {len(rows)} samples of run {run}")
         except redis.RedisError as exc:
             found = refusal(exc)
-            if found is not None:  # no shard without its entries: the writer holds the group and retries
-                raise LedgerRefused(found.line()) from exc
+            if found is not None or isinstance(exc, FailedOver):
+                raise LedgerRefused(found.line() if found else str(exc)) from exc
             log.warning("could not note %d samples of run %s as being written to %s (%r); a crash "
                         "before they are marked done would generate them again", len(rows), run, shard, exc)
 
@@ -84,12 +104,11 @@ class ShardBook:
     def mark_done(self, run: str, rows: list[Sample], shard: str) -> None:
         """The group is durable in `shard`: mark it done and forget its deliveries, one round
         trip (raises if Redis fails: its tasks then fail, and their redeliveries find the entries).
-        Returns once a replica has the done marks (`replicated`), so no task is acknowledged
-        for a prompt a failover could turn back to queued."""
-        with replicated(self.client), self.client.pipeline(transaction=False) as pipe:
-            Ledger(self.client, run).mark_group_done([(row.id, row.output_len) for row in rows], shard, pipe)
-            deliveries.clear(pipe, run, *(row.id for row in rows))
-            found = Ledger.found(pipe.execute()[:-1])
+        Returns once a replica has the done marks, so no task is acknowledged for a prompt a
+        failover could turn back to queued."""
+        samples = [(row.id, row.output_len) for row in rows]
+        found = _again(lambda: self.mark(run, samples, shard), f"the done marks of {len(rows)} samples of run {run}")
+        self.recent.add((run, samples, shard))
         again = [row.id for row, state in zip(rows, found) if state not in (PromptState.QUEUED, PromptState.DEAD)]
         if again:
             log.warning("%d prompts stored again (already done or not in the ledger), counted once: %s",
@@ -99,6 +118,28 @@ class ShardBook:
             metrics.PROMPTS.labels(run, "stored").inc(len(fresh))
             metrics.TOKENS.labels("prompt").inc(sum(row.prompt_len for row in fresh))
             metrics.TOKENS.labels("output").inc(sum(row.output_len for row in fresh))
+
+    def mark(self, run: str, samples: list[tuple[str, int]], shard: str) -> list[str | None]:
+        """Mark `samples` done in `shard` and forget their deliveries, confirmed on a replica;
+        the state each was in (also how a failover's reassertion marks them again)."""
+        def fill(pipe) -> None:
+            Ledger(self.client, run).mark_group_done(samples, shard, pipe)
+            deliveries.clear(pipe, run, *(pid for pid, _ in samples))
+        return Ledger.found(confirmed(self.client, fill)[:-1])
+
+
+
+
+def _again(write: Callable[[], T], what: str) -> T:
+    """`write` again while it meets a failover (each time on the primary the Sentinels name then)."""
+    for attempt in range(1, AGAIN + 1):
+        try:
+            return write()
+        except FailedOver as exc:
+            if attempt == AGAIN:
+                raise
+            log.warning("%s met a failover (%s); writing them again on the new primary", what, exc)
+    raise AssertionError("unreachable")
 
 
 def reconciled(ledger: Ledger, output_dir: str, prompt_id: str, shard: str) -> str | None:

@@ -78,6 +78,13 @@ class Settings(SharedSettings):
     # Lost-message audit: how often, and the longest queue it lists.
     audit_interval: float = 30.0
     audit_max_queue: int = 10_000
+    # Behind Sentinel (`sentinel://`): how often the worker asks the Sentinels where the primary
+    # is, so that after a failover it stops writing to the old one within this long
+    # (workers/failover.py).
+    failover_check_interval: float = Field(
+        1.0, gt=0, description="Seconds between a worker's questions to the Sentinels (sentinel:// only) "
+        "of where the primary is: after a failover it moves to the new primary, and asserts there what "
+        "it holds and stored, within this long.")
     # SIGTERM: finish in-flight prompts for this long, then hand the rest back.
     shutdown_grace: float = 60.0
 

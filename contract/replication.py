@@ -65,6 +65,7 @@ class Primary(NamedTuple):
 
 _had: dict[str, int] = {}  # replication id -> the most replicas seen connected to that primary
 _short_since: dict[str, float] = {}  # replication id -> since when it has fewer (monotonic)
+_last_replicas = [0]  # replicas of the primary last seen: whether `confirmed` sends a WAIT that waits
 
 
 def primary(client: redis.Redis) -> Primary:
@@ -88,6 +89,7 @@ def had(who: Primary) -> int:
 
 def _seen(info: dict) -> Primary:
     who = Primary(str(info.get("master_replid", "")), int(info.get("connected_slaves", 0)))
+    _last_replicas[0] = who.replicas
     if who.replicas >= _had.get(who.replid, 0):
         _had[who.replid] = who.replicas
         if who.replicas:  # as many as it had: none is missing
@@ -113,22 +115,17 @@ def confirmed(client: redis.Redis, fill: Callable[[Any], None], wait_ms: int = W
     """The writes `fill` queues on a pipeline, sent with their barrier in one round trip
     (one connection, one server: no read of the primary before them is needed); returns their
     replies once a replica has them, as `replicated` does, or raises `FailedOver`."""
-    waits = _expect_replicas()
+    waits = _last_replicas[0] > 0  # a primary without replicas (a new one, before its replica is back) never waits
     with client.pipeline(transaction=False) as pipe:
         fill(pipe)
         pipe.incr(REPLICATED)
-        pipe.execute_command("WAIT", 1, wait_ms) if waits else pipe.echo(0)
+        pipe.execute_command("WAIT", 1 if waits else 0, wait_ms if waits else 0)
         pipe.info("replication")
         *replies, _, acked, info = pipe.execute()
     here = _seen(info)
-    if had(here) and not (waits and _enough(client, here, int(acked), info)):
+    if had(here) and not _enough(client, here, int(acked), info):
         confirm(client, here, wait_ms)
     return replies
-
-
-def _expect_replicas() -> bool:
-    """Whether any primary this process saw had replicas (a plain single Redis never waits)."""
-    return any(_had.values())
 
 
 def confirm(client: redis.Redis, before: Primary, wait_ms: int = WAIT_MS, alone_after: float = ALONE_AFTER) -> None:

@@ -41,7 +41,10 @@ from contract.ledger import Ledger, Tally
 from sglang_standin.cli import parse_config
 from sglang_standin.outputs import generate_output
 
+from sglang_standin.config import StandinConfig
+
 from conftest import Fleet, messages_of, render, varied_prompts, write_prompts
+from test_conversations import MAX_NEW_TOKENS as TURN_TOKENS, conversations, replay
 from waiting import wait_until
 from sentinel_topology import MASTER, Topology
 from test_flower import start_flower, worker_online
@@ -49,6 +52,7 @@ from test_flower import start_flower, worker_online
 N = int(os.environ.get("FLEET_FAILOVER_PROMPTS", "100"))
 FAULT_AT = float(os.environ.get("FLEET_FAILOVER_AT", "0.3"))  # share of the run stored at the first fault
 FAULTS = int(os.environ.get("FLEET_FAILOVER_TIMES", "2"))
+CONVERSATIONS = int(os.environ.get("FLEET_FAILOVER_CONVERSATIONS", "16"))
 FREEZE_S = 12.0
 RECOVERY_S = 30.0
 MAX_NEW_TOKENS = 512  # some prompts hit it: dead letters (truncated) beside the stored samples
@@ -66,9 +70,12 @@ class SentinelFleet(Fleet):
         return Ledger(redis_for(self.redis_url), run).counts()
 
     def finished(self, run: str = "default") -> bool:
-        """What `status` reports as finished: no prompt queued or in flight by the ledger's counts."""
+        """What `status` reports as finished (`producer/status.py`), read as it reads it: no prompt
+        queued or in flight by the ledger's counts, and no conversation between turns."""
         counters = Ledger(redis_for(self.redis_url), run).counters()
-        return bool(counters) and Tally.from_counters(counters).queued == 0
+        tally = Tally.from_counters(counters)
+        moving = counters.get("conversations", 0) - counters.get("conversations_complete", 0) - tally.dead
+        return bool(counters) and tally.queued == 0 and moving <= 0
 
 
 @pytest.fixture
@@ -221,6 +228,40 @@ def test_a_failover_twice_mid_run_loses_nothing_runs_nothing_twice_and_status_ca
     # ...status caught up with the shards within seconds, not a lease...
     assert lag <= RECOVERY_S, f"status said finished {lag:.0f}s after the shards held every prompt"
     # ...and the stand-in generated again only what it was generating when a fault began
+    assert not watch.generated_again(), f"generated again: {sorted(watch.generated_again())}"
+
+
+def test_a_switchover_during_conversations_loses_no_turn_and_generates_none_twice(
+        sfleet, topology, tokenizer, tmp_path):
+    # Given conversations regenerated turn by turn (`enqueue --turns all`) by two workers
+    records = conversations(CONVERSATIONS)
+    cfg = StandinConfig(output_len_median=60)
+    expected = {f"{r['id']}#{t}": ids for r in records for t, ids in enumerate(replay(tokenizer, r, cfg))}
+    _, url = sfleet.standin("--step-base", "0.01", "--output-len-median", "60", "--max-running-requests", "8")
+    sfleet.worker("w1", [url])
+    sfleet.worker("w2", [url])
+    sfleet.producer("enqueue", str(write_prompts(tmp_path / "c.jsonl", records)), "--turns", "all",
+                    "--max-new-tokens", str(TURN_TOKENS))
+    watch = Watch(url)
+    _until_stored(sfleet, watch, len(expected) // 3)
+
+    # When an operator switches the primary over mid-run
+    assert not watch.look(sfleet)
+    watch.fault(switchover, topology)
+    _until_finished(sfleet, watch)
+
+    # Then every turn is stored once, exactly the regenerated history's prompt and the answer to it
+    report = json.loads(sfleet.producer("status", "--json").stdout)
+    assert report["finished"] and report["conversations"]["complete"] == CONVERSATIONS
+    assert sfleet.states() == {"done": len(expected)} and sfleet.dead_letters() == []
+    rows = sfleet.rows()
+    assert sorted(r["id"] for r in rows) == sorted(expected)
+    assert all(row["input_ids"] == expected[row["id"]] for row in rows)
+    _exported_once(sfleet, tmp_path, set(expected))
+    # ...status caught up within seconds, and nothing was generated again but what was generating
+    lag = watch.status_lag(set(expected))
+    _figures("switchover, conversations", 1, watch, set(expected), set(), lag)
+    assert lag <= RECOVERY_S, f"status said finished {lag:.0f}s after the shards held every turn"
     assert not watch.generated_again(), f"generated again: {sorted(watch.generated_again())}"
 
 

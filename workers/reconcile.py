@@ -13,6 +13,9 @@ the shard writer's one way to Redis, one call each):
    (`Ledger.unwritten`), so a sample withdrawn meanwhile is left without one;
 2. after the shard is created, the group is marked done in one script (`Ledger.mark_group_done`),
    which deletes the entries; only then are the tasks released (and acknowledged).
+Both steps are confirmed on a replica before the writer goes on (`ShardBook`), so a
+failover cannot take back an entry whose shard was linked, nor a done mark whose task
+was acknowledged.
 
 A delivery reads its prompt's ids and entry in one call (`Ledger.intake`). An
 entry whose shard exists under that name (in the folder or bucket `OUTPUT_DIR`

@@ -11,26 +11,26 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
-from typing import Any
+from typing import Any, Callable
 
 
 class Recent:
     """What was written lately, kept `seconds` (thread-safe): what a failover may have lost."""
 
-    def __init__(self, seconds: float):
-        self.seconds = seconds
+    def __init__(self, seconds: float, clock: Callable[[], float] = time.monotonic):
+        self.seconds, self.clock = seconds, clock
         self._items: deque[tuple[float, Any]] = deque()
         self._lock = threading.Lock()
 
     def add(self, item: Any) -> None:
-        now = time.monotonic()
+        now = self.clock()
         with self._lock:
             self._items.append((now, item))
             while self._items and now - self._items[0][0] > self.seconds:
                 self._items.popleft()
 
     def items(self) -> list[Any]:
-        now = time.monotonic()
+        now = self.clock()
         with self._lock:
             return [item for at, item in self._items if now - at <= self.seconds]
 

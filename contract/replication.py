@@ -25,7 +25,9 @@ It also catches the failover itself, two ways:
   asks the Sentinels where the primary is (dropping its connections to the
   old one, `moved`), and if it moved, raises `FailedOver`.
 Either way the caller reports nothing as done (the writes may be gone) and
-writes again: on the new primary.
+writes again: on the new primary. A Sentinel-managed primary seen without
+any replica (by a process that started after it lost them) is asked about
+the same way (`_still_named`).
 
 A primary without replicas has nothing to wait for (a `WAIT 1` there would
 only time out), so a plain single Redis pays one `INFO replication` per
@@ -109,6 +111,8 @@ def replicated(client: redis.Redis, wait_ms: int = WAIT_MS) -> Iterator[None]:
     yield
     if had(before):
         confirm(client, before, wait_ms)
+    else:
+        _still_named(client, before)
 
 
 def confirmed(client: redis.Redis, fill: Callable[[Any], None], wait_ms: int = WAIT_MS) -> list:
@@ -123,9 +127,19 @@ def confirmed(client: redis.Redis, fill: Callable[[Any], None], wait_ms: int = W
         pipe.info("replication")
         *replies, _, acked, info = pipe.execute()
     here = _seen(info)
-    if had(here) and not _enough(client, here, int(acked), info):
+    if not had(here):
+        _still_named(client, here)
+    elif not _enough(client, here, int(acked), info):
         confirm(client, here, wait_ms)
     return replies
+
+
+def _still_named(client: redis.Redis, who: Primary) -> None:
+    """A Sentinel-managed primary without replicas (as far as this process knows: it may have
+    started after the primary lost them) is trusted only while the Sentinels still name it."""
+    if hasattr(client.connection_pool, "get_master_address") and moved(client, who.replid):
+        raise FailedOver("the primary that took these writes has no replica and is no longer the one "
+                         "the Sentinels name; they may be lost")
 
 
 def confirm(client: redis.Redis, before: Primary, wait_ms: int = WAIT_MS, alone_after: float = ALONE_AFTER) -> None:

@@ -17,9 +17,11 @@ finishes during the failover is generated once). The leases are left at
 their default (120 s), so a done mark lost with the old primary would show
 as a late `status` and a second generation, not hide inside a short lease.
 
-`FLEET_FAILOVER_PROMPTS` sets the run's size (the README's figures: 300, one
-fault at about 230 stored); `FLEET_FAILOVER_FIGURES=PATH` appends each run's
-figures to PATH as JSON lines.
+`FLEET_FAILOVER_PROMPTS` sets the run's size, `FLEET_FAILOVER_AT` the share
+stored at the first fault, `FLEET_FAILOVER_TIMES` how many faults, and
+`FLEET_FAILOVER_STEP` the stand-in's decode step (the documented figures: 300
+prompts, one fault at 0.77, step 0.02); `FLEET_FAILOVER_FIGURES=PATH` appends
+each run's figures to PATH as JSON lines.
 """
 from __future__ import annotations
 
@@ -56,7 +58,8 @@ CONVERSATIONS = int(os.environ.get("FLEET_FAILOVER_CONVERSATIONS", "16"))
 FREEZE_S = 12.0
 RECOVERY_S = 30.0
 MAX_NEW_TOKENS = 512  # some prompts hit it: dead letters (truncated) beside the stored samples
-STANDIN = ("--step-base", "0.04", "--max-running-requests", "16")  # most of the run queued, not in flight
+STEP = os.environ.get("FLEET_FAILOVER_STEP", "0.04")  # seconds per decode step: both faults strike mid-run
+STANDIN = ("--step-base", STEP, "--max-running-requests", "16")  # most of the run queued, not in flight
 
 
 class SentinelFleet(Fleet):

@@ -49,7 +49,7 @@ from conftest import Fleet, messages_of, render, varied_prompts, write_prompts
 from test_conversations import MAX_NEW_TOKENS as TURN_TOKENS, conversations, replay
 from waiting import wait_until
 from sentinel_topology import MASTER, Topology
-from test_flower import start_flower, worker_online
+from test_flower import start_flower, succeeded, worker_online
 
 N = int(os.environ.get("FLEET_FAILOVER_PROMPTS", "100"))
 FAULT_AT = float(os.environ.get("FLEET_FAILOVER_AT", "0.3"))  # share of the run stored at the first fault
@@ -218,10 +218,13 @@ def test_a_failover_twice_mid_run_loses_nothing_runs_nothing_twice_and_status_ca
     for _ in range(FAULTS):
         assert not watch.look(sfleet), "the run ended before the fault: more prompts are needed"
         watch.fault(FAULTS_BY_NAME[case], topology)
-    if flower:  # Flower, through the Sentinels, lists the live workers again
-        for name in ("w1", "w2"):
-            wait_until(lambda: worker_online(flower, f"{name}@{socket.gethostname()}"), 60,
-                       f"{name} online in Flower after the failover", sfleet)
+    if flower:  # Flower, across the failovers, hears the workers' events again and lists them live
+        names = [f"{name}@{socket.gethostname()}" for name in ("w1", "w2")]
+        before = sum(succeeded(flower, name) for name in names)
+        wait_until(lambda: sum(succeeded(flower, name) for name in names) > before, 60,
+                   "Flower counting a task succeeded after the failover", sfleet)
+        wait_until(lambda: all(worker_online(flower, name) for name in names), 60,
+                   "both workers online in Flower after the failover", sfleet)
     _until_finished(sfleet, watch)
 
     # Then every prompt ends in one place, token-exact, and the export holds each stored id once

@@ -131,18 +131,15 @@ class ShardBook:
         return Ledger.found(confirmed(self.client, fill)[:-1])
 
 
-
-
 def _again(write: Callable[[], T], what: str) -> T:
-    """`write` again while it meets a failover (each time on the primary the Sentinels name then)."""
-    for attempt in range(1, AGAIN + 1):
+    """`write` again while it meets a failover (each time on the primary the Sentinels name then),
+    `AGAIN` times in all."""
+    for _ in range(AGAIN - 1):
         try:
             return write()
         except FailedOver as exc:
-            if attempt == AGAIN:
-                raise
             log.warning("%s met a failover (%s); writing them again on the new primary", what, exc)
-    raise AssertionError("unreachable")
+    return write()
 
 
 def reconciled(ledger: Ledger, output_dir: str, prompt_id: str, shard: str) -> str | None:

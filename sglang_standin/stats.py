@@ -6,6 +6,8 @@ generations per prompt) and benchmarks to measure how busy the "GPU" was
 `trickled` and `wedged` say which prompts got those faults, keyed like
 `attempts` (the rid when the request gave one, else the prompt's sha256).
 `prompt_tokens` and `cached_tokens` are the two /metrics counters (`metrics`).
+`generating` lists the keys whose generation has started and not been answered
+yet (a fault test's "what was being generated at the instant it struck").
 """
 
 from __future__ import annotations

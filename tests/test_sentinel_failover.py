@@ -16,6 +16,9 @@ was generating it at the instant a fault began (a prompt that starts or
 finishes during the failover is generated once). The leases are left at
 their default (120 s), so a done mark lost with the old primary would show
 as a late `status` and a second generation, not hide inside a short lease.
+The switchover is also struck during `enqueue --turns all` conversations, and
+with Flower running on `sentinel://` across it, which must hear the workers
+again afterwards.
 
 `FLEET_FAILOVER_PROMPTS` sets the run's size, `FLEET_FAILOVER_AT` the share
 stored at the first fault, `FLEET_FAILOVER_TIMES` how many faults, and

@@ -35,3 +35,21 @@ def test_what_was_written_lately_is_kept_for_its_window_only():
     assert recent.items() == ["a", "b"]
     clock[0] = 112.0  # a is 12 s old, b 7 s
     assert recent.items() == ["b"]
+
+
+def test_a_primary_without_min_replicas_to_write_is_named_once_at_start(client, caplog):
+    from workers.failover import warn_without_min_replicas
+
+    # Given a primary that takes writes with no replica to confirm them (Redis's default)
+    client.config_set("min-replicas-to-write", 0)
+    warn_without_min_replicas(client, "sentinel://:secret@127.0.0.1:26379/0")
+    assert "runs without min-replicas-to-write" in caplog.text and "secret" not in caplog.text
+
+    # And one that refuses them when cut off from its replicas says nothing
+    caplog.clear()
+    client.config_set("min-replicas-to-write", 1)
+    try:
+        warn_without_min_replicas(client, "sentinel://127.0.0.1:26379/0")
+        assert caplog.text == ""
+    finally:
+        client.config_set("min-replicas-to-write", 0)

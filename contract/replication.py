@@ -21,7 +21,8 @@ It also catches the failover itself, two ways:
   seconds later; a primary frozen past `down-after-milliseconds` wakes up one)
   and keeps its replication id, but it has lost its replicas: so a barrier
   that reaches fewer replicas than the primary had (`_had`, per replication
-  id, as this process saw it) is a refusal, not a confirmation. The client
+  id, as this process saw it), while fewer are attached, is a refusal, not a
+  confirmation. The client
   asks the Sentinels where the primary is (dropping its connections to the
   old one, `moved`), and if it moved, raises `FailedOver`.
 Either way the caller reports nothing as done (the writes may be gone) and
@@ -169,16 +170,17 @@ def confirm(client: redis.Redis, before: Primary, wait_ms: int = WAIT_MS, alone_
 
 
 def _enough(client: redis.Redis, who: Primary, acked: int, info: dict, alone_after: float = ALONE_AFTER) -> bool:
-    """Whether `acked` replicas are confirmation enough on this primary; raises `FailedOver`
-    when it reached fewer than the primary had and the Sentinels name another primary."""
+    """Whether `acked` replicas are confirmation enough on this primary: all it had, or one while
+    all are still attached (a lagging replica is not a failover). Fewer attached than it had,
+    the Sentinels are asked: `FailedOver` if they name another primary."""
     want = had(who)
-    if acked >= want:
+    connected = int(info.get("connected_slaves", 0))
+    if acked >= want or (acked >= 1 and connected >= want):  # every replica still attached, one lagging
         return True
     if moved(client, who.replid):
         raise FailedOver(f"the primary that took these writes has {acked} of its {want} replicas and is no "
                          "longer the one the Sentinels name; they may be lost")
     since = _short_since.setdefault(who.replid, time.monotonic())
-    connected = int(info.get("connected_slaves", 0))
     if acked >= 1 or time.monotonic() - since >= alone_after:
         if acked < 1:
             log.warning("no replica for %.0f s: the primary goes on alone", time.monotonic() - since)

@@ -20,9 +20,12 @@ module's:
   stored: its deliveries of the prompts it holds (`deliveries.hold`, so a
   second message of such a prompt there is not generated again by another
   worker: `deliveries.elsewhere`), its groups' done marks of the last
-  `recent.REMEMBER_S` seconds (idempotent), and its acknowledgements of that time (a
-  message whose ack was lost would come back one lease later); and its next
-  heartbeat is written at once (it lists the held prompts);
+  `recent.REMEMBER_S` seconds (idempotent), the conversations it moved past a
+  stored turn in that time (`turns.advance`, which does nothing where they
+  are past it: a next turn queued on the old primary only would otherwise wait
+  for the audit, and be generated again), and its acknowledgements of that
+  time (a message whose ack was lost would come back one lease later); and its
+  next heartbeat is written at once (it lists the held prompts);
 - only then does its consumer reconnect (the consumer's timer raises a
   connection error in the event loop, Celery's own way back; the deliveries
   it holds stay with it, `workers/consumer.py`), so it takes messages from the
@@ -46,11 +49,13 @@ from celery import bootsteps
 
 from contract import kombu_redis
 from contract.connections import is_sentinel, redact_url
+from contract.names import PromptState
 
-from . import deliveries, lifeline
+from . import deliveries, lifeline, turns
 from .deliveries import STARTED
-from .recent import ACKED
+from .recent import ACKED, ADVANCED
 from .runtime import Runtime, get_runtime
+from .specs import cached_spec
 
 log = logging.getLogger(__name__)
 
@@ -59,18 +64,43 @@ class NewPrimary(redis.ConnectionError):
     """Raised in the consumer's event loop: the Sentinels name a new primary, reconnect there."""
 
 
-def reassert(rt: Runtime) -> dict[str, int]:
-    """Write on the primary of now what this worker holds and stored lately; how many of each."""
+def reassert(app, rt: Runtime) -> dict[str, int]:
+    """Write on the primary of now what this worker holds and stored lately; how many of each.
+    Conversations first move on from the turns it moved past (their next turns may be missing
+    there, and a done mark of a turn the ledger does not have is no mark), then the done marks,
+    then conversations move on from the turns those marks made done."""
     held = 0
     for run, prompt_ids in STARTED.holding().items():
         held += sum(deliveries.hold(rt.redis, run, pid, rt.worker) for pid in prompt_ids)
+    moved_on = _advance(app, rt, ADVANCED.items())
     groups = rt.shards.book.recent.items() if rt.shards.book else []
+    fresh = []
     for run, samples, shard in groups:
-        rt.shards.book.mark(run, samples, shard)
+        found = rt.shards.book.mark(run, samples, shard)
+        fresh += [(run, pid) for (pid, _), state in zip(samples, found)
+                  if state in (PromptState.QUEUED, PromptState.DEAD)]
+    moved_on += _advance(app, rt, fresh)
     tags = list(dict.fromkeys(ACKED.items()))
     kombu_redis.ack(rt.redis, tags)
     rt.monitor.wake()  # the heartbeat that lists what this worker holds, now
-    return {"deliveries noted again": held, "groups marked done again": len(groups), "acks sent again": len(tags)}
+    return {"deliveries noted again": held, "groups marked done again": len(groups),
+            "samples found not done": len(fresh), "conversations moved on again": moved_on,
+            "acks sent again": len(tags)}
+
+
+def _advance(app, rt: Runtime, turns_done: list[tuple[str, str]]) -> int:
+    """Move conversations past these stored turns where the primary of now has them still at
+    them (`turns.advance` does nothing, with one read, where they are past); how many moved."""
+    moved = 0
+    for run, prompt_id in dict.fromkeys(turns_done):
+        try:
+            spec = cached_spec(rt.settings.redis_url, run)
+            outcome = turns.advance(app, rt, spec, prompt_id) if spec.turns == "all" else None
+            if outcome is not None and outcome != "already past this turn" and not outcome.startswith("turn is"):
+                moved += 1
+        except Exception as exc:  # the audit's sweep moves it on later
+            log.warning("turn %s: its conversation could not move on after the failover (%r)", prompt_id, exc)
+    return moved
 
 
 def warn_without_min_replicas(client: redis.Redis, url: str) -> None:
@@ -113,7 +143,7 @@ class FailoverWatch(bootsteps.StartStopStep):
         kombu_redis.on_ack(ACKED.add)
         if self._thread is None:
             warn_without_min_replicas(rt.redis, rt.settings.redis_url)
-            self._thread = threading.Thread(target=lifeline.guarded("failover watch", self._run), args=(rt,),
+            self._thread = threading.Thread(target=lifeline.guarded("failover watch", self._run), args=(c.app, rt),
                                             name="fleet-failover", daemon=True)
             self._thread.start()
         self.tref = c.timer.call_repeatedly(0.25, self._reconnect_if_asked, priority=10)
@@ -131,7 +161,7 @@ class FailoverWatch(bootsteps.StartStopStep):
             self._reconnect.clear()
             raise NewPrimary("the Sentinels name a new primary: the consumer reconnects there")
 
-    def _run(self, rt: Runtime) -> None:
+    def _run(self, app, rt: Runtime) -> None:
         pool = rt.redis.connection_pool
         trouble = lifeline.Trouble("asking the Sentinels where the primary is")
         last = None
@@ -139,19 +169,19 @@ class FailoverWatch(bootsteps.StartStopStep):
             try:
                 now = pool.get_master_address()  # drops this pool's idle connections when it moved
                 if last is not None and now != last:
-                    self._moved(rt, last, now)
+                    self._moved(app, rt, last, now)
                 last = now
                 trouble.ok()
             except Exception as exc:  # the Sentinels or the new primary not answering yet: next time
                 trouble.failed(exc)
 
-    def _moved(self, rt: Runtime, old: tuple, new: tuple) -> None:
+    def _moved(self, app, rt: Runtime, old: tuple, new: tuple) -> None:
         log.warning("the Sentinels name a new primary (%s:%s, was %s:%s): moving there", *new, *old)
         for pool in kombu_redis.sentinel_pools():
             try:
                 pool.get_master_address()
             except redis.RedisError as exc:
                 log.debug("a kombu pool could not ask the Sentinels (%r)", exc)
-        done = reassert(rt)
+        done = reassert(app, rt)
         log.warning("asserted on the new primary: %s", ", ".join(f"{n} {what}" for what, n in done.items()))
         self._reconnect.set()

@@ -37,3 +37,4 @@ class Recent:
 
 REMEMBER_S = 120.0  # how long what may need asserting after a failover is kept
 ACKED = Recent(REMEMBER_S)  # the delivery tags this worker acknowledged lately
+ADVANCED = Recent(REMEMBER_S)  # (run, turn id) of the conversation turns this worker moved past lately

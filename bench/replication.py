@@ -5,7 +5,9 @@ with and without `replicated` around them, alternating: one SET (the
 confirmation's own cost), one enqueue batch (the
 ledger's enqueue script and the publish of its messages, `BATCH` prompts) and
 one group commit's ledger step (`mark_group_done` and the deliveries' clear, as
-`ShardBook.mark_done` sends them, `GROUP` samples). Prints the median and p90
+`ShardBook.mark_done` sends them, `GROUP` samples), and a group commit's two
+ledger steps (its writing entries and its done marks) as `ShardBook` sends them,
+each with its barrier, against the same writes unconfirmed. Prints the median and p90
 milliseconds per call of each, and the difference.
 """
 from __future__ import annotations
@@ -15,6 +17,7 @@ import tempfile
 import time
 from contextlib import nullcontext
 from pathlib import Path
+from types import SimpleNamespace
 
 from contract.broker import celery_app
 from contract.codec import pack_ids
@@ -24,6 +27,7 @@ from contract.publish import publish_prompts
 from contract.replication import replicated
 from producer.local import free_port, redis_server_binary, spawn, wait_for
 from workers import deliveries
+from workers.reconcile import ShardBook
 
 BATCH, GROUP, ROUNDS = 256, 64, 100
 
@@ -43,6 +47,7 @@ def main() -> None:
             report("one write", 1, lambda n, wait: _one(client, n, wait))
             report("enqueue batch", BATCH, lambda n, wait: _enqueue(client, app, n, wait))
             report("group commit", GROUP, lambda n, wait: _commit(client, n, wait))
+            report("group commit, both ledger steps", GROUP, lambda n, wait: _book(client, n, wait))
         finally:
             for process in processes:
                 process.stop(timeout=10)
@@ -85,6 +90,26 @@ def _commit(client, n: int, wait: bool) -> None:
     ledger.enqueue([(pid, pack_ids([1, 2, 3])) for pid in ids])
     with _maybe(client, wait), client.pipeline(transaction=False) as pipe:
         ledger.mark_group_done([(pid, 100) for pid in ids], f"/tmp/shard-{n}.parquet", pipe)
+        deliveries.clear(pipe, ledger.run, *ids)
+        pipe.execute()
+
+
+def _book(client, n: int, wait: bool) -> None:
+    """A group commit's two ledger steps, the writing entries before the shard and the done marks
+    after it: as `ShardBook` sends them (each with its barrier and WAIT in its pipeline), or
+    without any confirmation."""
+    ledger = Ledger(client, "bench-replication")
+    ids = [f"b{n}-{wait}-{i}" for i in range(GROUP)]
+    ledger.enqueue([(pid, pack_ids([1, 2, 3])) for pid in ids])
+    shard = f"/tmp/shard-b{n}.parquet"
+    if wait:
+        book = ShardBook(client)
+        book.writing(ledger.run, [SimpleNamespace(id=pid) for pid in ids], shard)
+        book.mark(ledger.run, [(pid, 100) for pid in ids], shard)
+        return
+    ledger.writing(ids, shard)
+    with client.pipeline(transaction=False) as pipe:
+        ledger.mark_group_done([(pid, 100) for pid in ids], shard, pipe)
         deliveries.clear(pipe, ledger.run, *ids)
         pipe.execute()
 

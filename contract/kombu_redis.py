@@ -26,7 +26,8 @@ delivery tag -> message; `QoS._dirty`, the tags acked but not yet flushed, the
 way kombu lets other threads ack; `Channel.close` -> `QoS.restore_unacked_once`
 -> `restore_unacked`, guarded by `restore_at_shutdown`). `SentinelChannel`
 (`sentinel://`) subclasses that `Channel` and overrides only how its pool is
-found, so all of the above holds for it too. Delivery tags are
+found (`_sentinel_managed_pool`, which `follow_sentinel_pools` wraps to list
+the pools), so all of the above holds for it too. Delivery tags are
 global in Redis (uuids in the `unacked` hash and `unacked_index` set, shared
 by every channel), so any client can renew, acknowledge or expire any tag.
 The tag travels in the message itself (`properties.delivery_tag`, set when it
@@ -54,6 +55,7 @@ import inspect
 import json
 import logging
 import threading
+import weakref
 from functools import lru_cache
 from types import SimpleNamespace
 from typing import Any, Callable, Iterable, Iterator
@@ -256,6 +258,49 @@ def share_client(client: Callable[[], Any]) -> None:
     kredis.Channel._create_client, kredis.Channel.__init__ = _create_client, __init__
 
 
+def on_ack(callback: Callable[[str], None]) -> None:
+    """Call `callback(tag)` after each acknowledgement kombu's Redis QoS makes, so a worker
+    remembers what it acknowledged (an ack that went to a primary being replaced is lost with
+    it: `workers/failover.py` sends it again). Idempotent; a second callback replaces the first."""
+    from kombu.transport import redis as kredis
+
+    base = getattr(kredis.QoS.ack, "fleet_base", kredis.QoS.ack)
+
+    def ack(self, delivery_tag):
+        base(self, delivery_tag)
+        callback(delivery_tag)
+
+    ack.fleet_base = base
+    kredis.QoS.ack = ack
+
+
+_SENTINEL_POOLS: "weakref.WeakSet" = weakref.WeakSet()
+
+
+def follow_sentinel_pools() -> None:
+    """Keep a (weak) list of the connection pools kombu's `SentinelChannel` builds, so that a
+    worker that learns of a failover drops their idle connections to the old primary at once
+    (`sentinel_pools`), publishing channels included. Idempotent."""
+    from kombu.transport import redis as kredis
+
+    built = kredis.SentinelChannel._sentinel_managed_pool
+    if getattr(built, "fleet_follows", False):
+        return
+
+    def _sentinel_managed_pool(self, asynchronous=False):
+        pool = built(self, asynchronous)
+        _SENTINEL_POOLS.add(pool)
+        return pool
+
+    _sentinel_managed_pool.fleet_follows = True
+    kredis.SentinelChannel._sentinel_managed_pool = _sentinel_managed_pool
+
+
+def sentinel_pools() -> list[Any]:
+    """The Sentinel-managed pools kombu built in this process that are still in use."""
+    return list(_SENTINEL_POOLS)
+
+
 # What `batch_takes` replaces or skips, as read from kombu 5.7.0 (a hash of each one's source):
 # where any of them differs, kombu's own take and ack are kept, never patched blindly.
 REPLACED = {"Channel._brpop_read": "c42518699709f2df", "QoS.append": "35c655f6ecc62fe6",
@@ -432,6 +477,8 @@ def _kombu_redis_problems() -> list[str]:
     if "ping" not in getattr(getattr(channel.__init__, "fleet_built", channel.__init__), "__code__", None).co_names \
             or not isinstance(getattr(channel, "async_pool", None), property):
         problems.append("kombu.transport.redis.Channel no longer checks Redis with a ping on its async_pool")
+    if not callable(getattr(sentinel, "_sentinel_managed_pool", None)):
+        problems.append("kombu.transport.redis.SentinelChannel._sentinel_managed_pool is gone")
     if not hasattr(kredis.QoS, "restore_at_shutdown"):
         problems.append("kombu.transport.redis.QoS.restore_at_shutdown is gone")
     for name in ("append", "restore_visible"):  # lease scores read the module's `time` (`use_clock`)

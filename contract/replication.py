@@ -7,30 +7,46 @@ connections (the ledger's pool, kombu's publishing channel), so `replicated`
 confirms them all at once with a barrier: one INCR of `REPLICATED`, sent
 after the caller's writes were answered, and `WAIT` on the same connection
 (one pipeline). The replication stream is ordered, so a replica that has the
-barrier has every write the primary answered before it.
+barrier has every write the primary answered before it. Writes that fit one
+pipeline go with their barrier in it (`confirmed`): one round trip, on one
+connection, so on one server.
 
-It also catches the failover itself: the primary's replication id
-(`master_replid`) changes when a replica is promoted, so one read before the
-writes and one after the barrier, on the primary of the moment, tell whether
-the writes and the confirmation met the same primary; if not, `FailedOver`,
-and the caller reports nothing as done (the writes may be gone).
+It also catches the failover itself, two ways:
+- the primary's replication id (`master_replid`) changes when a replica is
+  promoted, so one read before the writes and one after the barrier, on the
+  primary of the moment, tell whether the writes and the confirmation met the
+  same primary;
+- an old primary still takes writes after its replica was promoted (a
+  `SENTINEL FAILOVER` leaves it a primary until the Sentinels demote it, some
+  seconds later; a primary frozen past `down-after-milliseconds` wakes up one)
+  and keeps its replication id, but it has lost its replicas: so a barrier
+  that reaches fewer replicas than the primary had (`_had`, per replication
+  id, as this process saw it), while fewer are attached, is a refusal, not a
+  confirmation. The client
+  asks the Sentinels where the primary is (dropping its connections to the
+  old one, `moved`), and if it moved, raises `FailedOver`.
+Either way the caller reports nothing as done (the writes may be gone) and
+writes again: on the new primary. A Sentinel-managed primary seen without
+any replica (by a process that started after it lost them) is asked about
+the same way (`_still_named`).
 
 A primary without replicas has nothing to wait for (a `WAIT 1` there would
 only time out), so a plain single Redis pays one `INFO replication` per
 call. A replica that lags holds the call (and the caller waits: back-pressure,
-not loss) until it catches up; a primary left without replicas is trusted
-alone only after `ALONE_AFTER` seconds, longer than Sentinel takes to demote
-an old primary that comes back (whose writes of that moment it discards). WAIT narrows the loss window to nothing that was reported;
-it does not make Redis a consensus store (a replica that has the write can
-still lose the election), which is why every transition is also repaired
-after the fact (the audit, reconcile).
+not loss) until it catches up; a primary left without replicas, and still the
+one the Sentinels name, is trusted alone only after `ALONE_AFTER` seconds,
+longer than Sentinel takes to demote an old primary that comes back (whose
+writes of that moment it discards). WAIT narrows the loss window to nothing
+that was reported; it does not make Redis a consensus store (a replica that
+has the write can still lose the election), which is why every transition is
+also repaired after the fact (`workers/failover.py`, the audit, reconcile).
 """
 from __future__ import annotations
 
 import logging
 import time
 from contextlib import contextmanager
-from typing import Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple
 
 import redis
 
@@ -50,6 +66,11 @@ class Primary(NamedTuple):
     replicas: int
 
 
+_had: dict[str, int] = {}  # replication id -> the most replicas seen connected to that primary
+_short_since: dict[str, float] = {}  # replication id -> since when it has fewer (monotonic)
+_last_replicas = [0]  # replicas of the primary last seen: whether `confirmed` sends a WAIT that waits
+
+
 def primary(client: redis.Redis) -> Primary:
     """Who the primary is (its replication id) and how many replicas it has now. A Redis that
     refuses INFO (an ACL without it) is taken as one without replicas, and said so once."""
@@ -60,7 +81,23 @@ def primary(client: redis.Redis) -> Primary:
             _refused.append(exc)
             log.warning("Redis refuses INFO (%s): writes are not confirmed on a replica", exc)
         return Primary("", 0)
-    return Primary(str(info.get("master_replid", "")), int(info.get("connected_slaves", 0)))
+    return _seen(info)
+
+
+def had(who: Primary) -> int:
+    """How many replicas this primary had: what a barrier must reach (a replica lost for good
+    lowers it, `_short`)."""
+    return max(who.replicas, _had.get(who.replid, 0))
+
+
+def _seen(info: dict) -> Primary:
+    who = Primary(str(info.get("master_replid", "")), int(info.get("connected_slaves", 0)))
+    _last_replicas[0] = who.replicas
+    if who.replicas >= _had.get(who.replid, 0):
+        _had[who.replid] = who.replicas
+        if who.replicas:  # as many as it had: none is missing
+            _short_since.pop(who.replid, None)
+    return who
 
 
 _refused: list[Exception] = []
@@ -69,36 +106,100 @@ _refused: list[Exception] = []
 @contextmanager
 def replicated(client: redis.Redis, wait_ms: int = WAIT_MS) -> Iterator[None]:
     """Around writes that must survive a failover once they are reported: returns only when
-    a replica has them (or the primary has none), raises `FailedOver` when a failover may
-    have lost them."""
+    a replica has them (or the primary has none, and never had), raises `FailedOver` when a
+    failover may have lost them."""
     before = primary(client)
     yield
-    if before.replicas:
+    if had(before):
         confirm(client, before, wait_ms)
+    else:
+        _still_named(client, before)
+
+
+def confirmed(client: redis.Redis, fill: Callable[[Any], None], wait_ms: int = WAIT_MS) -> list:
+    """The writes `fill` queues on a pipeline, sent with their barrier in one round trip
+    (one connection, one server: no read of the primary before them is needed); returns their
+    replies once a replica has them, as `replicated` does, or raises `FailedOver`."""
+    waits = _last_replicas[0] > 0  # a primary without replicas (a new one, before its replica is back) never waits
+    with client.pipeline(transaction=False) as pipe:
+        fill(pipe)
+        pipe.incr(REPLICATED)
+        pipe.execute_command("WAIT", 1 if waits else 0, wait_ms if waits else 0)
+        pipe.info("replication")
+        *replies, _, acked, info = pipe.execute()
+    here = _seen(info)
+    if not had(here):
+        _still_named(client, here)
+    elif not _enough(client, here, int(acked), info):
+        confirm(client, here, wait_ms)
+    return replies
+
+
+def _still_named(client: redis.Redis, who: Primary) -> None:
+    """A Sentinel-managed primary without replicas (as far as this process knows: it may have
+    started after the primary lost them) is trusted only while the Sentinels still name it."""
+    if hasattr(client.connection_pool, "get_master_address") and moved(client, who.replid):
+        raise FailedOver("the primary that took these writes has no replica and is no longer the one "
+                         "the Sentinels name; they may be lost")
 
 
 def confirm(client: redis.Redis, before: Primary, wait_ms: int = WAIT_MS, alone_after: float = ALONE_AFTER) -> None:
-    """The barrier and its WAIT, again until a replica has it. A primary that had replicas and
-    now has none may be one Sentinel is demoting (frozen, then resumed: its writes will be
-    discarded), so it is trusted alone only after `alone_after` seconds without any."""
+    """The barrier and its WAIT, again until as many replicas as the primary had have it. Fewer
+    is a refusal: if the Sentinels name another primary, `FailedOver`; if not, a replica lost
+    for good, and the writes are confirmed once one replica has them, or, with none left,
+    after `alone_after` seconds without any (a primary frozen and resumed may only then be
+    demoted by the Sentinels, discarding its writes)."""
     started = time.monotonic()
     warned = False
     while True:
         with client.pipeline(transaction=False) as pipe:
             pipe.incr(REPLICATED)
-            pipe.execute_command("WAIT", 1, wait_ms)
+            pipe.execute_command("WAIT", max(1, had(before)), wait_ms)
             pipe.info("replication")
             _, acked, info = pipe.execute()
         if str(info.get("master_replid", "")) != before.replid:
             raise FailedOver("Redis failed over before a replica confirmed these writes; they may be lost")
-        waited = time.monotonic() - started
-        if int(acked) >= 1:
+        _seen(info)
+        if _enough(client, before, int(acked), info, alone_after):
             if warned:
-                log.warning("a replica confirmed the writes after %.1f s", waited)
-            return
-        if not int(info.get("connected_slaves", 0)) and waited >= alone_after:
-            log.warning("no replica for %.0f s: the primary goes on alone", waited)
+                log.warning("a replica confirmed the writes after %.1f s", time.monotonic() - started)
             return
         if not warned:
             warned = True
             log.warning("no replica confirmed the writes within %d ms; waiting for one", wait_ms)
+
+
+def _enough(client: redis.Redis, who: Primary, acked: int, info: dict, alone_after: float = ALONE_AFTER) -> bool:
+    """Whether `acked` replicas are confirmation enough on this primary: all it had, or one while
+    all are still attached (a lagging replica is not a failover). Fewer attached than it had,
+    the Sentinels are asked: `FailedOver` if they name another primary."""
+    want = had(who)
+    connected = int(info.get("connected_slaves", 0))
+    if acked >= want or (acked >= 1 and connected >= want):  # every replica still attached, one lagging
+        return True
+    if moved(client, who.replid):
+        raise FailedOver(f"the primary that took these writes has {acked} of its {want} replicas and is no "
+                         "longer the one the Sentinels name; they may be lost")
+    since = _short_since.setdefault(who.replid, time.monotonic())
+    if acked >= 1 or time.monotonic() - since >= alone_after:
+        if acked < 1:
+            log.warning("no replica for %.0f s: the primary goes on alone", time.monotonic() - since)
+        _had[who.replid] = connected  # a replica lost for good: the next writes wait for those left
+        return True
+    return False
+
+
+def moved(client: redis.Redis, replid: str) -> bool:
+    """Whether the primary behind `client` is no longer the one with `replid`: a Sentinel-managed
+    pool asks the Sentinels first (and drops its idle connections to a replaced primary, so
+    the next command reconnects to the new one)."""
+    pool = client.connection_pool
+    if hasattr(pool, "get_master_address"):
+        try:
+            pool.get_master_address()
+        except redis.ConnectionError:  # no Sentinel answers: the primary did not move, as far as we know
+            return False
+    try:
+        return primary(client).replid != replid
+    except redis.ConnectionError:
+        return True

@@ -96,6 +96,8 @@ async def _schedule_and_answer(request: Request, state: StandinState, call: Gene
             return Response(status_code=499)
     finally:
         lifecycle.inflight -= 1
+        for p in plans:
+            state.stats.note_answered(p.key)
     load = Load(state.engine.running_count, state.engine.waiting_count)
     bodies = [final_body(p, o, state.cfg, started, load) for p, o in zip(plans, outcomes)]
     return deliver(plans, bodies, call.is_single, state.cfg, state.stats)

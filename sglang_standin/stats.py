@@ -6,6 +6,8 @@ generations per prompt) and benchmarks to measure how busy the "GPU" was
 `trickled` and `wedged` say which prompts got those faults, keyed like
 `attempts` (the rid when the request gave one, else the prompt's sha256).
 `prompt_tokens` and `cached_tokens` are the two /metrics counters (`metrics`).
+`generating` lists the keys whose generation has started and not been answered
+yet (a fault test's "what was being generated at the instant it struck").
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ class Stats:
         self.requests = 0
         self.attempts: dict[str, int] = defaultdict(int)
         self.generations: dict[str, int] = defaultdict(int)
+        self.generating: dict[str, int] = defaultdict(int)  # started and not yet answered (fault tests)
         self.bad_outputs: dict[str, list[str]] = defaultdict(list)
         self.trickled: dict[str, int] = defaultdict(int)
         self.wedged: dict[str, int] = defaultdict(int)
@@ -44,6 +47,13 @@ class Stats:
     def note_generation(self, key: str) -> None:
         """A generation for `key` was started (not a fault-injected 500/503)."""
         self.generations[key] += 1
+        self.generating[key] += 1
+
+    def note_answered(self, key: str) -> None:
+        """The generation for `key` ended (answered, or its client left)."""
+        self.generating[key] -= 1
+        if self.generating[key] <= 0:
+            del self.generating[key]
 
     def note_bad_output(self, key: str, kind: str) -> None:
         """An answer for `key` was sent with the bad-output fault `kind`."""
@@ -91,6 +101,7 @@ class Stats:
         return {
             "requests": self.requests,
             "generations": dict(self.generations),
+            "generating": sorted(self.generating),
             "attempts": dict(self.attempts),
             "bad_outputs": {k: list(v) for k, v in self.bad_outputs.items()},
             "trickled": dict(self.trickled),

@@ -72,20 +72,26 @@ class Topology:
             return info["role"] == "slave" and int(info["master_port"]) == of and info["master_link_status"] == "up"
         wait_for(following, timeout, f"port {port} a replica of {of}")
 
+    def revive(self, port: int, replica_of: int) -> None:
+        """Start a killed server again on its port and data, as the current primary's replica
+        (as a supervisor restarts it; the Sentinels already list it as one)."""
+        self._server(replica_of=replica_of, port=port)
+        self.wait_replica(port, replica_of)
+
     def stop(self) -> None:
         for process in [*self.sentinels.values(), *self.servers.values()]:
             process.signal(signal.SIGCONT)  # a frozen server cannot take its SIGTERM
             process.stop(timeout=10)
 
-    def _server(self, replica_of: int | None = None) -> int:
-        port = free_port()
+    def _server(self, replica_of: int | None = None, port: int | None = None) -> int:
+        port = port or free_port()
         data = self.logs / f"redis-{port}"
         data.mkdir(parents=True, exist_ok=True)
         argv = [redis_server_binary(), "--port", str(port), "--bind", "127.0.0.1", "--save", "",
                 "--dir", str(data), "--appendonly", "yes", "--maxmemory-policy", "noeviction",
                 "--repl-diskless-sync", "yes", "--repl-diskless-sync-delay", "0"]
-        if replica_of:
-            argv += ["--replicaof", "127.0.0.1", str(replica_of)]
+        if replica_of:  # the replica a failover promotes keeps every write it was sent
+            argv += ["--replicaof", "127.0.0.1", str(replica_of), "--appendfsync", "always"]
         self.servers[port] = spawn(f"redis-{port}", argv, self.logs)
         wait_for(lambda: self.client(port).ping(), 20, f"redis on port {port}", self.servers[port])
         return port

@@ -26,6 +26,7 @@ from . import storage_guard  # noqa: F401  (a worker refuses to start when OUTPU
 from . import lifeline
 from .audit import LostMessageAudit
 from .events import BatchedEvents
+from .failover import FailoverWatch
 from .gate import HealthGate
 from .lease import LeaseKeeper
 from .redis_pool import configure as configure_redis, worker_redis
@@ -41,6 +42,7 @@ except ValidationError as _refused:  # OUTPUT_DIR=gs://... and the like: the wor
 configure_redis(settings.redis_connections)  # every short Redis call shares a few connections
 kombu_redis.share_client(lambda: worker_redis(settings.redis_url))  # kombu's too
 kombu_redis.batch_takes()  # many messages taken per script, acknowledged with their group commit
+kombu_redis.follow_sentinel_pools()  # a failover drops their connections to the old primary (workers/failover.py)
 kombu_redis.use_clock(lambda: CLOCK.now(worker_redis(settings.redis_url)))  # lease scores on Redis's clock
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
 if not settings.task_log:  # FLEET_TASK_LOG: Celery checks these levels once, when it builds its tracer
@@ -79,7 +81,7 @@ app = celery_app(
 )
 app.set_current()
 app.fleet_settings = settings
-for step in (HealthGate, LeaseKeeper, ShutdownGrace, LostMessageAudit, BatchedEvents):
+for step in (HealthGate, LeaseKeeper, ShutdownGrace, LostMessageAudit, BatchedEvents, FailoverWatch):
     app.steps["consumer"].add(step)
 
 

@@ -40,6 +40,7 @@ from celery.worker.consumer import Consumer
 
 from contract import kombu_redis
 
+from .recent import ACKED
 from .runtime import get_runtime
 
 log = logging.getLogger(__name__)
@@ -74,6 +75,7 @@ class Detached:
 
     def ack(self, tag: str) -> None:
         kombu_redis.ack(self.client, [tag])
+        ACKED.add(tag)  # sent again on a new primary after a failover (`workers/failover.py`)
 
     def requeue(self, tag: str) -> None:
         kombu_redis.expire(self.client, [tag])

@@ -72,6 +72,13 @@ log = logging.getLogger(__name__)
 _NOTE = Lua("""
 return deliver(KEYS[1], a.id, redis.call('HGET', KEYS[1], a.id), a.worker)
 """, prelude=entry.LUA, head=("id", "worker"))
+_HOLD = Lua("""
+if redis.call('HEXISTS', KEYS[2], a.id) == 0 then return 0 end
+local entry = redis.call('HGET', KEYS[1], a.id)
+for _, name in ipairs(delivered(entry)) do if name == a.worker then return 0 end end
+deliver(KEYS[1], a.id, entry, a.worker)
+return 1
+""", prelude=entry.LUA, head=("id", "worker"))
 _UNDO = Lua("""
 return take_back(KEYS[1], a.id, a.worker)
 """, prelude=entry.LUA, head=("id", "worker"))
@@ -82,6 +89,14 @@ def note(client: redis.Redis, run: str, prompt_id: str, worker: str) -> list[str
     oldest first, this one last."""
     held = _NOTE(client, [RunKeys(run).deliveries], {"id": prompt_id, "worker": worker})
     return entry.names(held)
+
+
+def hold(client: redis.Redis, run: str, prompt_id: str, worker: str) -> bool:
+    """After a failover: the prompt, still to be stored (its ids are in the ledger), is noted as
+    delivered to `worker`, which holds it, unless it is noted so already (the note written to
+    the old primary may be lost); True if it had to be noted again."""
+    keys = RunKeys(run)
+    return bool(_HOLD(client, [keys.deliveries, keys.token_ids], {"id": prompt_id, "worker": worker}))
 
 
 def undo(client: redis.Redis, run: str, prompt_id: str, worker: str) -> None:

@@ -114,6 +114,10 @@ class HealthMonitor:
                         why)
             self.pool.changed()
 
+    def wake(self) -> None:
+        """Run a round (and write the heartbeat after it) now rather than at the next interval."""
+        self._wake.set()
+
     def suspect(self, binding: ServerBinding, error: str) -> None:
         """A request failed to connect: check now rather than at the next interval."""
         binding.last_error = error

@@ -13,6 +13,9 @@ the shard writer's one way to Redis, one call each):
    (`Ledger.unwritten`), so a sample withdrawn meanwhile is left without one;
 2. after the shard is created, the group is marked done in one script (`Ledger.mark_group_done`),
    which deletes the entries; only then are the tasks released (and acknowledged).
+Both steps are confirmed on a replica before the writer goes on (`ShardBook`), so a
+failover cannot take back an entry whose shard was linked, nor a done mark whose task
+was acknowledged.
 
 A delivery reads its prompt's ids and entry in one call (`Ledger.intake`). An
 entry whose shard exists under that name (in the folder or bucket `OUTPUT_DIR`
@@ -35,6 +38,7 @@ from __future__ import annotations
 import logging
 from functools import lru_cache
 from pathlib import PurePosixPath
+from typing import Callable, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -44,41 +48,59 @@ from contract import kombu_redis, kombu_take, shard_home
 from contract.ledger import Ledger
 from contract.write_refusal import refusal
 from contract.names import PromptState
-from contract.replication import replicated
+from contract.replication import FailedOver, confirmed, replicated
 from contract.schema import Sample, is_shard
 from contract.storage import store_for
 
 from . import deliveries, metrics
 from .group_acks import GROUP_ACKS
+from .recent import REMEMBER_S, Recent
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class LedgerRefused(OSError):
     """Redis refuses writes: a shard written now could not be noted, so it waits like a storage outage."""
 
 
-class ShardBook:
-    """The ledger's side of a group commit, for the shard writer's thread."""
+AGAIN = 5  # writes of one ledger step across failovers met one after another
 
-    def __init__(self, client: redis.Redis, home: str | None = None):
+
+class ShardBook:
+    """The ledger's side of a group commit, for the shard writer's thread.
+
+    Writing entries and done marks are reported only once a replica has them
+    (`contract/replication.confirmed`, the writes and their barrier in one round trip): an
+    entry lost in a failover would leave a stored sample to be generated again, a lost done
+    mark a prompt that `status` counts as queued until its lease runs out. A failover met on
+    the way (`FailedOver`: the primary that took them was being replaced) is written again, at
+    once, on the primary the Sentinels name now. What was marked done lately is remembered
+    (`recent`) so a failover found later can assert it on the new primary (`workers/failover.py`)."""
+
+    def __init__(self, client: redis.Redis, home: str | None = None, remember: float = REMEMBER_S):
         self.client = client
         self.home = home  # this worker's OUTPUT_DIR (`contract.shard_home.home`), noted in each run it writes
         self.homed: set[str] = set()  # runs whose home this process has noted
+        self.recent = Recent(remember)  # (run, [(id, output_len)], shard) of the groups marked done lately
 
     def writing(self, run: str, rows: list[Sample], shard: str) -> None:
-        """Best effort: without entries a crash after the link costs a generation, no more.
-        The first group of a run also notes where this worker writes its shards, so that
-        commands read them there (`contract/shard_home.py`)."""
+        """Raises `LedgerRefused` when Redis refuses the entries (or a failover outlasts
+        `AGAIN` writes): no shard without its entries, the writer holds the group and retries.
+        Other Redis errors are let be: without entries a crash after the link costs a
+        generation, no more. The first group of a run also notes where this worker writes its
+        shards, so that commands read them there (`contract/shard_home.py`)."""
+        ids = [row.id for row in rows]
         try:
             if self.home and run not in self.homed:
                 shard_home.record(self.client, run, self.home)
                 self.homed.add(run)
-            Ledger(self.client, run).writing([row.id for row in rows], shard)
+            _again(lambda: confirmed(self.client, lambda pipe: Ledger(pipe, run).writing(ids, shard)),
+                   f"the writing entries of {len(rows)} samples of run {run}")
         except redis.RedisError as exc:
             found = refusal(exc)
-            if found is not None:  # no shard without its entries: the writer holds the group and retries
-                raise LedgerRefused(found.line()) from exc
+            if found is not None or isinstance(exc, FailedOver):
+                raise LedgerRefused(found.line() if found else str(exc)) from exc
             log.warning("could not note %d samples of run %s as being written to %s (%r); a crash "
                         "before they are marked done would generate them again", len(rows), run, shard, exc)
 
@@ -94,16 +116,14 @@ class ShardBook:
         """The group is durable in `shard`: mark it done, forget its deliveries and acknowledge
         the messages of its tasks (`group_acks`), in this order, one round trip (raises if Redis
         fails: its tasks then fail, and their redeliveries find the entries). Returns once a
-        replica has the done marks (`replicated`), so no task is acknowledged for a prompt a
-        failover could turn back to queued."""
+        replica has the done marks, so no task is acknowledged for a prompt a failover could
+        turn back to queued; a failover met on the way writes them again on the new primary."""
+        samples = [(row.id, row.output_len) for row in rows]
         tags = GROUP_ACKS.claim(run, [row.id for row in rows])
-        with replicated(self.client), self.client.pipeline(transaction=False) as pipe:
-            Ledger(self.client, run).mark_group_done([(row.id, row.output_len) for row in rows], shard, pipe)
-            done_replies = len(pipe)
-            deliveries.clear(pipe, run, *(row.id for row in rows))
-            kombu_take.forget(pipe, tags)
-            found = Ledger.found(pipe.execute()[:done_replies])
+        found = _again(lambda: self.mark(run, samples, shard, tags),
+                       f"the done marks of {len(rows)} samples of run {run}")
         kombu_redis.settled(tags)
+        self.recent.add((run, samples, shard))
         again = [row.id for row, state in zip(rows, found) if state not in (PromptState.QUEUED, PromptState.DEAD)]
         if again:
             log.warning("%d prompts stored again (already done or not in the ledger), counted once: %s",
@@ -113,6 +133,32 @@ class ShardBook:
             metrics.PROMPTS.labels(run, "stored").inc(len(fresh))
             metrics.TOKENS.labels("prompt").inc(sum(row.prompt_len for row in fresh))
             metrics.TOKENS.labels("output").inc(sum(row.output_len for row in fresh))
+
+    def mark(self, run: str, samples: list[tuple[str, int]], shard: str,
+             tags: list[str] = ()) -> list[str | None]:
+        """Mark `samples` done in `shard`, forget their deliveries and acknowledge `tags` (their
+        tasks' messages), confirmed on a replica; the state each was in (also how a failover's
+        reassertion marks them again)."""
+        done_replies = []
+
+        def fill(pipe) -> None:
+            Ledger(self.client, run).mark_group_done(samples, shard, pipe)
+            done_replies.append(len(pipe))
+            deliveries.clear(pipe, run, *(pid for pid, _ in samples))
+            kombu_take.forget(pipe, tags)
+        replies = confirmed(self.client, fill)
+        return Ledger.found(replies[:done_replies[-1]])
+
+
+def _again(write: Callable[[], T], what: str) -> T:
+    """`write` again while it meets a failover (each time on the primary the Sentinels name then),
+    `AGAIN` times in all."""
+    for _ in range(AGAIN - 1):
+        try:
+            return write()
+        except FailedOver as exc:
+            log.warning("%s met a failover (%s); writing them again on the new primary", what, exc)
+    return write()
 
 
 def reconciled(ledger: Ledger, output_dir: str, prompt_id: str, shard: str) -> str | None:

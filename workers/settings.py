@@ -131,6 +131,13 @@ class Settings(SharedSettings):
         "Pending prompts of a run the lost-message audit looks at per round (a cursor over the run's "
         "prompts, so a pass takes pending / slice rounds): the round's cost is bounded by it, not by "
         "the fleet or what is in flight."))
+    # Behind Sentinel (`sentinel://`): how often the worker asks the Sentinels where the primary
+    # is, so that after a failover it stops writing to the old one within this long
+    # (workers/failover.py).
+    failover_check_interval: float = Field(
+        1.0, gt=0, description="Seconds between a worker's questions to the Sentinels (sentinel:// only) "
+        "of where the primary is: after a failover it moves to the new primary, and asserts there what "
+        "it holds and stored, within this long.")
     # SIGTERM: finish in-flight prompts for this long, then hand the rest back.
     shutdown_grace: float = Field(60.0, description="On SIGTERM: finish in-flight prompts for this long, then hand "
                                    "the rest back to the queue.")

@@ -52,6 +52,7 @@ from .deliveries import STARTED
 from .generation import Buried, DeadLettered, GiveBack, bury, process_prompt
 from .group_acks import GROUP_ACKS
 from .lease import hold_limit
+from .recent import ADVANCED
 from .reconcile import reconciled
 from .runtime import Runtime, get_runtime
 from .shards import ShardWriter
@@ -183,6 +184,7 @@ def _next_turn(app, rt: Runtime, spec, prompt_id: str, row=None, path: str | Non
         else None
     try:
         outcome = turns.advance(app, rt, spec, prompt_id, stored)
+        ADVANCED.add((spec.name, prompt_id))  # a failover may lose it: asserted again (`failover.py`)
         log.debug("turn %s stored; its conversation: %s", prompt_id, outcome)
     except Exception as exc:
         log.error("turn %s is stored, but its conversation could not move on (the audit tries again): %r",

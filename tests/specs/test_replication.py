@@ -1,10 +1,12 @@
 """`replicated`: writes are reported only once a replica has them (a primary and a replica, real)."""
 from __future__ import annotations
 
+import time
+
 import redis
 
 from contract.keys import REPLICATED
-from contract.replication import confirm, primary, replicated
+from contract.replication import confirm, confirmed, had, primary, replicated
 from producer.local import start_redis, wait_for
 
 
@@ -50,3 +52,39 @@ def test_a_primary_that_lost_its_replicas_is_trusted_alone_only_after_a_while(cl
 
     # Then it returned (after the barrier was sent at least once)
     assert int(client.get(REPLICATED)) >= 2
+
+
+def test_writes_and_their_barrier_go_in_one_round_trip_and_return_their_replies(client):
+    replies = confirmed(client, lambda pipe: (pipe.set("a", 1), pipe.incr("n")))
+    assert replies == [True, 1] and client.get("a") == b"1"
+
+
+def test_a_primary_that_lost_the_replica_it_had_is_no_confirmation_until_it_is_trusted_alone(server, tmp_path):
+    # Given a primary whose writes a replica confirmed
+    process, url = start_redis(tmp_path)
+    replica = redis.Redis.from_url(server)
+    try:
+        primary_client = redis.Redis.from_url(url)
+        primary_client.config_set("repl-diskless-sync-delay", 0)
+        replica.replicaof("127.0.0.1", primary_client.connection_pool.connection_kwargs["port"])
+        wait_for(lambda: primary(primary_client).replicas == 1 and
+                 replica.info("replication")["master_link_status"] == "up", 20, "the replica")
+        confirmed(primary_client, lambda pipe: pipe.set("first", 1))
+        assert replica.get("first") == b"1"
+
+        # When the replica is promoted (a switchover) while the client still writes to the old primary
+        replica.replicaof("NO", "ONE")
+        wait_for(lambda: primary(primary_client).replicas == 0, 20, "the old primary without its replica")
+        before = primary(primary_client)
+        assert had(before) == 1  # it had one: a barrier that reaches none is no confirmation
+
+        # Then a write there is not reported while the primary may be being replaced: only after
+        # the alone-after, with no Sentinel naming another primary, does it go on alone
+        started = time.monotonic()
+        primary_client.set("late", 1)
+        confirm(primary_client, before, wait_ms=50, alone_after=0.5)
+        assert time.monotonic() - started >= 0.5
+        assert had(primary(primary_client)) == 0  # and the next writes no longer wait for it
+    finally:
+        replica.replicaof("NO", "ONE")
+        process.stop()

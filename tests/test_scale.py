@@ -33,7 +33,7 @@ def long_prompts(n: int, words: int = 600) -> list[dict]:
 def _published(stdout: str) -> int:
     """The `published` figure of enqueue's summary table."""
     row = stdout.split("┡", 1)[1].splitlines()[1]
-    return int(row.strip("│ ").split()[0])
+    return int(row.strip("│ ").split()[0].replace(",", ""))  # counts carry thousands separators
 
 
 def test_two_producers_started_on_one_file_publish_each_prompt_once(fleet, tmp_path):
@@ -139,7 +139,7 @@ def test_dead_letters_are_listed_replayed_and_purged_page_by_page(fleet, tmp_pat
     # Then each comes once, and a limit or a reason is honoured
     assert Counter(d["id"] for d in listed) == Counter({f"default-{i:06d}": 1 for i in range(1500)})
     assert len(first) == 7 and {d["reason"] for d in first} == {"aborted"}
-    assert "1500 dead letters shown" in fleet.producer("dead", "list").stdout
+    assert "1,500 dead letters shown" in fleet.producer("dead", "list").stdout
 
     # When the truncated ones are replayed, then each of them is published once and leaves the store
     result = fleet.producer("dead", "requeue", "--reason", "truncated", "--yes")

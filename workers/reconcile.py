@@ -88,15 +88,19 @@ class ShardBook:
         """Raises `LedgerRefused` when Redis refuses the entries (or a failover outlasts
         `AGAIN` writes): no shard without its entries, the writer holds the group and retries.
         Other Redis errors are let be: without entries a crash after the link costs a
-        generation, no more. The first group of a run also notes where this worker writes its
-        shards, so that commands read them there (`contract/shard_home.py`)."""
+        generation, no more. The first group of a run also notes, in the same round trip, where
+        this worker writes its shards, so that commands read them there (`contract/shard_home.py`)."""
         ids = [row.id for row in rows]
+        new_home = self.home if self.home and run not in self.homed else None
+
+        def fill(pipe) -> None:
+            Ledger(pipe, run).writing(ids, shard)
+            if new_home:
+                shard_home.record(pipe, run, new_home)
         try:
-            if self.home and run not in self.homed:
-                shard_home.record(self.client, run, self.home)
+            _again(lambda: confirmed(self.client, fill), f"the writing entries of {len(rows)} samples of run {run}")
+            if new_home:
                 self.homed.add(run)
-            _again(lambda: confirmed(self.client, lambda pipe: Ledger(pipe, run).writing(ids, shard)),
-                   f"the writing entries of {len(rows)} samples of run {run}")
         except redis.RedisError as exc:
             found = refusal(exc)
             if found is not None or isinstance(exc, FailedOver):

@@ -31,11 +31,17 @@ LEASE = {"FLEET_LEASE_SECONDS": "8", "FLEET_RESTORE_INTERVAL": "1"}
 GROUP_WAIT = 20  # seconds a group waits for its commit: time to generate every prompt and pause Redis
 
 
+# The fault is staged at Redis (writes paused until the group's HSET waits there): the worker's
+# short calls share a pool of 2 connections by default, which its heartbeat and lease writes, paused
+# too, can both hold, leaving the HSET waiting in the worker for a connection instead.
+POOL = {"FLEET_REDIS_CONNECTIONS": "8"}
+
+
 def test_a_sample_stored_just_before_its_worker_died_is_not_generated_again(fleet, tmp_path):
     # Given a worker that commits one group of all N prompts and dies right after linking its shard
     _, url = fleet.standin("--step-base", "0.002")
     victim = fleet.worker("victim", [url], FLEET_SHARD_MAX_ROWS="1000", FLEET_SHARD_MAX_WAIT=str(GROUP_WAIT),
-                          **LEASE)
+                          **LEASE, **POOL)
     fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(N))))
     wait_until(lambda: len(httpx.get(f"{url}/standin/stats").json()["generations"]) == N, 120,
                "every prompt generated, its sample waiting for the group commit", fleet)

@@ -152,12 +152,12 @@ def test_a_run_with_faults_a_killed_worker_and_a_20s_store_outage_stores_each_pr
 
 
 def test_a_worker_that_dies_right_after_its_upload_is_reconciled_not_generated_again(fleet, s3, tmp_path):
-    from test_reconcile import N, GROUP_WAIT, die_between_link_and_done
+    from test_reconcile import N, GROUP_WAIT, POOL, die_between_link_and_done
 
     # Given a worker that uploads one group of all N prompts and dies right after the upload
     _, url = fleet.standin("--step-base", "0.002")
     victim = fleet.worker("victim", [url], **on_s3(s3, FLEET_SHARD_MAX_ROWS="1000",
-                                                   FLEET_SHARD_MAX_WAIT=str(GROUP_WAIT), **LEASE))
+                                                   FLEET_SHARD_MAX_WAIT=str(GROUP_WAIT), **LEASE, **POOL))
     prompts = varied_prompts(N)
     fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", prompts)), **on_s3(s3))
     wait_until(lambda: len(httpx.get(f"{url}/standin/stats").json()["generations"]) == N, 120,

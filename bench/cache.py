@@ -249,7 +249,7 @@ def measure_fleet(lab: Lab, workload: str, prompt_file: Path, total: int, opts: 
     turns = "all" if workload == "conversations" else "last"
     try:
         # A worker that has been up a while: it has loaded the run's tokenizer (to render next
-        # turns) before the first prompt, as the oracle has; `workers.turns.warm` logs it.
+        # turns) before the first prompt, as the oracle has; `workers.output.turns.warm` logs it.
         prepare(run, opts.max_new_tokens, turns)
         workers = [lab.worker(run, {"SGLANG_URLS": ",".join(s.url for s in standins),
                                     "OUTPUT_DIR": str(output_dir), **env})]

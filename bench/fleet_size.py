@@ -171,8 +171,9 @@ def _rounds(lab: Lab, state: FleetState, settings, opts: FleetOptions) -> dict:
     """Redis CPU (us) of each kind of round, per worker and round, and per worker-second."""
     from contract import heartbeats, kombu_redis
     from contract.clock import CLOCK
-    from workers import lease, sharers
-    from workers.consumer import HEART_INTERVAL, Delivery
+    from workers.intake import lease
+    from workers.servers import sharers
+    from workers.intake.consumer import HEART_INTERVAL, Delivery
 
     client, ttl = lab.client, 3 * settings.health_interval + settings.health_timeout
     event = json.dumps({"hostname": "x", "type": "worker-heartbeat", "freq": 2.0, "sw_ident": "py-celery",
@@ -219,7 +220,7 @@ def _rounds(lab: Lab, state: FleetState, settings, opts: FleetOptions) -> dict:
 
 def _audit(lab: Lab, state: FleetState, settings, opts: FleetOptions) -> dict:
     """The audit's rounds until its pass is over and every lost prompt was confirmed."""
-    from workers.audit import AuditState, LostMessageAudit
+    from workers.intake.audit import AuditState, LostMessageAudit
 
     client = lab.client
     found: set[str] = set()
@@ -304,7 +305,7 @@ def _script_names() -> dict[str, str]:
 
     names = {}
     for module in ("contract.ledger_scripts", "contract.ledger", "contract.conversation_ledger",
-                   "workers.deliveries", "contract.deliveries"):
+                   "workers.intake.deliveries", "contract.deliveries"):
         try:
             found = importlib.import_module(module)
         except ImportError:
@@ -406,7 +407,7 @@ def project(d: dict, opts: FleetOptions, settings) -> dict:
     """Redis cores and commands a second at each node count, from the largest fleet measured."""
     # The task events a node publishes: its worker flushes them every FLUSH_INTERVAL when there are
     # any (3 a sample), each PUBLISH costing what a heart event does.
-    from workers.events import FLUSH_INTERVAL
+    from workers.reporting.events import FLUSH_INTERVAL
 
     flushes = min(1 / FLUSH_INTERVAL, 3 * opts.rate)
     events = flushes * d["rounds"]["worker-heartbeat event"]["redis_us"]

@@ -22,7 +22,7 @@ importable is reported as skipped):
   httpx-per-thread     one `httpx.Client` per thread (thread-local, 1 connection)
   requests-per-thread  one `requests.Session` per thread (needs `requests`)
   urllib3-shared       one `urllib3.PoolManager` (its pool is a LIFO queue)
-  urllib3-deadline     the worker's own call (`workers.sglang_client.send`): one
+  urllib3-deadline     the worker's own call (`workers.servers.sglang_client.send`): one
                        urllib3 pool per server, a total deadline per request (a
                        watchdog thread shuts the socket of a request past it),
                        the body read in chunks under a size cap
@@ -93,7 +93,7 @@ def sampling(output_len_max: int) -> dict:
 def make_candidate(name: str, n: int):
     if name in ("httpx-shared", "httpx2-shared"):
         httpx = __import__("httpx" if name == "httpx-shared" else "httpx2")
-        client = httpx.Client(  # as workers/sglang_client.make_client, pool_size = N
+        client = httpx.Client(  # as workers/servers/sglang_client.make_client, pool_size = N
             timeout=httpx.Timeout(READ_TIMEOUT, connect=CONNECT_TIMEOUT, pool=READ_TIMEOUT),
             limits=httpx.Limits(max_connections=n + 8, max_keepalive_connections=n + 8))
 
@@ -145,8 +145,8 @@ def make_candidate(name: str, n: int):
             return r.status, r.data
         return post
 
-    if name == "urllib3-deadline":  # the worker's own call: workers/sglang_client.send
-        from workers.sglang_client import make_client, send
+    if name == "urllib3-deadline":  # the worker's own call: workers/servers/sglang_client.send
+        from workers.servers.sglang_client import make_client, send
         client = make_client(n, CONNECT_TIMEOUT, READ_TIMEOUT, None)
 
         def post(url, body):

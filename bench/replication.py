@@ -26,8 +26,8 @@ from contract.ledger import Ledger
 from contract.publish import publish_prompts
 from contract.replication import replicated
 from producer.local import free_port, redis_server_binary, spawn, wait_for
-from workers import deliveries
-from workers.reconcile import ShardBook
+from workers.intake import deliveries
+from workers.intake.reconcile import ShardBook
 
 BATCH, GROUP, ROUNDS = 256, 64, 100
 

@@ -8,7 +8,7 @@ server's waiting queue, sampled from `/standin/stats` while it ran (the middle
 half of its busy samples, so the cold start and the drain do not count), the
 samples each worker stored (its shard files, named after it), and the
 CPU-bound signal every worker writes into its heartbeat
-(`workers/cpu_bound.py`), read the way `status` reads it.
+(`workers/servers/cpu_bound.py`), read the way `status` reads it.
 """
 from __future__ import annotations
 
@@ -65,7 +65,7 @@ class CpuSignals:
 
 def ready_to_share(records: list[dict], count: int) -> set[str]:
     """The workers (names before the `@`) whose heartbeat shows every bound server usable (a
-    target set) and shared by `count` workers (`workers/sharers.py`): each then starts at its share."""
+    target set) and shared by `count` workers (`workers/servers/sharers.py`): each then starts at its share."""
     return {r["worker"].split("@")[0] for r in records
             if r["servers"] and all(s["state"] == "healthy" and s.get("capacity") and s.get("sharers") == count
                                     for s in r["servers"])}
@@ -109,5 +109,5 @@ def sharing_figures(r: dict, part: str, ratio_goal: float) -> list:
                           goal=">= 1 (fell short)" if expect else "0",
                           met=fired >= 1 if expect else fired == 0,
                           note=f"highest CPU share reported {f['cpu_share_max'] or 0:.2f} of the usable core; "
-                               "heartbeats as `status` reads them (workers/cpu_bound.py)"))
+                               "heartbeats as `status` reads them (workers/servers/cpu_bound.py)"))
     return figures

@@ -6,7 +6,7 @@ and the conversation itself is five small entries (`RunKeys.conversation_*`):
 its number of turns (kept for the run's life), and while it is in progress its
 skeleton, the turn it is at, the answers of its stored turns, and the server
 that generated its last stored turn (where the next turn's prefix is cached:
-`workers/affinity.py` sends the next turn there). Two scripts
+`workers/servers/affinity.py` sends the next turn there). Two scripts
 change them, each one atomic, conditional step:
 
     register   (none)  -> at 0       the producer, just before it enqueues turn 0

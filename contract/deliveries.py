@@ -1,6 +1,6 @@
 """A prompt's deliveries entry: the workers it was delivered to, oldest first, one name a line.
 
-`workers/deliveries.py` keeps these entries (the poison-prompt rule), and
+`workers/intake/deliveries.py` keeps these entries (the poison-prompt rule), and
 `Ledger.intake` notes a delivery in the same script that reads the prompt's
 ids; both read and change an entry through the Lua functions here, and Python
 reads one with `names`, so the format has this one home.

@@ -9,7 +9,7 @@ the keyspace, so its cost does not grow with the number of keys.
 
 A heartbeat also lists the prompts its worker holds (`holding`: run -> ids),
 which the lost-message audit counts as held and a second delivery of one of
-them finds (`workers/deliveries.py`). Its time `at` is Redis's clock
+them finds (`workers/intake/deliveries.py`). Its time `at` is Redis's clock
 (`clock.py`), read before the list is taken, so a heartbeat newer than a
 moment lists every prompt its worker had begun taking by then; whoever ages a
 heartbeat reads Redis's clock too.

@@ -11,7 +11,7 @@ RUNS = "fleet:runs"                  # set: every run's name
 WORKER_PREFIX = "fleet:worker:"      # string per worker: its heartbeat (JSON, expires)
 AUDIT_LOCK = "fleet:audit:lock"      # string: the worker running the lost-message audit
 # hash per run: where the audit's pass over the run's pending prompts stands (`cursor`), and the
-# prompts its last round found missing (`suspects`, JSON) at `at` (Redis's clock); workers/audit.py
+# prompts its last round found missing (`suspects`, JSON) at `at` (Redis's clock); workers/intake/audit.py
 AUDIT_PREFIX = "fleet:audit:run:"
 REPLICATED = "fleet:replicated"      # counter: a write whose replication confirms every earlier one (replication.py)
 WORKERS = "fleet:workers"            # sorted set: worker -> time of its last heartbeat
@@ -72,7 +72,7 @@ class RunKeys:
         # hash: turn id -> the stored turn's answer as later turns' history holds it (JSON), while in progress
         self.conversation_answers = f"{base}:conv:answers"
         # hash: conversation id -> the server (a worker's binding URL, redacted) that generated its
-        # last stored turn, where its next turn's prefix is cached (workers/affinity.py), while in progress
+        # last stored turn, where its next turn's prefix is cached (workers/servers/affinity.py), while in progress
         self.conversation_server = f"{base}:conv:server"
 
     def state_bucket(self, n: int) -> str:

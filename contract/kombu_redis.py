@@ -68,7 +68,7 @@ PRIORITY_SEP = "\x06\x16"         # `queue + sep + priority` names a priority su
 PRIORITY_STEPS = (0, 3, 6, 9)
 RESTORE_PAGE = 500                # lapsed leases one restore sweep reads (kombu's `unacked_restore_limit`)
 # Celery consumer steps whose Redis traffic grows with the square of the fleet, which the worker
-# leaves out (`workers.consumer.FleetConsumer`): gossip has every worker receive every other
+# leaves out (`workers.intake.consumer.FleetConsumer`): gossip has every worker receive every other
 # worker's heartbeat event (~360 B/s per pair), mingle asks every worker at each start. Flower
 # reads the heartbeat events themselves (the Heart step stays) and `celery inspect` is remote
 # control (the Control step stays).
@@ -233,7 +233,7 @@ def share_client(client: Callable[[], Any]) -> None:
     (10 to 15 a worker in all). A redis-py client is thread-safe (each command
     and each pipeline takes a connection from its pool), and kombu's broker is
     the fleet's Redis (same URL and database), so every channel hands out the
-    worker's own client (`workers/redis_pool.py`: a few connections, shared).
+    worker's own client (`workers/intake/redis_pool.py`: a few connections, shared).
     The asynchronous clients (BRPOP, the remote-control subscription: the
     event loop's) are kombu's as before, but the connection a new channel
     opens on their pool to check Redis (`Channel.__init__` pings) is closed
@@ -261,7 +261,7 @@ def share_client(client: Callable[[], Any]) -> None:
 def on_ack(callback: Callable[[str], None]) -> None:
     """Call `callback(tag)` after each acknowledgement kombu's Redis QoS makes, so a worker
     remembers what it acknowledged (an ack that went to a primary being replaced is lost with
-    it: `workers/failover.py` sends it again). Idempotent; a second callback replaces the first."""
+    it: `workers/intake/failover.py` sends it again). Idempotent; a second callback replaces the first."""
     from kombu.transport import redis as kredis
 
     base = getattr(kredis.QoS.ack, "fleet_base", kredis.QoS.ack)
@@ -513,7 +513,7 @@ def _kombu_qos_problems() -> list[str]:
 
 def _celery_problems() -> list[str]:
     """The consumer's hooks and steps the worker overrides or requires, the event dispatcher's
-    buffers (`workers/events.py`), `as_task_v2` (`contract.publish`), the loggers the worker
+    buffers (`workers/reporting/events.py`), `as_task_v2` (`contract.publish`), the loggers the worker
     quiets, and the pickle check that keeps an expected task failure expected."""
     from celery import Celery
     from celery.app import trace

@@ -33,7 +33,7 @@ names a stored prompt.
 prompts has an entry naming the shard file (`writing`, `unwritten`); the
 transitions to done or dead delete it, so the hash holds only groups in
 flight, and an entry a dead worker left tells the prompt's next delivery
-where its sample may already be (`intake`; workers/reconcile.py).
+where its sample may already be (`intake`; workers/intake/reconcile.py).
 
 **Compact states.** A run of 10^7 prompts keeps 10^7 states forever, so a
 state costs ~21 bytes of Redis at 10^6 prompts (`python -m bench --parts
@@ -331,7 +331,7 @@ class Ledger:
         """What a delivery needs, in one call: the prompt's packed ids (None once done or
         dead, or forgotten) and, while it has ids, the shard its sample was being written to.
         With `worker`, a prompt to be generated (ids, no writing entry) also has its delivery
-        noted in the same call (`workers/deliveries.py`), unless `most` are noted already."""
+        noted in the same call (`workers/intake/deliveries.py`), unless `most` are noted already."""
         head = {"id": prompt_id, "worker": worker or "", "most": most}
         raw, shard, held, noted = self.call(lua.INTAKE, [self.keys.deliveries], head)
         return Intake(raw, shard.decode() if shard is not None else None, deliveries.names(held), bool(noted))

@@ -16,7 +16,7 @@ class _Name(str, Enum):
 
 
 class Reason(_Name):
-    # Verification of a finished generation (workers/verify.py), by token id.
+    # Verification of a finished generation (workers/output/verify.py), by token id.
     ABORTED = "aborted"
     TRUNCATED = "truncated"
     TOKEN_COUNT_MISMATCH = "token_count_mismatch"

@@ -39,7 +39,7 @@ longer than Sentinel takes to demote an old primary that comes back (whose
 writes of that moment it discards). WAIT narrows the loss window to nothing
 that was reported; it does not make Redis a consensus store (a replica that
 has the write can still lose the election), which is why every transition is
-also repaired after the fact (`workers/failover.py`, the audit, reconcile).
+also repaired after the fact (`workers/intake/failover.py`, the audit, reconcile).
 """
 from __future__ import annotations
 

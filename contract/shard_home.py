@@ -5,7 +5,7 @@ machine, or with another `OUTPUT_DIR` than the workers had; reading an empty
 folder it would answer "0 samples" and exit 0. So each worker process notes its
 `OUTPUT_DIR` in the run (`home`: a folder as an absolute path, or
 `s3://bucket/prefix`), once per run, in the round trip that marks its first
-group done (`workers/reconcile.py`, the shard writer's one way to Redis); a
+group done (`workers/intake/reconcile.py`, the shard writer's one way to Redis); a
 command reads the run's recorded home unless `OUTPUT_DIR` is set for it
 (`producer/located.py`), and a command that finds fewer of the run's samples
 than the ledger counts as done fails (`Shortfall`), saying how many, and where

@@ -7,7 +7,7 @@ at a replica, or the primary was demoted in a failover) and `NOREPLICAS`
 (fewer healthy replicas than `min-replicas-to-write`). Each lifts by itself or
 by an operator's hand, so producers stop with one line naming the cause and
 the remedy (`producer/cli.py`) and workers pause until writes are accepted
-again (`workers/gate.py`). This is the one place that recognises them, for
+again (`workers/intake/gate.py`). This is the one place that recognises them, for
 redis-py's exceptions and for the kombu or Celery errors that wrap them
 (`__cause__` / `__context__`, or only the reply text).
 

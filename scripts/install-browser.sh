@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# What the browser test (tests/test_flower.py) needs: Debian's chromium and chromedriver, and
+# What the browser test (tests/reporting/test_flower.py) needs: Debian's chromium and chromedriver, and
 # Selenium in the project's environment. Idempotent. Nothing downloads a browser of its own:
 # the test hands Selenium /usr/bin/chromedriver, so Selenium Manager never runs.
 # Usage: scripts/install-browser.sh [PYTHON]   (default: .venv/bin/python, else python3)

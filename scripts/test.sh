@@ -11,7 +11,7 @@ scripts/setup.sh
 if ! browser=$(scripts/install-browser.sh .venv/bin/python 2>&1); then
   echo "$browser" >&2
   echo "error: scripts/install-browser.sh could not install the browser the browser tests need" \
-       "(tests/test_flower.py); install chromium and chromium-driver, then run again" >&2
+       "(tests/reporting/test_flower.py); install chromium and chromium-driver, then run again" >&2
   exit 1
 fi
 # Bytecode is cached (__pycache__, ignored by git) even where the environment says not to write it:

@@ -247,7 +247,7 @@ def test_the_reason_and_metric_references_list_every_code_and_metric(site):
     from contract.names import Reason
     from prometheus_client import REGISTRY
 
-    import workers.metrics  # noqa: F401 - declares the counters and histograms
+    import workers.reporting.metrics  # noqa: F401 - declares the counters and histograms
 
     reasons = {row[0] for _, row in page(site, "reference/reason-codes.html").rows}
     # Given the reason codes, then each is on the reference page
@@ -258,5 +258,5 @@ def test_the_reason_and_metric_references_list_every_code_and_metric(site):
     assert registered
     assert {name if name in metrics else name + "_total" for name in registered} <= metrics
     # and so are the gauges read at scrape time
-    gauges = set(re.findall(r'GaugeMetricFamily\("(fleet_\w+)"', (ROOT / "workers" / "metrics.py").read_text()))
+    gauges = set(re.findall(r'GaugeMetricFamily\("(fleet_\w+)"', (ROOT / "workers" / "reporting" / "metrics.py").read_text()))
     assert gauges and gauges <= metrics

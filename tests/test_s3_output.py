@@ -152,7 +152,7 @@ def test_a_run_with_faults_a_killed_worker_and_a_20s_store_outage_stores_each_pr
 
 
 def test_a_worker_that_dies_right_after_its_upload_is_reconciled_not_generated_again(fleet, s3, tmp_path):
-    from test_reconcile import N, GROUP_WAIT, POOL, die_between_link_and_done
+    from intake.test_reconcile import N, GROUP_WAIT, POOL, die_between_link_and_done
 
     # Given a worker that uploads one group of all N prompts and dies right after the upload
     _, url = fleet.standin("--step-base", "0.002")
@@ -202,7 +202,7 @@ def exported_ids(s3, prefix: str) -> list[str]:
 
 
 def test_two_workers_with_one_name_and_pid_never_replace_each_others_objects(fleet, s3, tmp_path):
-    from test_shard_names import _as_pid_one, _can_unshare, _shard_commits, _wait_consuming
+    from output.test_shard_names import _as_pid_one, _can_unshare, _shard_commits, _wait_consuming
 
     if not _can_unshare():
         pytest.skip("needs root and unshare (pid namespaces)")

@@ -52,7 +52,7 @@ from conftest import Fleet, messages_of, render, varied_prompts, write_prompts
 from test_conversations import MAX_NEW_TOKENS as TURN_TOKENS, conversations, replay
 from waiting import wait_until
 from sentinel_topology import MASTER, Topology
-from test_flower import start_flower, succeeded, worker_online
+from reporting.test_flower import start_flower, succeeded, worker_online
 
 N = int(os.environ.get("FLEET_FAILOVER_PROMPTS", "100"))
 FAULT_AT = float(os.environ.get("FLEET_FAILOVER_AT", "0.3"))  # share of the run stored at the first fault

@@ -166,7 +166,7 @@ class Zygote:
     `start` Popen for any `python -m MODULE`, `spawn` producer.local's spawn.
 
     A program whose PYTHON* variables differ from the zygote's (a PYTHONPATH with a
-    sitecustomize of its own, as tests/test_clock_skew.py gives its workers) needs an interpreter
+    sitecustomize of its own, as tests/intake/test_clock_skew.py gives its workers) needs an interpreter
     that starts with them: it is started as a plain subprocess."""
 
     def __init__(self, folder: Path, env: dict[str, str], cwd: Path):

@@ -5,7 +5,7 @@ settings (once) and builds the app; everything else gets them passed in
 (`app.fleet_settings`). JSON only on the broker (never pickle), late
 acknowledgement after the sample is durable, a threads pool large enough to
 keep many requests in flight per SGLang server, and as many prompts held as
-its servers can run (the health gate sets the prefetch count, `gate.py`).
+its servers can run (the health gate sets the prefetch count, `workers/intake/gate.py`).
 """
 from __future__ import annotations
 
@@ -21,18 +21,18 @@ from contract.broker import celery_app
 from contract.clock import CLOCK
 from contract.settings import settings_refusal
 
-from . import flower_guard  # noqa: F401  (Flower refuses to listen beyond localhost without auth)
-from . import storage_guard  # noqa: F401  (a worker refuses to start when OUTPUT_DIR takes no writes)
-from . import lifeline
-from .audit import LostMessageAudit
-from .events import BatchedEvents
-from .failover import FailoverWatch
-from .gate import HealthGate
-from .lease import LeaseKeeper
-from .redis_pool import configure as configure_redis, worker_redis
-from .runtime import close_runtime
+from .reporting import flower_guard  # noqa: F401  (Flower refuses to listen beyond localhost without auth)
+from .output import storage_guard  # noqa: F401  (a worker refuses to start when OUTPUT_DIR takes no writes)
+from .reporting import lifeline
+from .intake.audit import LostMessageAudit
+from .reporting.events import BatchedEvents
+from .intake.failover import FailoverWatch
+from .intake.gate import HealthGate
+from .intake.lease import LeaseKeeper
+from .intake.redis_pool import configure as configure_redis, worker_redis
+from .intake.runtime import close_runtime
 from .settings import Settings
-from .shutdown import ShutdownGrace, farewell
+from .intake.shutdown import ShutdownGrace, farewell
 
 kombu_redis.require()  # the kombu and Celery internals the fleet relies on are where it read them
 try:
@@ -42,7 +42,7 @@ except ValidationError as _refused:  # OUTPUT_DIR=gs://... and the like: the wor
 configure_redis(settings.redis_connections)  # every short Redis call shares a few connections
 kombu_redis.share_client(lambda: worker_redis(settings.redis_url))  # kombu's too
 kombu_redis.batch_takes()  # many messages taken per script, acknowledged with their group commit
-kombu_redis.follow_sentinel_pools()  # a failover drops their connections to the old primary (workers/failover.py)
+kombu_redis.follow_sentinel_pools()  # a failover drops their connections to the old primary (workers/intake/failover.py)
 kombu_redis.use_clock(lambda: CLOCK.now(worker_redis(settings.redis_url)))  # lease scores on Redis's clock
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
 if not settings.task_log:  # FLEET_TASK_LOG: Celery checks these levels once, when it builds its tracer
@@ -64,7 +64,7 @@ app = celery_app(
         # hundreds of thousands. A page a sweep (one every restore interval, by some worker).
         "unacked_restore_limit": kombu_redis.RESTORE_PAGE,
     },
-    include=["workers.tasks"],
+    include=["workers.intake.tasks"],
     task_acks_late=True,
     task_reject_on_worker_lost=True,
     task_acks_on_failure_or_timeout=True,  # a dead-lettered prompt fails its task: acknowledged, never redelivered
@@ -73,11 +73,11 @@ app = celery_app(
     worker_concurrency=settings.pool_size,
     broker_connection_max_retries=None,
     # Tasks keep running across a lost broker connection; their deliveries stay leased to this
-    # worker (workers/consumer.py). Celery 6 means to cancel them by default: never here.
+    # worker (workers/intake/consumer.py). Celery 6 means to cancel them by default: never here.
     worker_cancel_long_running_tasks_on_connection_loss=False,
     worker_send_task_events=settings.task_events,  # FLEET_TASK_EVENTS: Flower's task pages need them
     worker_hijack_root_logger=False,
-    worker_consumer="workers.consumer:FleetConsumer",
+    worker_consumer="workers.intake.consumer:FleetConsumer",
 )
 app.set_current()
 app.fleet_settings = settings
@@ -86,7 +86,7 @@ for step in (HealthGate, LeaseKeeper, ShutdownGrace, LostMessageAudit, BatchedEv
 
 
 lifeline.install_test_fault()
-lifeline.on_fatal(lambda: os.kill(os.getpid(), signal.SIGTERM))  # Celery's warm shutdown, then `shutdown.py`
+lifeline.on_fatal(lambda: os.kill(os.getpid(), signal.SIGTERM))  # Celery's warm shutdown, then `workers/intake/shutdown.py`
 
 
 @signals.worker_shutdown.connect

@@ -26,18 +26,18 @@ class Settings(SharedSettings):
 
     # Routing: the most requests in flight on one server (a gateway counts as one). The
     # worker tunes each server's own number below this bound from what the server reports
-    # (workers/capacity.py: its running batch, plus a short queue).
+    # (workers/servers/capacity.py: its running batch, plus a short queue).
     max_inflight_per_server: int = Field(1024, description="The most requests in flight on one server (a gateway "
                                          "counts as one): an upper bound; each server's own number is tuned from what "
                                          "it reports ([capacity](../design/capacity.md)).")
     # Threads in the worker pool; 0 means twice the bound x servers, at most 8192. Threads
     # start only when a prompt needs one, and the prompts held follow the tuned capacity
-    # (workers/gate.py), so the default costs nothing on small servers.
+    # (workers/intake/gate.py), so the default costs nothing on small servers.
     concurrency: int = Field(0, description="Worker threads; 0: twice `FLEET_MAX_INFLIGHT_PER_SERVER` x servers, at "
                              "most 8,192, started only when a prompt needs one (the prompts a worker holds follow "
                              "its servers' tuned capacity, plus those waiting for a shard's group commit, which "
                              "hold no server slot).")
-    # Affinity (workers/affinity.py): a conversation's next turn to the server of its last turn,
+    # Affinity (workers/servers/affinity.py): a conversation's next turn to the server of its last turn,
     # a prompt to the server recently sent its leading tokens, while that server's load is within
     # this share of capacity of the least loaded one's. FLEET_AFFINITY=off routes by load alone.
     affinity: bool = Field(True, description="Send a conversation's next turn to the server of its last turn, and a "
@@ -47,7 +47,7 @@ class Settings(SharedSettings):
                                     "used while its load (requests as a share of capacity) is at most this much above "
                                     "the least loaded server's; beyond it load wins.")
 
-    # The CPU-bound signal (workers/cpu_bound.py): this process's CPU at or above this share of
+    # The CPU-bound signal (workers/servers/cpu_bound.py): this process's CPU at or above this share of
     # the core(s) it can use, while its servers have free slots, for this many seconds.
     cpu_bound_share: float = Field(0.85, description="The worker says it is CPU-bound when its process used at least "
                                     "this share of the CPU time it had the chance to use (its threads' waits for a "
@@ -75,7 +75,7 @@ class Settings(SharedSettings):
                                      "trickles bytes or goes silent is cut within it plus 0.25 s, and the attempt "
                                      "is a transient failure.")
     # The most bytes of one answer read before it is refused as `bad_output`;
-    # 0 derives it from the request's max_new_tokens (workers/answers.py: answer_cap).
+    # 0 derives it from the request's max_new_tokens (workers/servers/answers.py: answer_cap).
     max_answer_bytes: int = Field(0, description="The largest answer read before it is refused as `bad_output` "
                                    "(0: 256 B per allowed token + 64 KiB).")
     # Transient failures (5xx, 503 queue full, timeouts) before `server_error`.
@@ -117,7 +117,7 @@ class Settings(SharedSettings):
     restore_interval: float = Field(10.0, description="How often a worker looks for expired leases to return to the "
                                      "queue.")
     # Redis: the connections every short call of the worker shares, kombu's included
-    # (workers/redis_pool.py); with kombu's fetch and remote control, the worker holds this + 2.
+    # (workers/intake/redis_pool.py); with kombu's fetch and remote control, the worker holds this + 2.
     redis_connections: int = Field(2, ge=1, description=(
         "Connections the worker's short Redis calls share (its own and kombu's); with kombu's "
         "blocking fetch and the remote-control subscription the worker holds this many plus two."))
@@ -133,7 +133,7 @@ class Settings(SharedSettings):
         "the fleet or what is in flight."))
     # Behind Sentinel (`sentinel://`): how often the worker asks the Sentinels where the primary
     # is, so that after a failover it stops writing to the old one within this long
-    # (workers/failover.py).
+    # (workers/intake/failover.py).
     failover_check_interval: float = Field(
         1.0, gt=0, description="Seconds between a worker's questions to the Sentinels (sentinel:// only) "
         "of where the primary is: after a failover it moves to the new primary, and asserts there what "
@@ -156,7 +156,7 @@ class Settings(SharedSettings):
                                          "the dead letters.")
 
     # Celery task events (task-received/started/succeeded per task, for Flower and `celery events`),
-    # published in batches by the event loop's timer (workers/events.py).
+    # published in batches by the event loop's timer (workers/reporting/events.py).
     task_events: bool = Field(True, description="Celery task events per task (Flower's task pages, "
                                "`celery events`), sent in batches every 0.1 s.")
     # Celery's own two INFO lines per task ("Task ... received", "Task ... succeeded in ..."):

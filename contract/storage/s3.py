@@ -8,7 +8,7 @@ here, never a replacement. A shard past what one PUT may carry goes up in
 parts, and any failure aborts the upload instead of completing it (pyarrow's
 S3 writer completes it even when the writer raised, apache/arrow#40502, which
 is why it is not used for writing). Names are unique by construction
-(`workers/shards.py`), so the condition only ever fires for a bug or a clash.
+(`workers/output/shards.py`), so the condition only ever fires for a bug or a clash.
 
 Credentials, region and endpoint are boto3's standard chain (`AWS_ACCESS_KEY_ID`,
 `AWS_SECRET_ACCESS_KEY`, `AWS_SESSION_TOKEN`, `AWS_PROFILE`, `AWS_REGION`,

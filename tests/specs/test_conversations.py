@@ -171,7 +171,7 @@ def test_a_turn_that_cannot_be_rendered_stops_its_conversation_as_a_dead_letter(
 
 def test_a_worker_whose_template_differs_from_the_runs_refuses_to_render_its_turns(bundled):
     from contract.spec import RunSpec
-    from workers.turns import TemplateMismatch, chat_for
+    from workers.output.turns import TemplateMismatch, chat_for
 
     spec = RunSpec(name="r", tokenizer="bundled", tokenizer_fingerprint=bundled.fingerprint(),
                    template_fingerprint=bundled.template_fingerprint(), sampling={}, thinking="prompt",

@@ -4,7 +4,7 @@
   validates against the Kubernetes schemas (`kubernetes-validate`, strict: an unknown
   field fails) or, for KEDA's and the Prometheus Operator's kinds, against their CRDs as
   published (deploy/crds/, copied unchanged). The rendered worker agrees with the fleet's
-  own settings (workers/settings.py, workers/shutdown.py, contract/keys.py).
+  own settings (workers/settings.py, workers/intake/shutdown.py, contract/keys.py).
 - Slurm: the sbatch template and the per-node script pass `bash -n`, and their worker
   command line is the documented one (docs/deploy/one-node.md).
 - Grafana and alerts: every query parses, and (tests/test_deploy.py) every `fleet_*` metric
@@ -33,7 +33,7 @@ import yaml
 
 from contract.keys import DEFAULT_QUEUE, queue_for
 from workers.settings import Settings
-from workers.shutdown import HAND_BACK_SECONDS, SETTLE_SECONDS
+from workers.intake.shutdown import HAND_BACK_SECONDS, SETTLE_SECONDS
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 from contract.codec import pack_ids
 from contract.ledger import Ledger
-from workers import deliveries
-from workers.recent import Recent
+from workers.intake import deliveries
+from workers.intake.recent import Recent
 
 
 def test_a_held_prompt_is_noted_again_once_and_a_finished_one_not_at_all(client):
@@ -38,7 +38,7 @@ def test_what_was_written_lately_is_kept_for_its_window_only():
 
 
 def test_a_primary_without_min_replicas_to_write_is_named_once_at_start(client, caplog):
-    from workers.failover import warn_without_min_replicas
+    from workers.intake.failover import warn_without_min_replicas
 
     # Given a primary that takes writes with no replica to confirm them (Redis's default)
     client.config_set("min-replicas-to-write", 0)

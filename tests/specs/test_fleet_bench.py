@@ -9,7 +9,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from bench.fleet_size import FleetOptions, project
-from workers.events import FLUSH_INTERVAL
+from workers.reporting.events import FLUSH_INTERVAL
 
 
 def measured(per_sample_us: float, per_worker_s_us: float, event_us: float, audit_ms: float) -> dict:

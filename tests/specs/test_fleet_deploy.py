@@ -3,7 +3,7 @@
 Gossip has every worker receive every other worker's heartbeat event, so
 Redis's output grows with the square of the fleet (about 360·N² bytes a
 second: one Redis core at about 400 nodes); mingle asks every worker at each
-start. The worker turns both off itself (`workers/consumer.py`), and each deploy
+start. The worker turns both off itself (`workers/intake/consumer.py`), and each deploy
 path says so on its command line too, so that an image or a script run with
 another app still starts without them. Given each path as its own tool renders
 it (`kubectl kustomize` for every overlay, Compose for every profile, the

@@ -18,7 +18,7 @@ from contract.codec import pack_ids
 from contract.deadletters import DeadLetter, DeadLetters
 from contract.keys import RunKeys
 from contract.ledger import AGAIN, NEW, READ_CHUNK, Entry, Ledger, shard_code
-from workers import deliveries
+from workers.intake import deliveries
 
 
 def letter(pid: str, reason: str = "missing_think_end") -> DeadLetter:

@@ -12,7 +12,7 @@ import pytest
 import redis
 
 from contract.write_refusal import refusal
-from workers.redis_writes import RedisWrites
+from workers.intake.redis_writes import RedisWrites
 
 OOM = redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'.")
 READONLY = redis.exceptions.ReadOnlyError("You can't write against a read only replica.")

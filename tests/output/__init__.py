@@ -1,0 +1,1 @@
+"""Specifications of `workers.output`: a generation's answer is checked and stored."""

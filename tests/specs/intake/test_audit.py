@@ -1,0 +1,96 @@
+"""The audit's rule for a lost message: missing at two audits of its run in a row, never longer apart.
+
+A prompt whose message is in passing (taken from the queue and not yet
+recorded as unacknowledged, or recorded by a producer and not yet published)
+is missing from every list once; a prompt missing twice in a row lost its
+message. Given what successive audits of a run find missing, then the
+prompts confirmed lost are exactly those missing at the run's previous audit
+and now, and an audit that skipped the run (its queue too deep to list), or
+came longer after the one before than two rounds apart, ends every earlier
+sighting of it. The suspects and the pass's cursor are kept in Redis
+(`AuditState`), so the next round confirms whichever worker holds the lock.
+
+Where a message not in its queue may be (`accounted.accounts`): with a worker
+the prompt's deliveries entry names, if that worker is live and lists it, or
+was heard from or started within the window (a lease, a sweep and rounds).
+"""
+from __future__ import annotations
+
+from workers.intake.accounted import accounts
+from workers.intake.audit import AuditState, Suspects
+
+from waiting import wait_until
+
+
+def test_a_prompt_missing_once_is_not_republished():
+    # Given a first audit that finds p-1 missing
+    suspects = Suspects()
+    # When it is the first sighting, then nothing is confirmed
+    assert suspects.confirm("run", {"p-1"}) == set()
+    # and when the next audit finds it again (its message came in the meantime), still nothing
+    assert suspects.confirm("run", set()) == set()
+    assert suspects.confirm("run", {"p-1"}) == set()
+
+
+def test_a_prompt_missing_at_two_audits_in_a_row_is_confirmed_once():
+    # Given p-1 and p-2 missing at one audit
+    suspects = Suspects()
+    suspects.confirm("run", {"p-1", "p-2"})
+    # When the next audit finds p-1 (and a new p-3) missing
+    confirmed = suspects.confirm("run", {"p-1", "p-3"})
+    # Then p-1 is confirmed lost, p-3 is a suspect, p-2 is forgotten
+    assert confirmed == {"p-1"}
+    assert suspects.confirm("run", {"p-2", "p-3"}) == {"p-3"}
+    # and a confirmed prompt (republished) starts over: one more sighting does not confirm it
+    assert suspects.confirm("run", {"p-1"}) == set()
+
+
+def test_a_skipped_audit_ends_the_runs_earlier_sightings(client):
+    # Given p-1 of run a and p-9 of run b missing at one round, kept in Redis with each run's pass
+    a, b = AuditState(client, "a", fresh=60), AuditState(client, "b", fresh=60)
+    a.write(7, {"p-1"})
+    b.write(3, {"p-9"})
+    # When the next round skips run a (its queue too deep to list) and audits run b
+    a.forget()
+    # Then a later sighting of p-1 is its first again, while run b's confirmation stands
+    cursor, suspects = b.read()
+    assert cursor == 3 and Suspects({"b": suspects}).confirm("b", {"p-9"}) == {"p-9"}
+    assert a.read() == (0, set())
+
+
+def test_sightings_further_apart_than_two_rounds_do_not_confirm(client):
+    # Given p-1 missing at a round that is now older than the state stays fresh
+    state = AuditState(client, "a", fresh=0.2)
+    state.write(5, {"p-1"})
+    wait_until(lambda: state.read()[1] == set(), 10, "the round to age")
+    # Then the pass goes on where it was, but p-1's next sighting is its first
+    assert state.read() == (5, set())
+
+
+def test_runs_do_not_confirm_each_others_prompts():
+    suspects = Suspects()
+    suspects.confirm("a", {"p-1"})
+    assert suspects.confirm("b", {"p-1"}) == set()
+
+
+WINDOW = 150.0
+
+
+def test_a_live_worker_accounts_for_the_prompts_it_lists():
+    record = {"started": 0.0}
+    assert accounts("p-1", record, {"p-1"}, 1000.0, now=1000.0, window=WINDOW)
+    # but not for one it does not list, once it has run longer than the window
+    assert not accounts("p-2", record, {"p-1"}, 1000.0, now=1000.0, window=WINDOW)
+
+
+def test_a_worker_restarted_under_the_same_name_accounts_for_its_predecessors_prompts_for_a_window():
+    # (the predecessor's leases run out and its messages go back to the queue within the window)
+    record = {"started": 900.0}
+    assert accounts("p-2", record, set(), 1000.0, now=1000.0, window=WINDOW)
+    assert not accounts("p-2", record, set(), 1100.0, now=1100.0, window=WINDOW)
+
+
+def test_a_silent_worker_accounts_for_its_prompts_until_its_leases_must_have_run_out():
+    assert accounts("p-1", None, set(), last_seen=900.0, now=1000.0, window=WINDOW)
+    assert not accounts("p-1", None, set(), last_seen=800.0, now=1000.0, window=WINDOW)
+    assert not accounts("p-1", None, set(), last_seen=None, now=1000.0, window=WINDOW)

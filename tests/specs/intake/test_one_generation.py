@@ -1,0 +1,59 @@
+"""One generation at a time, on one clock: what a worker lists as held, when a second message is a duplicate,
+and Redis's clock as every process reads it."""
+from __future__ import annotations
+
+import threading
+
+from contract import heartbeats
+from contract.clock import RedisClock
+from workers.intake.deliveries import Started, elsewhere
+
+
+def _beat(client, worker: str, holding: dict[str, list[str]]) -> None:
+    heartbeats.publish(client, worker, [], ttl=30, holding=lambda: holding)
+
+
+def test_a_prompt_is_listed_as_held_from_before_its_intake_until_it_is_settled_or_let_go():
+    started = Started()
+    with started.taking("r", "p1"):
+        assert started.holding() == {"r": ["p1"]}  # its note may be written now
+        started.counted("r", "p1")
+    assert started.holds("r", "p1") and started.holding() == {"r": ["p1"]}
+    started.let_go("r", "p1")  # its lease is left to run out: another worker may start it
+    assert not started.holds("r", "p1") and started.holding() == {}
+    started._settle("r", "p1")
+    with started.taking("r", "p1"):  # taken again later: held again
+        assert started.holds("r", "p1")
+    assert started.holding() == {}
+
+
+def test_a_second_message_is_a_duplicate_only_while_a_live_worker_lists_its_prompt(client):
+    # Given w2, live and generating p1; w3, whose name is in p1's note but whose heartbeat expired
+    _beat(client, "w2", {"r": ["p1"]})
+    # Then a delivery whose note names w2 before it is a duplicate; one naming only a dead
+    # worker or this worker's predecessor is not
+    assert elsewhere(client, "r", "p1", "w1", ["w2"], patience=0) == "w2"
+    assert elsewhere(client, "r", "p1", "w1", ["w3", "w1"], patience=0) is None
+    assert elsewhere(client, "r", "p2", "w1", [], patience=0) is None
+
+
+def test_a_live_worker_that_does_not_list_the_prompt_is_asked_again_by_its_next_heartbeat(client):
+    # Given w2's heartbeat, written before w2's intake of p1 noted it
+    _beat(client, "w2", {"r": []})
+    # When w2's next heartbeat comes while w1 waits, listing p1
+    threading.Timer(0.3, lambda: _beat(client, "w2", {"r": ["p1"]})).start()
+    # Then w1 finds p1 generating on w2
+    assert elsewhere(client, "r", "p1", "w1", ["w2"], patience=10) == "w2"
+    # and when the next heartbeat does not list it either, the delivery goes ahead
+    threading.Timer(0.3, lambda: _beat(client, "w2", {"r": ["p1"]})).start()
+    assert elsewhere(client, "r", "p2", "w1", ["w2"], patience=10) is None
+
+
+def test_heartbeats_are_timed_and_aged_on_redis_clock(client):
+    clock = RedisClock()
+    seconds, micros = client.time()
+    assert abs(clock.now(client) - (seconds + micros / 1e6)) < 1.0
+    _beat(client, "w2", {"r": ["p1"]})
+    (record,) = heartbeats.read_all(client)
+    assert abs(record["at"] - clock.now()) < 1.0
+    assert heartbeats.held(client) == {"r": {"p1"}}

@@ -1,0 +1,1 @@
+"""Specifications of `workers.reporting`: what the worker shows of itself."""

@@ -1,0 +1,251 @@
+"""Affinity: a prompt goes where its prefix is cached, unless that server is loaded beyond the margin.
+
+Given bindings set by hand (the state the health monitor and the tuner would
+have given them), when task threads acquire slots with a preferred server,
+then they land on it while the load guard allows, on the least loaded server
+beyond it, and never on a server that is unhealthy, refused, of another model
+or at its target. The memory of recent prefixes stays bounded whatever the
+run's size, and a conversation's next turn prefers the server the ledger
+recorded for its last turn.
+"""
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from contract.codec import pack_ids
+from contract.conversation_ledger import ConversationLedger
+from contract.conversations import skeleton
+from contract.ledger import Ledger
+from contract.names import ServerState
+from workers.servers.affinity import BLOCK, MAX_BLOCKS, MOVE_AFTER, Affinity, RecentPrefixes, block_keys, load
+from workers.servers.capacity import Load
+from workers.servers.bindings import PENDING_WAIT, ServerPool
+
+from waiting import wait_until
+
+
+def pool(*urls: str, capacity: int = 16, margin: float = 0.125, model: str = "m",
+         pending_wait: float = 0.0) -> ServerPool:
+    """Healthy, preflighted servers of `capacity` (target: capacity + 2), past the start's wait for
+    an unjudged preferred server unless `pending_wait` says otherwise."""
+    p = ServerPool(list(urls), 1024, margin, pending_wait=pending_wait)
+    for binding in p.bindings:
+        binding.state, binding.preflighted, binding.model_path = ServerState.HEALTHY, True, model
+        binding.tuner.reset(capacity)
+    return p
+
+
+def busy(p: ServerPool, **in_flight: int) -> None:
+    for binding in p.bindings:
+        binding.in_flight = in_flight.get(binding.url, 0)
+
+
+def chosen(p: ServerPool, prefer: str | None, avoid: str | None = None, model: str = "m") -> str:
+    with p.acquire(model, 0.05, avoid=avoid, prefer=prefer) as binding:
+        return binding.url
+
+
+def test_the_preferred_server_is_taken_while_its_load_is_within_the_margin_of_the_least_loaded():
+    # Given two servers of capacity 16, margin an eighth (2 requests)
+    p = pool("a", "b")
+    # When the preferred one holds 2 more requests than the other, it keeps the prompt
+    busy(p, a=10, b=8)
+    assert chosen(p, prefer="a") == "a"
+    # and at 3 more (beyond the margin) load wins, as the gateway does
+    busy(p, a=11, b=8)
+    assert chosen(p, prefer="a") == "b"
+
+
+def test_a_tie_goes_to_the_preferred_server_and_no_preference_goes_to_the_least_loaded():
+    p = pool("a", "b", "c")
+    busy(p, a=5, b=5, c=5)
+    assert chosen(p, prefer="c") == "c"
+    busy(p, a=5, b=3, c=5)
+    assert chosen(p, prefer=None) == "b"
+
+
+def test_the_load_guard_counts_what_the_server_reports_beside_this_workers_own_requests():
+    # Given another worker filling server a: this worker holds nothing there, a reports 18 running
+    p = pool("a", "b")
+    p.observe_load(p.bindings[0], Load(running=16, waiting=2))
+    # Then a prompt that prefers a goes to b
+    assert load(p.bindings[0]) == pytest.approx(18 / 16)
+    assert chosen(p, prefer="a") == "b"
+
+
+@pytest.mark.parametrize("state", ["unknown", "loading", "warming", "down", "refused"])
+def test_a_server_that_is_not_healthy_is_never_chosen_for_affinity(state):
+    p = pool("a", "b")
+    p.bindings[0].state = ServerState(state)
+    assert chosen(p, prefer="a") == "b"
+
+
+def test_a_refused_or_unpreflighted_server_or_one_of_another_model_is_never_chosen_for_affinity():
+    p = pool("a", "b")
+    p.bindings[0].refusal = "401 from /generate"
+    assert chosen(p, prefer="a") == "b"
+    p = pool("a", "b")
+    p.bindings[0].preflighted = False
+    assert chosen(p, prefer="a") == "b"
+    p = pool("a", "b")
+    p.bindings[0].model_path = "other"
+    assert chosen(p, prefer="a") == "b"
+
+
+def test_a_retry_avoids_its_failed_server_even_when_its_prefix_is_cached_there():
+    p = pool("a", "b")
+    assert chosen(p, prefer="a", avoid="a") == "b"
+
+
+def test_a_preferred_server_that_is_unknown_to_this_worker_is_no_preference():
+    p = pool("a", "b")
+    busy(p, a=4, b=0)
+    assert chosen(p, prefer="http://elsewhere:30000") == "b"
+
+
+def test_a_prompt_never_exceeds_its_preferred_servers_target_it_waits_for_a_slot_there():
+    # Given a preferred server at its target (18) and another one request below (within the margin)
+    p = pool("a", "b")
+    busy(p, a=18, b=17)
+    landed: list[str] = []
+    waiter = threading.Thread(target=lambda: landed.append(chosen_waiting(p, "a")))
+    waiter.start()
+    wait_until(lambda: p._waiting["a"] == 1, 5, "the prompt waiting for a slot on a")
+    # When a slot frees on a
+    with p._lock:
+        p.bindings[0].in_flight -= 1
+        p._wake(p.bindings[0])
+    waiter.join(5)
+    # Then the waiting prompt took it, and a was never above its target
+    assert landed == ["a"] and p.bindings[0].in_flight == 17
+
+
+def chosen_waiting(p: ServerPool, prefer: str) -> str:
+    with p.acquire("m", 5, prefer=prefer) as binding:
+        assert binding.in_flight <= binding.target
+        return binding.url
+
+
+def test_right_after_the_start_a_prompt_waits_for_its_preferred_server_still_being_judged():
+    # Given a worker just started: b checked and ready, a (the conversation's server) not yet judged
+    p = pool("a", "b", pending_wait=PENDING_WAIT)
+    p.bindings[0].state, p.bindings[0].preflighted = ServerState.UNKNOWN, False
+    landed: list[str] = []
+    waiter = threading.Thread(target=lambda: landed.append(chosen_waiting(p, "a")))
+    waiter.start()
+    wait_until(lambda: p._waiting["a"] == 1, 5, "the prompt waiting for a's first verdict")
+    # When a's health checks and preflight find it ready
+    p.bindings[0].state, p.bindings[0].preflighted = ServerState.HEALTHY, True
+    p.changed()
+    waiter.join(5)
+    # Then the prompt went to a, not to the server checked first
+    assert landed == ["a"]
+    # and a preferred server found loading at first look is not waited for
+    p.bindings[0].state, p.bindings[0].preflighted = ServerState.LOADING, False
+    assert chosen(p, prefer="a") == "b"
+
+
+def test_past_the_start_a_preferred_server_still_being_judged_is_not_waited_for():
+    p = pool("a", "b", pending_wait=0.0)
+    p.bindings[0].state, p.bindings[0].preflighted = ServerState.UNKNOWN, False
+    assert chosen(p, prefer="a") == "b"
+
+
+def test_a_prompt_waiting_for_its_preferred_server_moves_once_another_falls_beyond_the_margin():
+    # Given a prompt waiting for its full preferred server a, b one request below
+    p = pool("a", "b")
+    busy(p, a=18, b=17)
+    landed: list[str] = []
+    waiter = threading.Thread(target=lambda: landed.append(chosen_waiting(p, "a")))
+    waiter.start()
+    wait_until(lambda: p._waiting["a"] == 1, 5, "the prompt waiting for a slot on a")
+    # When b's requests finish until it holds more than the margin less than a
+    for _ in range(2):
+        with p._lock:
+            p.bindings[1].in_flight -= 1
+            p._wake(p.bindings[1])
+    waiter.join(5)
+    # Then load wins: the prompt went to b
+    assert landed == ["b"]
+
+
+def test_the_leading_blocks_of_prompts_that_share_a_prefix_match_and_short_prompts_give_none():
+    system = list(range(1000, 1000 + 3 * BLOCK + 10))
+    one, two = block_keys(system + [1, 2, 3] * 40), block_keys(system + [7, 8, 9] * 40)
+    assert one[:3] == two[:3] and one[3] != two[3]
+    assert block_keys(list(range(BLOCK - 1))) == []
+    assert len(block_keys(list(range(BLOCK * (MAX_BLOCKS + 5))))) == MAX_BLOCKS
+
+
+def test_a_prompt_goes_where_the_longest_run_of_its_leading_blocks_was_last_sent():
+    recent = RecentPrefixes()
+    system = list(range(5000, 5000 + 2 * BLOCK))
+    recent.sent(block_keys(system + list(range(3 * BLOCK))), "a")      # the system prompt and more, to a
+    recent.sent(block_keys(system), "b")                                # the system prompt alone, to b later
+    assert recent.server_for(block_keys(system + list(range(3 * BLOCK)))) == "a"   # the longer match
+    assert recent.server_for(block_keys(system + [9] * BLOCK)) == "b"              # the most recent
+    assert recent.server_for(block_keys(list(range(4 * BLOCK)))) is None
+
+
+def test_the_memory_of_recent_prefixes_is_bounded_and_keeps_the_prefixes_still_sent():
+    recent = RecentPrefixes(entries=256)
+    shared = list(range(90_000, 90_000 + BLOCK))
+    for i in range(2_000):
+        recent.sent(block_keys(shared + [i] * (4 * BLOCK)), f"s{i % 4}")
+        assert len(recent) <= 256
+    assert recent.server_for(block_keys(shared)) == "s3"  # the last server it was sent to
+
+
+def test_a_conversations_next_turn_prefers_the_server_of_its_last_turn_as_the_ledger_records_it(client):
+    # Given a conversation whose turn 0 was stored from server a
+    conversations, ledger = ConversationLedger(client, "r"), Ledger(client, "r")
+    shape = skeleton([{"role": "user", "content": "q0"}, {"role": "user", "content": "q1"}])
+    conversations.register([("c", 2, shape)])
+    ledger.enqueue([("c#0", pack_ids([1, 2, 3]))])
+    ledger.mark_done("c#0", 7, "part-a.parquet")
+    conversations.advance("c", 0, {"role": "assistant", "content": "A0"}, 2, [4, 5], server="http://a")
+    # When any worker routes turn 1
+    route = Affinity().route(client, "r", True, "c#1", [4, 5])
+    # Then it prefers a; a first turn, a run of single prompts, or affinity off prefer nothing
+    assert (route.prefer, route.why) == ("http://a", "conversation")
+    assert Affinity().route(client, "r", True, "c#0", [1, 2, 3]).prefer is None
+    assert Affinity().route(client, "r", False, "c#1", [4, 5]).prefer is None
+    assert Affinity(enabled=False).route(client, "r", True, "c#1", [4, 5]).prefer is None
+
+
+def test_with_affinity_off_a_prompt_is_routed_by_load_alone():
+    affinity = Affinity(enabled=False)
+    prompt = list(range(4 * BLOCK))
+    affinity.sent(affinity.route(None, "r", False, "p", prompt), "a")
+    assert affinity.route(None, "r", False, "q", prompt).prefer is None and len(affinity.prefixes) == 0
+    on = Affinity()
+    on.sent(on.route(None, "r", False, "p", prompt), "a")
+    assert on.route(None, "r", False, "q", prompt).prefer == "a"
+
+
+def test_a_prompt_the_guard_spills_leaves_its_prefix_where_it_was_and_a_down_server_moves_it():
+    # Given a prefix last sent to a
+    p, affinity = pool("a", "b"), Affinity()
+    prompt = list(range(4 * BLOCK))
+    affinity.sent(affinity.route(None, "r", False, "p0", prompt), "a")
+    # When a is loaded beyond the margin, the next prompt of that prefix is spilled to b
+    busy(p, a=12, b=0)
+    route = affinity.route(None, "r", False, "p1", prompt)
+    with p.acquire("m", 0.05, prefer=route.prefer) as binding:
+        assert binding.url == "b"
+        affinity.sent(route, binding.url, p.spilled(route.prefer, binding, "m"))
+    # Then the prefix still points at a, whose cache holds it
+    assert affinity.route(None, "r", False, "p2", prompt).prefer == "a"
+    # but spills in a row (a stays loaded) move it to where they went
+    for i in range(MOVE_AFTER - 1):
+        affinity.sent(affinity.route(None, "r", False, f"s{i}", prompt), "b", spilled=True)
+    assert affinity.route(None, "r", False, "p3", prompt).prefer == "b"
+    affinity.sent(affinity.route(None, "r", False, "p4", prompt), "a")
+    # and once a is down, the prompt that goes to b moves it there at once
+    p.bindings[0].state = ServerState.DOWN
+    route = affinity.route(None, "r", False, "p5", prompt)
+    with p.acquire("m", 0.05, prefer=route.prefer) as binding:
+        affinity.sent(route, binding.url, p.spilled(route.prefer, binding, "m"))
+    assert affinity.route(None, "r", False, "p6", prompt).prefer == "b"

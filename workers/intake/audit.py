@@ -1,0 +1,224 @@
+"""The audit: a queued prompt whose message the broker lost is published again.
+
+kombu's Redis transport takes a message off the queue (BRPOP) before it
+records it as unacknowledged, so a connection that breaks in between, or a
+Redis restart that loses its last writes, can drop a message. The ledger still
+holds the prompt's token ids, so one worker at a time (a Redis lock) looks at
+the prompts a run still holds, a slice of them per round (`FLEET_AUDIT_SLICE`,
+a cursor over the run's pending prompts kept in Redis, so the pass goes on
+whichever worker holds the lock), and finds where each one's message is: in
+its queue, or with a worker its deliveries entry names (`accounted.py`: held
+by a live worker, or in passing with one that died or restarted moments ago;
+a crash between kombu's take and its record, or a failover, can leave a
+prompt that a live worker generates with no message anywhere: it is not lost,
+and starting it again would generate it twice). A prompt missing from all of
+them in two rounds in a row (the run's suspects are kept in Redis with the
+pass) is republished (one on its last allowed delivery, which waits in its
+worker before its note, once no live worker's heartbeat lists it: the only
+read of every heartbeat, and a rare one). A worker that takes such a prompt while another
+still generates it drops the duplicate (`deliveries.elsewhere`). Only runs
+whose queue is short enough to list are audited, so a lost prompt of a deep
+queue is found as the queue drains.
+
+Every read is a bounded slice (a page of HSCAN of 100 prompts, of LRANGE of 200
+messages, of HMGET of 500 fields, of MGET of 50 heartbeats), so no command of
+the audit blocks Redis for long, and a round costs what its slice costs (at
+most one heartbeat read per prompt of it), whatever the fleet's size or what
+is in flight: at 10^6 prompts in flight a pass takes 200 rounds (100 minutes
+at the default 30 s), while a run's last prompts, fewer than a slice, are all
+looked at every round, so a run's end is never held up for long.
+
+The same sweep moves on a conversation (`enqueue --turns all`) whose current
+turn is stored but which has not moved past it in two audits in a row: its
+worker died between storing the turn and queueing the next (`workers/output/turns.py`), once
+the run has at most `FLEET_AUDIT_MAX_QUEUE` conversations in progress (the
+redelivery of the stored turn's message moves most such conversations on first).
+"""
+from __future__ import annotations
+
+import json
+import logging
+import threading
+
+from celery import bootsteps
+
+from contract import deliveries, heartbeats, kombu_redis
+from contract.clock import CLOCK
+from contract.codec import count_ids
+from contract.keys import AUDIT_LOCK, AUDIT_PREFIX, RunKeys, task_id
+from contract.ledger import Ledger
+from contract.publish import publish_prompts
+from contract.spec import run_queues
+
+from ..output import turns
+from .accounted import accounted_for
+from .runtime import get_runtime
+from .specs import cached_spec
+
+log = logging.getLogger(__name__)
+# Pending prompts per HSCAN step: the step reads each prompt's packed ids inside Redis (Redis 7.0
+# has no NOVALUES) to return the names alone; 500 took 2-17 ms of Redis at 1-4 KB of ids a prompt
+# (2 shared cores), 100 under about one.
+PAGE = 100
+
+
+class LostMessageAudit(bootsteps.StartStopStep):
+    requires = {"celery.worker.consumer.tasks:Tasks"}
+
+    def __init__(self, parent, **kwargs):
+        super().__init__(parent, **kwargs)
+        self._stop = threading.Event()
+        self._stalled: dict[str, set[str]] = {}  # run -> conversation turns stored but not moved past
+
+    def start(self, c) -> None:
+        self._stop.clear()
+        threading.Thread(target=self._run, args=(c,), name="fleet-audit", daemon=True).start()
+
+    def stop(self, c) -> None:
+        self._stop.set()
+
+    def _run(self, c) -> None:
+        rt = get_runtime(c.app.fleet_settings, c.hostname)
+        interval = rt.settings.audit_interval
+        while not self._stop.wait(interval):
+            try:
+                if rt.redis.set(AUDIT_LOCK, rt.worker, nx=True, ex=max(1, int(interval))):
+                    self.audit(c.app, rt)
+            except Exception as exc:  # the broker may be restarting: try next time
+                log.warning("lost-message audit skipped: %r", exc)
+
+    def audit(self, app, rt) -> int:
+        """Republish the prompts confirmed lost, of every run with a queue short enough to list;
+        returns how many."""
+        client, s = rt.redis, rt.settings
+        republished = 0
+        for run, queue in run_queues(client, s.queue_prefix).items():
+            self._resume_conversations(app, rt, run)
+            state = AuditState(client, run, fresh=2.5 * s.audit_interval)
+            if not client.hlen(RunKeys(run).token_ids) or kombu_redis.queue_depth(client, queue) > s.audit_max_queue:
+                state.forget()  # a run it skips forgets its suspects (`Suspects`)
+                continue
+            republished += self.audit_run(app, rt, run, queue, state)
+        return republished
+
+    def audit_run(self, app, rt, run: str, queue: str, state: "AuditState") -> int:
+        """One round of a run. The reads go in the order a message moves (queue, then a worker,
+        then done), so a message taken between two reads is seen in the later one; only one moved
+        back (a lapsed lease restored to the queue) can be seen in neither, once (`Suspects`)."""
+        client, s, ledger = rt.redis, rt.settings, Ledger(rt.redis, run)
+        cursor, suspects = state.read()
+        queued = _task_ids(kombu_redis.queued_messages(client, queue))
+        cursor, page = _slice(ledger, cursor, s.audit_slice)
+        candidates = sorted(p for p in set(page) | suspects if task_id(run, p) not in queued)
+        window = s.lease_seconds + s.restore_interval + 2 * s.audit_interval
+        held = accounted_for(client, run, candidates, window)
+        unaccounted = [p for p in candidates if p not in held]
+        missing = {p for p, pending in zip(unaccounted, ledger.pending(unaccounted)) if pending}
+        confirmed = Suspects({run: suspects}).confirm(run, missing)
+        if last_chance(client, run, confirmed, s.max_deliveries):  # rare: read every live heartbeat
+            confirmed -= heartbeats.held(client).get(run, set())
+        state.write(cursor, missing - confirmed)
+        return self._republish(app, client, run, queue, confirmed)
+
+    def _resume_conversations(self, app, rt, run: str) -> None:
+        """A conversation whose current turn is stored but which has not moved on in two audits
+        in a row lost its worker between the two steps: move it on here."""
+        try:
+            spec = cached_spec(rt.settings.redis_url, run)
+        except LookupError:
+            return
+        if spec.turns != "all" or rt.redis.hlen(RunKeys(run).conversation_at) > rt.settings.audit_max_queue:
+            return  # a run with more conversations in progress is swept as it drains
+        found = turns.stalled(rt, spec)
+        turns.resume(app, rt, spec, found & self._stalled.get(run, set()))
+        self._stalled[run] = found
+
+    def _republish(self, app, client, run: str, queue: str, confirmed: set[str]) -> int:
+        if not confirmed:
+            return 0
+        ordered, batch = sorted(confirmed), []
+        for start in range(0, len(ordered), PAGE):  # packed ids: a page at a time
+            page = ordered[start:start + PAGE]
+            batch += [(pid, count_ids(raw), None) for pid, raw in zip(page, client.hmget(RunKeys(run).token_ids, page))
+                      if raw]
+        publish_prompts(app, run, queue, batch)
+        log.warning("audit: republished %d prompts of run %s whose messages were lost: %s",
+                    len(batch), run, ", ".join(p for p, _, _ in batch[:10]))
+        return len(batch)
+
+
+def last_chance(client, run: str, prompt_ids: set[str], most: int) -> bool:
+    """Whether one of these prompts is on its last allowed delivery (`deliveries.py`): that one
+    waits in its worker, listed in its heartbeat but not yet noted, to run alone."""
+    ordered = sorted(prompt_ids)
+    return any(len(deliveries.names(raw)) >= most for start in range(0, len(ordered), 500)
+               for raw in client.hmget(RunKeys(run).deliveries, ordered[start:start + 500]))
+
+
+def _slice(ledger: Ledger, cursor: int, size: int) -> tuple[int, list[str]]:
+    """Up to about `size` pending prompts from `cursor` on, a page of HSCAN at a time; the cursor
+    to go on from (0: the pass is over, the next round starts another)."""
+    found: list[str] = []
+    while len(found) < size:
+        cursor, page = ledger.pending_page(cursor, min(PAGE, size))
+        found += page
+        if cursor == 0:
+            break
+    return cursor, found
+
+
+class AuditState:
+    """A run's audit between rounds, in Redis (whichever worker holds the lock goes on): the
+    cursor of its pass over the pending prompts, and the prompts the last round found missing,
+    forgotten when that round is older than `fresh` seconds (two rounds in a row, never longer
+    apart: `Suspects`)."""
+
+    def __init__(self, client, run: str, fresh: float):
+        self.client, self.key, self.fresh = client, AUDIT_PREFIX + run, fresh
+
+    def read(self) -> tuple[int, set[str]]:
+        cursor, suspects, at = self.client.hmget(self.key, ["cursor", "suspects", "at"])
+        recent = at is not None and CLOCK.now(self.client) - float(at) <= self.fresh
+        return int(cursor or 0), set(json.loads(suspects)) if suspects and recent else set()
+
+    def write(self, cursor: int, suspects: set[str]) -> None:
+        with self.client.pipeline(transaction=False) as pipe:
+            pipe.hset(self.key, mapping={"cursor": cursor, "suspects": json.dumps(sorted(suspects)),
+                                         "at": CLOCK.now(self.client)})
+            pipe.expire(self.key, max(1, int(4 * self.fresh)))
+            pipe.execute()
+
+    def forget(self) -> None:
+        self.client.delete(self.key)
+
+
+class Suspects:
+    """Prompts an audit found with no message anywhere, per run, until the run's next audit.
+
+    A prompt is confirmed lost only when the very next audit of its run still finds it
+    missing: a message in passing (taken from the queue and not yet recorded as
+    unacknowledged, or recorded by a producer and not yet published) is missing once. A run
+    an audit skips (its queue too deep to list, or the run gone) forgets its suspects:
+    otherwise prompts of a run's first batch, missing while the producer published it, could
+    stay suspects while the queue is deep and be confirmed, and started twice, by one passing
+    sighting minutes later.
+    """
+
+    def __init__(self, by_run: dict[str, set[str]] | None = None) -> None:
+        self._by_run: dict[str, set[str]] = {run: set(found) for run, found in (by_run or {}).items()}
+
+    def confirm(self, run: str, missing: set[str]) -> set[str]:
+        """The prompts of `run` missing now and at the run's previous audit; the others
+        missing now are the suspects of the next one."""
+        confirmed = missing & self._by_run.get(run, set())
+        self._by_run[run] = missing - confirmed
+        return confirmed
+
+
+def _task_ids(messages) -> set[str]:
+    ids = set()
+    for message in messages:
+        headers = message.get("headers") or {}
+        if headers.get("id"):
+            ids.add(headers["id"])
+    return ids

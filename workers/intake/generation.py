@@ -1,0 +1,398 @@
+"""One prompt, from token ids to a durable sample or a dead letter.
+
+The attempt loop lives here rather than in Celery retries: retries would go
+back through the broker with an ETA (and its visibility-timeout pitfalls),
+while a loop in the task thread keeps the prompt leased to this worker and can
+move it to another healthy server at once.
+
+Storage is never the prompt's fault: a prompt taken while the output storage
+fails goes back to the queue before it is generated, a finished sample waits
+for its shard while the writer retries, and a wait that outlasts
+`FLEET_SHARD_COMMIT_TIMEOUT` gives the prompt back (its sample withdrawn)
+rather than dead-lettering it. Only a sample the shard schema cannot hold
+(`BadSample`) is the prompt's own `bad_output`.
+"""
+from __future__ import annotations
+
+import logging
+import random
+import time
+from concurrent.futures import Future, TimeoutError as CommitTimeout
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Callable
+
+from ..servers import cache_hits
+from ..reporting import metrics
+from contract.codec import ids_to_b64
+from contract.deadletters import DeadLetter, DeadLetters
+from contract.names import PromptState, Reason
+from contract.schema import Sample
+from contract.spec import RunSpec
+
+from ..servers.affinity import NO_ROUTE, Route
+from ..servers.answers import BadOutput, answer_cap, id_bound
+from ..servers.preflight import credentials_refusal
+from .runtime import Runtime
+from ..servers.bindings import NoServer, ServerBinding
+from .specs import cached_spec
+from ..output.shards import BadSample, StorageUnavailable
+from ..servers.sglang_client import (GatewayOutage, Generation, ServerCut, ServerRefused, ServerRejected,
+                            ServerUnavailable, TransientError, generate)
+from ..output.turns import turn_columns
+from ..output.verify import Verdict, think_positions, verify
+
+log = logging.getLogger(__name__)
+
+
+Submit = Callable[[str, Sample], Future]  # hands a run's sample to the shard writer
+
+
+class GiveBack(Exception):
+    """No healthy server came free: the prompt goes back to the queue untouched."""
+
+
+@dataclass
+class Attempts:
+    """What happened to one prompt so far, for its sample or dead letter."""
+    transient: int = 0
+    unavailable: int = 0
+    refused: int = 0
+    cut: int = 0  # requests ended because their server was marked down: not attempts
+    last_bad_output: dict | None = None  # the excerpt, when the last failure was a bad answer
+    resampled: bool = False
+    servers: list[str] = field(default_factory=list)
+    last_error: str = ""
+    started_at: float = field(default_factory=time.time)
+
+    @property
+    def total(self) -> int:
+        return len(self.servers)
+
+
+def process_prompt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int],
+                   max_new_tokens: int | None, submit: Submit) -> str:
+    """Generate, verify and store one prompt (its sample handed to the shard writer through
+    `submit`); returns where it ended up."""
+    _check_storage(rt, prompt_id)
+    sampling = dict(spec.sampling)
+    if max_new_tokens:
+        sampling["max_new_tokens"] = max_new_tokens
+    tries = Attempts()
+    route = rt.affinity.route(rt.redis, spec.name, spec.turns == "all", prompt_id, prompt_ids)
+    try:
+        while True:
+            generation = _generation(rt, spec, prompt_id, prompt_ids, sampling, tries, route)
+            verdict = verify(generation.output_ids, generation.meta_info, len(prompt_ids), spec)
+            if verdict.ok:
+                return _store(rt, spec, prompt_id, prompt_ids, tries, generation, verdict, submit)
+            if rt.settings.resample_on_verify_failure and not tries.resampled:
+                tries.resampled = True
+                continue
+            metrics.VERIFY_FAILURES.labels(verdict.reason).inc()
+            raise Unfit(_dead(rt, spec, prompt_id, prompt_ids, generation.sampling, tries,
+                              verdict.reason, verdict.message, generation))
+    except Unfit as exc:
+        return bury(rt, exc.letter)
+
+
+class Unfit(Exception):
+    """The prompt ends as this dead letter (raised out of the request loop, buried by its caller)."""
+
+    def __init__(self, letter: DeadLetter):
+        super().__init__(f"{letter.reason}: {letter.message}")
+        self.letter = letter
+
+
+class Buried(str):
+    """What a task returns for a prompt it dead-lettered: the task raises `DeadLettered`
+    from it, so Flower and Celery's events show the prompt as failed with its reason."""
+
+    def __new__(cls, letter: DeadLetter) -> "Buried":
+        buried = super().__new__(cls, f"dead: {letter.reason}")
+        buried.reason, buried.message = str(letter.reason), letter.message
+        return buried
+
+
+class DeadLettered(Exception):
+    """A task's failure that Celery must not retry: the prompt is in the dead-letter queue.
+    Its args are its constructor's, so Celery's pickle check keeps it as itself (an expected
+    failure, in the task's `throws`) rather than wrapping it as an unexpected one."""
+
+    def __init__(self, reason: str, message: str):
+        super().__init__(reason, message)
+        self.reason, self.message = reason, message
+
+    def __str__(self) -> str:
+        return f"{self.reason}: {self.message}"
+
+    def __repr__(self) -> str:  # what Flower shows of a failed task
+        return f"{type(self).__name__}({str(self)!r})"
+
+
+def bury(rt: Runtime, letter: DeadLetter, forgotten: bool = False) -> str:
+    """Every dead letter goes through here: stored unless the prompt is already done,
+    counted in the metrics, logged. `forgotten`: the ledger lost the prompt (see `Ledger.bury`)."""
+    letter.excerpt.update(_turn_of(rt, letter))
+    found = DeadLetters(rt.redis, letter.run).put(letter, forgotten)
+    if found == PromptState.DONE or found is None:
+        log.warning("prompt %s is %s: its %s failure (%s) is not dead-lettered", letter.id,
+                    "already stored" if found else "not in the ledger", letter.reason, letter.message)
+        return f"not dead-lettered: prompt is {found or 'unknown'}"
+    if found == PromptState.QUEUED:
+        metrics.PROMPTS.labels(letter.run, "dead").inc()
+    metrics.DEAD_LETTERS.labels(letter.reason).inc()
+    log.info("prompt %s of run %s dead-lettered, %s: %s; details: python -m producer dead show %s --run %s",
+             letter.id, letter.run, letter.reason, letter.message, letter.id, letter.run)
+    return Buried(letter)
+
+
+def _turn_of(rt: Runtime, letter: DeadLetter) -> dict:
+    """A conversation turn's dead letter names its conversation and turn index."""
+    try:
+        return turn_columns(cached_spec(rt.settings.redis_url, letter.run), letter.id)
+    except (LookupError, ValueError):
+        return {}
+
+
+def _check_storage(rt: Runtime, prompt_id: str) -> None:
+    """No generation whose sample could not be stored: the prompt goes back untouched."""
+    storage = rt.shards.storage
+    if not storage.up:
+        raise GiveBack(f"prompt {prompt_id} not started: storage failing since "
+                       f"{datetime.fromtimestamp(storage.since, timezone.utc):%H:%M:%S} UTC ({storage.last_error})")
+
+
+def _store(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], tries: Attempts,
+           generation: Generation, verdict: Verdict, submit: Submit) -> str:
+    """Into a shard, which the writer marks done in the ledger with the rest of its group
+    (`reconcile.ShardBook`); a sample no shard can hold is the prompt's bad_output."""
+    row = _row(rt, spec, prompt_id, prompt_ids, tries, generation, verdict)
+    try:
+        return _commit(rt, spec.name, prompt_id, row, submit)
+    except BadSample as exc:
+        return bury(rt, _dead(rt, spec, prompt_id, prompt_ids, generation.sampling, tries,
+                              Reason.BAD_OUTPUT, f"its sample cannot be stored: {exc}", generation))
+
+
+def _commit(rt: Runtime, run: str, prompt_id: str, row: Sample, submit: Submit) -> str:
+    """Wait for the shard that holds `row` (durable, and done in the ledger), at most
+    FLEET_SHARD_COMMIT_TIMEOUT at a time; past that the sample is withdrawn and the prompt
+    goes back to the queue, never to the dead letters. A sample whose write has begun gets
+    one more deadline before the prompt goes back."""
+    try:
+        future = submit(run, row)
+    except StorageUnavailable as exc:  # the worker is shutting down
+        raise GiveBack(str(exc)) from exc
+    timeout = rt.settings.shard_commit_timeout
+    for _ in range(2):
+        try:
+            return _wait(future, timeout)
+        except CommitTimeout:
+            if rt.shards.withdraw(future):
+                storage = rt.shards.storage
+                log.warning("prompt %s: no shard took its sample within %.0fs (storage %s, last error: %s); "
+                            "sample withdrawn, prompt given back", prompt_id, timeout,
+                            "up" if storage.up else "failing", storage.last_error or "none")
+                raise GiveBack(f"shard commit not done within {timeout:.0f}s") from None
+    log.warning("prompt %s: its shard write has not finished after %.0fs; prompt given back (its "
+                "sample may yet be stored and marked done: the ledger counts it once)", prompt_id, 2 * timeout)
+    raise GiveBack(f"shard commit not done within {2 * timeout:.0f}s")
+
+
+def _wait(future, timeout: float) -> str:
+    try:
+        return future.result(timeout)
+    except StorageUnavailable as exc:  # the writer closed while storage was failing
+        raise GiveBack(str(exc)) from exc
+
+
+def _generation(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], sampling: dict,
+                tries: Attempts, route: Route = NO_ROUTE) -> Generation:
+    """Requests until a server answers. Raises `Unfit` when the prompt ends as a dead letter,
+    `GiveBack` when no usable server is left.
+
+    Every way round the loop spends a budget or shrinks the choice of servers:
+    transient failures and bad answers `max_attempts`, connection failures
+    `max_unavailable`, a refusal of our credentials refuses that server, and a
+    cut follows its server's going down; no usable server gives the prompt back
+    to the queue. `route` names the server the prompt's prefix is cached on, which it takes
+    while the load guard allows (`workers/servers/affinity.py`).
+    """
+    s = rt.settings
+    while True:
+        avoid = tries.servers[-1] if tries.servers else None
+        try:
+            with rt.pool.acquire(spec.served_model, s.server_wait, avoid=avoid, prefer=route.prefer) as binding:
+                rt.affinity.sent(route, binding.url, rt.pool.spilled(route.prefer, binding, spec.served_model))
+                too_long = prompt_too_long(len(prompt_ids), binding.max_model_len, binding.max_input_len)
+                if too_long:
+                    raise Unfit(_dead(rt, spec, prompt_id, prompt_ids, sampling, tries, Reason.PROMPT_TOO_LONG,
+                                      f"{too_long} of {binding.url}"))
+                tries.servers.append(binding.url)
+                sent = fit_context(sampling, len(prompt_ids), binding.max_model_len)
+                with metrics.LATENCY.labels(binding.url).time():
+                    generation = generate(rt.http, binding.url, prompt_ids, sent, prompt_id,
+                                          timeout=s.request_timeout,
+                                          max_bytes=answer_cap(sent.get("max_new_tokens"), s.max_answer_bytes),
+                                          id_bound=id_bound(spec.vocab_size, binding.vocab_size))
+                rt.pool.observe_answer(binding, generation.meta_info)  # the server's load, for its tuner
+                cache_hits.observe(binding.url, len(prompt_ids), generation.cached_tokens)
+                return generation
+        except NoServer as exc:
+            raise GiveBack(str(exc)) from exc
+        except ServerRejected as exc:
+            raise Unfit(_dead(rt, spec, prompt_id, prompt_ids, sampling, tries, Reason.SERVER_REJECTED,
+                              str(exc))) from exc
+        except ServerRefused as exc:
+            _refused(rt, spec, binding, exc, tries)
+        except ServerCut as exc:
+            _cut(rt, spec, exc, tries)
+        except GatewayOutage as exc:
+            _outage(rt, spec, binding, exc, tries)
+        except ServerUnavailable as exc:
+            rt.monitor.suspect(binding, str(exc))
+            tries.last_bad_output = None
+            if not _pause(tries, str(exc), 0.5, 5.0, transient=False, limit=s.max_unavailable):
+                raise Unfit(_server_error(rt, spec, prompt_id, prompt_ids, sampling, tries)) from exc
+        except (TransientError, BadOutput) as exc:
+            bad = isinstance(exc, BadOutput)
+            tries.last_bad_output = {**exc.excerpt, "server": binding.url} if bad else None
+            error = f"{binding.url}: bad output: {exc}" if bad else str(exc)
+            if not _pause(tries, error, s.retry_backoff, s.retry_backoff_max, transient=True,
+                          limit=s.max_attempts):
+                raise Unfit(_server_error(rt, spec, prompt_id, prompt_ids, sampling, tries)) from exc
+
+
+def _refused(rt: Runtime, spec: RunSpec, binding: ServerBinding, exc: ServerRefused,
+             tries: Attempts) -> None:
+    """The server refused our credentials on /generate: refuse it, and try another server (return)
+    or give the prompt back (raise), without spending its budget (the prompt is not at fault)."""
+    rt.monitor.refuse(binding, credentials_refusal(exc.status, "/generate", rt.settings.sglang_api_key is not None))
+    tries.refused += 1
+    if not rt.pool.usable(spec.served_model) or tries.refused >= len(rt.pool.bindings):
+        raise GiveBack(f"{exc}; no other usable server")
+
+
+def _cut(rt: Runtime, spec: RunSpec, exc: ServerCut, tries: Attempts) -> None:
+    """The server was marked down while this request waited there (a wedged engine): the request
+    was no attempt (it is taken off the prompt's list and spends no budget), and the prompt goes
+    to another server at once, or back to the queue when none is usable."""
+    tries.servers.pop()
+    tries.cut += 1
+    log.info("%s; trying another server", exc)
+    if not rt.pool.usable(spec.served_model):
+        raise GiveBack(f"{exc}; no other usable server")
+
+
+def _outage(rt: Runtime, spec: RunSpec, binding: ServerBinding, exc: GatewayOutage, tries: Attempts) -> None:
+    """The gateway answered that no worker can take a request: the binding is paused like a server
+    that is down (health brings it back once a request goes through), the request was no attempt,
+    and the prompt goes to another server at once, or back to the queue when none is usable."""
+    rt.monitor.outage(binding, str(exc))
+    tries.servers.pop()
+    tries.cut += 1
+    if not rt.pool.usable(spec.served_model):
+        raise GiveBack(f"{exc}; no other usable server")
+
+
+def prompt_too_long(prompt_len: int, context: int | None, max_input: int | None) -> str | None:
+    """Why SGLang would refuse this prompt whatever its budget, or None. Its tokenizer refuses
+    prompt + budget >= context (so a prompt needs context - 1 tokens at most, to leave one for
+    the answer) and its scheduler a prompt of `max_req_input_len` tokens or more."""
+    if context and prompt_len >= context - 1:
+        return f"{prompt_len} prompt tokens leave no room for an answer in the context of {context} tokens"
+    if max_input and prompt_len >= max_input:
+        return f"{prompt_len} prompt tokens reach the longest input allowed, {max_input} tokens (max_req_input_len)"
+    return None
+
+
+def fit_context(sampling: dict, prompt_len: int, context: int | None) -> dict:
+    """SGLang refuses (400) a request whose prompt plus an explicit budget reaches the context
+    (`>=`, its tokenizer manager's check); the budget is cut to what fits, and the sample
+    records it. Behind a gateway the 400s would also open its circuit breakers."""
+    if context and sampling.get("max_new_tokens", 0) > context - prompt_len - 1:
+        return {**sampling, "max_new_tokens": context - prompt_len - 1}
+    return sampling
+
+
+def _pause(tries: Attempts, error: str, base: float, cap: float, *, transient: bool,
+           limit: int) -> bool:
+    """Count a failed request and sleep with full jitter; False (no sleep) once the budget is spent."""
+    tries.last_error = error
+    if transient:
+        tries.transient += 1
+        count = tries.transient
+    else:
+        tries.unavailable += 1
+        count = tries.unavailable
+    if count >= limit:
+        return False
+    metrics.RETRIES.labels("transient" if transient else "unavailable").inc()
+    time.sleep(random.uniform(0, min(cap, base * 2 ** (count - 1))))
+    return True
+
+
+def _server_error(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int],
+                  sampling: dict, tries: Attempts) -> DeadLetter:
+    """The budget is spent: `bad_output` when the last answer was a bad one, else `server_error`."""
+    message = f"gave up after {tries.total} requests; last error: {tries.last_error}"
+    reason = Reason.SERVER_ERROR if tries.last_bad_output is None else Reason.BAD_OUTPUT
+    return _dead(rt, spec, prompt_id, prompt_ids, sampling, tries, reason, message,
+                 excerpt=tries.last_bad_output)
+
+
+def _dead(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], sampling: dict,
+          tries: Attempts, reason: str, message: str,
+          generation: Generation | None = None, excerpt: dict | None = None) -> DeadLetter:
+    excerpt = dict(excerpt or {})
+    if generation is not None:
+        out = generation.output_ids
+        excerpt = {
+            "output_len": len(out),
+            "last_output_ids": out[-64:],
+            "first_output_ids": out[:16],
+            "finish_reason": generation.meta_info.get("finish_reason"),
+            "completion_tokens": generation.meta_info.get("completion_tokens"),
+            "prompt_tokens_seen": generation.meta_info.get("prompt_tokens"),
+            "server": generation.server,
+            **think_positions(out, spec),
+        }
+    return DeadLetter(
+        id=prompt_id, run=spec.name, reason=reason, message=message, attempts=tries.total,
+        servers=sorted(set(tries.servers)), worker=rt.worker, prompt_b64=ids_to_b64(prompt_ids),
+        prompt_tokens=len(prompt_ids), sampling=sampling, excerpt=excerpt,
+        first_attempt_at=tries.started_at,
+    )
+
+
+def _row(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], tries: Attempts,
+         generation: Generation, verdict: Verdict) -> Sample:
+    out, meta, sampling = generation.output_ids, generation.meta_info, generation.sampling
+    finish = meta.get("finish_reason") or {}
+    matched = finish.get("matched") if isinstance(finish, dict) else None
+    binding_model = next((b.model_path for b in rt.pool.bindings if b.url == generation.server), None)
+    return Sample(
+        id=prompt_id,
+        input_ids=prompt_ids + out,
+        prompt_len=len(prompt_ids),
+        output_len=len(out),
+        finish_reason=finish.get("type") if isinstance(finish, dict) else str(finish),
+        stop_token=matched if isinstance(matched, int) else None,
+        think_end_index=None if verdict.think_end_pos is None else len(prompt_ids) + verdict.think_end_pos,
+        run=spec.name,
+        server=generation.server,
+        model=binding_model,
+        max_new_tokens=sampling.get("max_new_tokens"),
+        temperature=sampling.get("temperature"),
+        top_p=sampling.get("top_p"),
+        attempts=tries.total,
+        worker=rt.worker,
+        tokenizer_fingerprint=spec.tokenizer_fingerprint,
+        template_fingerprint=spec.template_fingerprint,
+        e2e_latency=meta.get("e2e_latency"),
+        started_at=datetime.fromtimestamp(tries.started_at, timezone.utc),
+        finished_at=datetime.now(timezone.utc),
+        **turn_columns(spec, prompt_id),
+        cached_tokens=generation.cached_tokens,
+    )

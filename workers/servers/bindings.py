@@ -1,0 +1,271 @@
+"""Server bindings: the SGLang servers a worker sends to, and their true state.
+
+Health is the HTTP status of `GET /health` (SGLang answers 200 with an empty
+body, 503 while warming up, and refuses connections while loading), never its
+body. A server that answers is then checked once before its first prompt
+(preflight): the model it serves, whether it truncates prompts on its own, its
+context length. A server that refuses the worker's credentials, at preflight or
+on `/generate`, is refused until it goes down and comes back.
+
+Routing picks, among the usable servers below their own in-flight target
+(`workers/servers/capacity.py`: the server's running batch plus a short queue), the
+least loaded (`affinity.load`: its requests as a share of its capacity, this
+worker's in flight there plus the other clients' the server last reported),
+so a batch-64 and a batch-256 server behind one worker each get their fill;
+unless the prompt prefers a server (`workers/servers/affinity.py`: its conversation's
+or its prefix's) whose load is within the margin of the least loaded's, which
+it then takes, or waits for a slot there. A waiting thread waits on its
+preferred server's condition (or on the pool's, without one), so a freed slot
+wakes a thread that wants that server, else one that wants any, else one
+whose preferred server is now beyond the margin. A preferred server this worker
+has not judged yet (its first health checks and preflight still under way,
+as right after a worker starts: the gate opens on the first usable server)
+is waited for, up to `PENDING_WAIT` seconds from the pool's start, rather
+than passed over: a restarted worker otherwise sent a conversation's next
+turn to whichever server its health thread checked first (2 of 8
+conversations moved in one CI run). A binding may be SGLang's model
+gateway (`gateway_workers` set by the preflight): one server to the fleet,
+whose capacity is the sum of its workers'.
+"""
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Iterator
+
+from contract.connections import redact_url
+from contract.names import ServerState
+
+from . import affinity
+from .capacity import Load, Tuner, load_from_meta
+
+log = logging.getLogger(__name__)
+
+PENDING_WAIT = 15.0  # seconds after the pool's start that a prompt waits for its unjudged preferred server
+
+UNKNOWN, LOADING, WARMING, HEALTHY = ServerState.UNKNOWN, ServerState.LOADING, ServerState.WARMING, ServerState.HEALTHY
+DOWN, REFUSED = ServerState.DOWN, ServerState.REFUSED
+
+
+@dataclass
+class ServerBinding:
+    url: str
+    state: ServerState = UNKNOWN
+    in_flight: int = 0
+    failures: int = 0
+    successes: int = 0
+    model_path: str | None = None
+    served_model_name: str | None = None
+    max_model_len: int | None = None
+    max_input_len: int | None = None  # the scheduler's max_req_input_len, where reported
+    reasoning_parser: str | None = None
+    vocab_size: int | None = None  # where the server reports one
+    refusal: str | None = None
+    unread: str | None = None  # what the preflight could not read that the context length depends on
+    last_error: str | None = None
+    checked_at: float = 0.0
+    preflighted: bool = False
+    sent: int = field(default=0)
+    tuner: Tuner = field(default_factory=lambda: Tuner(bound=1024))
+    gateway_workers: list[str] | None = None  # a model gateway: the workers it routes to
+    dp_size: int = 1
+    reported: tuple[int, float] | None = None  # others' requests the server last reported, when (monotonic)
+    last_load: Load | None = None  # the server's last reported running and waiting counts
+
+    @property
+    def capacity(self) -> int | None:
+        return self.tuner.capacity
+
+    @property
+    def target(self) -> int:
+        return self.tuner.target
+
+    @property
+    def sharers(self) -> int:
+        return self.tuner.sharers
+
+    @property
+    def answers_carry_load(self) -> bool:
+        """An answer's meta_info counts are its own rank's: the whole server's only when it has one."""
+        return self.gateway_workers is None and self.dp_size == 1
+
+    @property
+    def usable(self) -> bool:
+        return self.state == HEALTHY and self.preflighted and self.refusal is None
+
+    @property
+    def unjudged(self) -> bool:
+        """Its first verdict still to come: never probed, or up but its preflight not yet done
+        (a probe that fails at first look gives a verdict at once: `health.observe`)."""
+        return self.refusal is None and not self.preflighted and self.state in (UNKNOWN, HEALTHY)
+
+    def serves(self, model: str | None) -> bool:
+        return model is None or model in (self.model_path, self.served_model_name)
+
+    def models(self) -> set[str]:
+        return {m for m in (self.model_path, self.served_model_name) if m}
+
+    def snapshot(self) -> dict:
+        keep = ("url", "state", "in_flight", "capacity", "target", "sharers", "model_path", "served_model_name",
+                "max_model_len", "reasoning_parser", "refusal", "last_error", "checked_at", "sent")
+        found = {k: getattr(self, k) for k in keep}
+        if self.gateway_workers is not None:
+            found["gateway_workers"] = len(self.gateway_workers)
+        return found
+
+
+class NoServer(Exception):
+    """No healthy server for this prompt's model came free in time."""
+
+
+class ServerPool:
+    """The bindings of one worker process, shared by its task threads."""
+
+    def __init__(self, urls: list[str], max_inflight: int, margin: float = affinity.DEFAULT_MARGIN,
+                 pending_wait: float = PENDING_WAIT):
+        # Recorded redacted: credentials in a URL travel only in workers/servers/auth.py.
+        # `max_inflight` (FLEET_MAX_INFLIGHT_PER_SERVER) bounds every binding's tuned target;
+        # `margin` (FLEET_AFFINITY_MARGIN) is the load guard of a preferred server.
+        self.bindings = [ServerBinding(redact_url(u), tuner=Tuner(bound=max_inflight)) for u in urls]
+        self.margin = margin
+        self._pending_until = time.monotonic() + pending_wait
+        self._lock = threading.Lock()
+        # Threads waiting for a slot: on their preferred server's condition, or on None's (any server).
+        self._conds = {key: threading.Condition(self._lock) for key in [None, *(b.url for b in self.bindings)]}
+        self._waiting = dict.fromkeys(self._conds, 0)
+
+    def usable(self, model: str | None = None) -> list[ServerBinding]:
+        return [b for b in self.bindings if b.usable and b.serves(model)]
+
+    def healthy_models(self) -> set[str]:
+        return set().union(*(b.models() for b in self.bindings if b.usable))
+
+    def any_usable(self) -> bool:
+        return any(b.usable for b in self.bindings)
+
+    def spilled(self, prefer: str | None, chosen: ServerBinding, model: str | None) -> bool:
+        """Whether the load guard sent a prompt to `chosen` though its preferred server could take it."""
+        return prefer is not None and chosen.url != prefer and any(b.url == prefer for b in self.usable(model))
+
+    @contextmanager
+    def acquire(self, model: str | None, wait: float, avoid: str | None = None,
+                prefer: str | None = None) -> Iterator[ServerBinding]:
+        """Hold a slot on the preferred server while the load guard allows it, else on the
+        least-loaded usable server, waiting up to `wait` seconds."""
+        deadline = time.monotonic() + wait
+        with self._lock:
+            while True:
+                chosen, hold_for = self._pick(model, avoid, prefer)
+                if chosen:
+                    break
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise NoServer(f"no healthy server for model {model or 'any'} within {wait:.0f}s")
+                # Every change that can free a slot notifies (a release, a new target, each health
+                # round): no timed re-check, which at 2,048 in flight woke ~500 waiters a second.
+                self._waiting[hold_for] += 1
+                try:
+                    self._conds[hold_for].wait(left)
+                finally:
+                    self._waiting[hold_for] -= 1
+            chosen.in_flight += 1
+            chosen.sent += 1
+        try:
+            yield chosen
+        finally:
+            with self._lock:
+                chosen.in_flight -= 1
+                self._wake(chosen)
+
+    def _pick(self, model: str | None, avoid: str | None,
+              prefer: str | None) -> tuple[ServerBinding | None, str | None]:
+        """(the server to take now, or None and the server whose slot to wait for: None for any)."""
+        candidates = self.usable(model)
+        if prefer is not None and prefer != avoid and self._pending(prefer):
+            return None, prefer
+        held = affinity.sticky(prefer, candidates, self.margin, avoid)
+        if held is not None:
+            return (held, None) if held.in_flight < held.target else (None, held.url)
+        free = [b for b in candidates if b.in_flight < b.target]
+        if not free:
+            return None, None
+        others = [b for b in free if b.url != avoid]
+        now = time.monotonic()  # least loaded as the guard counts load: other workers' requests too
+        return min(others or free, key=lambda b: (affinity.load(b, now), b.in_flight / b.target, -b.target)), None
+
+    def _pending(self, url: str) -> bool:
+        """The preferred server is still being judged, early in this pool's life (see the module docstring)."""
+        if time.monotonic() > self._pending_until:
+            return False
+        return any(b.url == url and b.unjudged for b in self.bindings)
+
+    def _wake(self, freed: ServerBinding) -> None:
+        """A slot came free on `freed`: wake one thread that wants it, else one that takes any
+        server, else one holding out for a server now beyond the margin over this one."""
+        for key in (freed.url, None):
+            if self._waiting[key]:
+                self._conds[key].notify()
+                return
+        spare = affinity.load(freed)
+        for binding in self.bindings:
+            if self._waiting[binding.url] and affinity.load(binding) - spare > self.margin:
+                self._conds[binding.url].notify()
+                return
+
+    def _notify_all(self) -> None:
+        for cond in self._conds.values():
+            cond.notify_all()
+
+    def targets(self) -> int:
+        """Requests this worker means to keep in flight now, over its usable servers."""
+        return sum(b.target for b in self.bindings if b.usable)
+
+    def reset_capacity(self, binding: ServerBinding, capacity: int | None) -> None:
+        """A (re)started server: its capacity as just read, its target from scratch."""
+        with self._lock:
+            binding.tuner.reset(capacity)
+            self._notify_all()
+
+    def shared_by(self, counts: dict[str, int]) -> None:
+        """The live workers bound to each server (`workers/servers/sharers.py`): sets the start's share."""
+        with self._lock:
+            moved = [b for b in self.bindings if b.url in counts and b.tuner.shared_by(counts[b.url])]
+            for binding in moved:
+                log.info("server %s: shared by %d workers, so %d in flight to start", binding.url,
+                         binding.sharers, binding.target)
+            if moved:
+                self._notify_all()
+
+    def observe_load(self, binding: ServerBinding, load: Load, now: float | None = None) -> None:
+        """A load report for the whole server: may move its target (and wake threads waiting for room)."""
+        now = time.monotonic() if now is None else now
+        with self._lock:
+            binding.reported = (affinity.others(load.running, load.waiting, binding.in_flight), now)
+            binding.last_load = load
+            if binding.tuner.observe(load, binding.in_flight, now):
+                log.info("server %s: %d in flight now (capacity %s, load %d running / %d waiting)",
+                         binding.url, binding.target, binding.capacity, load.running, load.waiting)
+                self._notify_all()
+
+    def observe_answer(self, binding: ServerBinding, meta: dict) -> None:
+        """The load a 2026 SGLang copies into each answer's meta_info, where it is the whole server's."""
+        load = load_from_meta(meta) if binding.answers_carry_load else None
+        if load is not None:
+            self.observe_load(binding, load)
+
+    def free_slots(self) -> tuple[int, int]:
+        """Free and total batch slots over the usable servers that report capacity and load
+        (for the CPU-bound signal, `workers/servers/cpu_bound.py`)."""
+        known = [b for b in self.bindings if b.usable and b.capacity and b.last_load is not None]
+        return (sum(max(b.capacity - b.last_load.running, 0) for b in known),  # type: ignore[operator,union-attr]
+                sum(b.capacity for b in known))  # type: ignore[misc]
+
+    def changed(self) -> None:
+        with self._lock:
+            self._notify_all()
+
+    def snapshot(self) -> list[dict]:
+        return [b.snapshot() for b in self.bindings]

@@ -55,6 +55,23 @@ class Topology:
         """A clean switch, as an operator asks for it."""
         redis.Redis(port=next(iter(self.sentinels)), socket_timeout=5).execute_command("SENTINEL", "FAILOVER", MASTER)
 
+    def switch_over(self, away_from: int, tries: int = 3) -> int:
+        """`failover` until the Sentinels name another primary, as an operator asks again when
+        Sentinel aborts one (it does when the replica it promotes has not reported its new role
+        within the failover timeout, as on a busy machine); returns the new primary's port."""
+        for attempt in range(tries):
+            try:
+                self.failover()
+            except redis.ResponseError as exc:  # INPROG: the last one is still running
+                if "INPROG" not in str(exc):
+                    raise
+            try:
+                return self.wait_switched(away_from, timeout=20 if attempt < tries - 1 else 60)
+            except TimeoutError:
+                if attempt == tries - 1:
+                    raise
+        raise AssertionError("unreachable")
+
     def wait_switched(self, away_from: int, timeout: float = 60) -> int:
         """Until every Sentinel names a new primary and that server says it is one; returns its port."""
         def switched() -> bool:

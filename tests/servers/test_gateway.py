@@ -61,17 +61,24 @@ def test_through_the_gateway_every_budget_fits_the_servers_context_and_no_circui
         ("healthy", CONTEXT, 24, 2)
 
 
-def test_a_server_killed_behind_a_round_robin_gateway_loses_no_prompt(fleet, tmp_path):
-    # Given the real gateway (round-robin) in front of two servers, with generations of about a second
-    slow = ("--max-running-requests", "16", "--step-base", "0.01", "--output-len-median", "80",
+def _round_robin_run(fleet, tmp_path, *gateway_args: str, running: int):
+    """Two servers with generations of about a second behind the real gateway (round-robin), a
+    worker bound to the gateway, and 60 prompts enqueued; the first server's process, and n."""
+    slow = ("--max-running-requests", str(running), "--step-base", "0.01", "--output-len-median", "80",
             "--output-len-max", "120")
-    victim, first = fleet.standin(*slow)
+    first_process, first = fleet.standin(*slow)
     _, second = fleet.standin(*slow)
-    gateway = start_gateway(fleet.logs, [first, second], policy="round_robin")
+    gateway = start_gateway(fleet.logs, [first, second], *gateway_args, policy="round_robin")
     fleet.processes.append(gateway.process)
     fleet.worker("w1", [gateway.url])
     n = 60
     fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(n))))
+    return first_process, n
+
+
+def test_a_server_killed_behind_a_round_robin_gateway_loses_no_prompt(fleet, tmp_path):
+    # Given the real gateway (round-robin) in front of two servers, with generations of about a second
+    victim, n = _round_robin_run(fleet, tmp_path, running=16)
 
     # When one server is SIGKILLed mid-run
     wait_until(lambda: fleet.states().get("done", 0) >= 10, 120, "a sixth of the run stored", fleet)
@@ -89,15 +96,7 @@ def test_a_server_killed_behind_a_round_robin_gateway_loses_no_prompt(fleet, tmp
 def test_a_server_frozen_behind_a_gateway_with_a_request_timeout_loses_no_prompt(fleet, tmp_path):
     # Given the real gateway (round-robin) with a 10 s request timeout in front of two servers, with
     # generations of about a second
-    slow = ("--max-running-requests", "8", "--step-base", "0.01", "--output-len-median", "80",
-            "--output-len-max", "120")
-    frozen, first = fleet.standin(*slow)
-    _, second = fleet.standin(*slow)
-    gateway = start_gateway(fleet.logs, [first, second], "--request-timeout-secs", "10", policy="round_robin")
-    fleet.processes.append(gateway.process)
-    fleet.worker("w1", [gateway.url])
-    n = 60
-    fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(n))))
+    frozen, n = _round_robin_run(fleet, tmp_path, "--request-timeout-secs", "10", running=8)
 
     # When one server freezes mid-run (SIGSTOP: its port open, nothing answered)
     wait_until(lambda: fleet.states().get("done", 0) >= 10, 120, "a sixth of the run stored", fleet)

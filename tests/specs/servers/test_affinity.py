@@ -109,10 +109,7 @@ def test_a_prompt_never_exceeds_its_preferred_servers_target_it_waits_for_a_slot
     # Given a preferred server at its target (18) and another one request below (within the margin)
     p = pool("a", "b")
     busy(p, a=18, b=17)
-    landed: list[str] = []
-    waiter = threading.Thread(target=lambda: landed.append(chosen_waiting(p, "a")))
-    waiter.start()
-    wait_until(lambda: p._waiting["a"] == 1, 5, "the prompt waiting for a slot on a")
+    landed, waiter = waiting_for(p, "a", "the prompt waiting for a slot on a")
     # When a slot frees on a
     with p._lock:
         p.bindings[0].in_flight -= 1
@@ -120,6 +117,16 @@ def test_a_prompt_never_exceeds_its_preferred_servers_target_it_waits_for_a_slot
     waiter.join(5)
     # Then the waiting prompt took it, and a was never above its target
     assert landed == ["a"] and p.bindings[0].in_flight == 17
+
+
+def waiting_for(p: ServerPool, prefer: str, what: str) -> tuple[list[str], threading.Thread]:
+    """A prompt preferring `prefer`, started in a thread and seen waiting there; the list its
+    chosen server lands in, and the thread."""
+    landed: list[str] = []
+    waiter = threading.Thread(target=lambda: landed.append(chosen_waiting(p, prefer)))
+    waiter.start()
+    wait_until(lambda: p._waiting[prefer] == 1, 5, what)
+    return landed, waiter
 
 
 def chosen_waiting(p: ServerPool, prefer: str) -> str:
@@ -132,10 +139,7 @@ def test_right_after_the_start_a_prompt_waits_for_its_preferred_server_still_bei
     # Given a worker just started: b checked and ready, a (the conversation's server) not yet judged
     p = pool("a", "b", pending_wait=PENDING_WAIT)
     p.bindings[0].state, p.bindings[0].preflighted = ServerState.UNKNOWN, False
-    landed: list[str] = []
-    waiter = threading.Thread(target=lambda: landed.append(chosen_waiting(p, "a")))
-    waiter.start()
-    wait_until(lambda: p._waiting["a"] == 1, 5, "the prompt waiting for a's first verdict")
+    landed, waiter = waiting_for(p, "a", "the prompt waiting for a's first verdict")
     # When a's health checks and preflight find it ready
     p.bindings[0].state, p.bindings[0].preflighted = ServerState.HEALTHY, True
     p.changed()
@@ -157,10 +161,7 @@ def test_a_prompt_waiting_for_its_preferred_server_moves_once_another_falls_beyo
     # Given a prompt waiting for its full preferred server a, b one request below
     p = pool("a", "b")
     busy(p, a=18, b=17)
-    landed: list[str] = []
-    waiter = threading.Thread(target=lambda: landed.append(chosen_waiting(p, "a")))
-    waiter.start()
-    wait_until(lambda: p._waiting["a"] == 1, 5, "the prompt waiting for a slot on a")
+    landed, waiter = waiting_for(p, "a", "the prompt waiting for a slot on a")
     # When b's requests finish until it holds more than the margin less than a
     for _ in range(2):
         with p._lock:

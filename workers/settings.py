@@ -24,22 +24,13 @@ class Settings(SharedSettings):
                                              description="Sent to the servers as `Authorization: Bearer`; "
                                              "never logged.")
 
-    # Routing: the most requests in flight on one server (a gateway counts as one). The
-    # worker tunes each server's own number below this bound from what the server reports
-    # (workers/servers/capacity.py: its running batch, plus a short queue).
     max_inflight_per_server: int = Field(1024, description="The most requests in flight on one server (a gateway "
                                          "counts as one): an upper bound; each server's own number is tuned from what "
                                          "it reports ([capacity](../design/capacity.md)).")
-    # Threads in the worker pool; 0 means twice the bound x servers, at most 8192. Threads
-    # start only when a prompt needs one, and the prompts held follow the tuned capacity
-    # (workers/intake/gate.py), so the default costs nothing on small servers.
     concurrency: int = Field(0, description="Worker threads; 0: twice `FLEET_MAX_INFLIGHT_PER_SERVER` x servers, at "
                              "most 8,192, started only when a prompt needs one (the prompts a worker holds follow "
                              "its servers' tuned capacity, plus those waiting for a shard's group commit, which "
                              "hold no server slot).")
-    # Affinity (workers/servers/affinity.py): a conversation's next turn to the server of its last turn,
-    # a prompt to the server recently sent its leading tokens, while that server's load is within
-    # this share of capacity of the least loaded one's. FLEET_AFFINITY=off routes by load alone.
     affinity: bool = Field(True, description="Send a conversation's next turn to the server of its last turn, and a "
                             "prompt to the server recently sent its leading tokens (its prefix cache holds them); "
                             "`off`: by load alone ([affinity](../design/affinity.md)).")
@@ -47,8 +38,6 @@ class Settings(SharedSettings):
                                     "used while its load (requests as a share of capacity) is at most this much above "
                                     "the least loaded server's; beyond it load wins.")
 
-    # The CPU-bound signal (workers/servers/cpu_bound.py): this process's CPU at or above this share of
-    # the core(s) it can use, while its servers have free slots, for this many seconds.
     cpu_bound_share: float = Field(0.85, description="The worker says it is CPU-bound when its process used at least "
                                     "this share of the CPU time it had the chance to use (its threads' waits for a "
                                     "core left out) on the core(s) it can use (one, the GIL; less under an affinity or "
@@ -60,25 +49,18 @@ class Settings(SharedSettings):
                                       "must hold before the worker says so, and its end before it says it is no "
                                       "longer bound.")
 
-    # Health checks: SGLang answers /health in about a second, so never time
-    # out below two seconds.
     health_interval: float = Field(5.0, description="Seconds between two health rounds of each server.")
     health_timeout: float = Field(5.0, description="Deadline of one whole health call; never below 2 s (SGLang takes "
                                   "about a second to answer `/health`).")
     health_failures: int = Field(3, description="Failed health rounds in a row before a server is marked down.")
     health_successes: int = Field(2, description="Healthy rounds in a row before a server is used again.")
 
-    # One /generate request: connect quickly, but let a long generation run.
-    # request_timeout is the whole call's deadline, checked while the body streams in.
     connect_timeout: float = Field(10.0, description="Deadline for connecting to a server.")
     request_timeout: float = Field(3600.0, description="The deadline of a whole `/generate` call: a server that "
                                      "trickles bytes or goes silent is cut within it plus 0.25 s, and the attempt "
                                      "is a transient failure.")
-    # The most bytes of one answer read before it is refused as `bad_output`;
-    # 0 derives it from the request's max_new_tokens (workers/servers/answers.py: answer_cap).
     max_answer_bytes: int = Field(0, description="The largest answer read before it is refused as `bad_output` "
                                    "(0: 256 B per allowed token + 64 KiB).")
-    # Transient failures (5xx, 503 queue full, timeouts) before `server_error`.
     max_attempts: int = Field(5, description="Transient failures (5xx, 503 queue full, timeouts) before a prompt "
                                "becomes a `server_error` dead letter.")
     retry_backoff: float = Field(1.0, description="First wait, in seconds, before a transient failure is tried again "
@@ -90,38 +72,25 @@ class Settings(SharedSettings):
                     "cannot read: behind a gateway whose servers it cannot reach. Where servers report theirs, the "
                     "smaller is used. 0: read it from the servers, and give no prompt to a server or gateway "
                     "whose length cannot be read.")
-    # Connection failures while servers restart do not spend the budget above,
-    # but a prompt gives up after this many of them.
     max_unavailable: int = Field(50, description="Connection failures while servers restart do not spend "
                                   "`FLEET_MAX_ATTEMPTS`, but a prompt gives up after this many of them.")
-    # How long a task waits for a healthy server before going back to the queue.
     server_wait: float = Field(30.0, description="How long a task waits for a healthy server before its prompt goes "
                                 "back to the queue.")
-    # Unexpected task failures (not server or verification failures) before a
-    # prompt becomes a `worker_error` dead letter instead of being requeued.
     max_crashes: int = Field(3, description="Unexpected task failures (a bug, not the server or the output) before "
                               "a prompt becomes a `worker_error` dead letter with its traceback, instead of being "
                               "requeued.")
-    # A prompt whose worker died holding it (OOM, a native crash) more than this many
-    # times, the last time alone, becomes a `poison` dead letter instead of killing the next.
     max_deliveries: int = Field(5, description="Deliveries a prompt's workers may die holding (OOM, a native crash) "
                                  "before it becomes a `poison` dead letter (the last time alone in its worker).")
-    # Resample once before dead-lettering a verification failure.
     resample_on_verify_failure: bool = Field(False, description="Resample once before dead-lettering a generation "
                                                "that fails verification.")
 
-    # Leases: a dead worker's prompts return to the queue after this long; a
-    # live worker renews its own well before then.
     lease_seconds: float = Field(120.0, description="A dead worker's prompts return to the queue after this; a live "
                                    "worker renews its own well before then.")
     restore_interval: float = Field(10.0, description="How often a worker looks for expired leases to return to the "
                                      "queue.")
-    # Redis: the connections every short call of the worker shares, kombu's included
-    # (workers/intake/redis_pool.py); with kombu's fetch and remote control, the worker holds this + 2.
     redis_connections: int = Field(2, ge=1, description=(
         "Connections the worker's short Redis calls share (its own and kombu's); with kombu's "
         "blocking fetch and the remote-control subscription the worker holds this many plus two."))
-    # Lost-message audit: how often, and the longest queue it lists.
     audit_interval: float = Field(30.0, description="How often the lost-message audit runs: it republishes a queued "
                                    "prompt whose message is neither in the queue nor in flight nor held by a live "
                                    "worker.")
@@ -131,41 +100,28 @@ class Settings(SharedSettings):
         "Pending prompts of a run the lost-message audit looks at per round (a cursor over the run's "
         "prompts, so a pass takes pending / slice rounds): the round's cost is bounded by it, not by "
         "the fleet or what is in flight."))
-    # Behind Sentinel (`sentinel://`): how often the worker asks the Sentinels where the primary
-    # is, so that after a failover it stops writing to the old one within this long
-    # (workers/intake/failover.py).
     failover_check_interval: float = Field(
         1.0, gt=0, description="Seconds between a worker's questions to the Sentinels (sentinel:// only) "
         "of where the primary is: after a failover it moves to the new primary, and asserts there what "
         "it holds and stored, within this long.")
-    # SIGTERM: finish in-flight prompts for this long, then hand the rest back.
     shutdown_grace: float = Field(60.0, description="On SIGTERM: finish in-flight prompts for this long, then hand "
                                    "the rest back to the queue.")
 
-    # Group commit: a shard is written when it holds this many samples or its
-    # oldest sample has waited this long; tasks are acknowledged after.
     shard_max_rows: int = Field(1000, description="Group commit of a shard: written when it holds this many samples "
                                   "(or half the worker's threads, if fewer: a thread waiting for its shard starts no "
                                   "prompt) or its oldest sample has waited `FLEET_SHARD_MAX_WAIT`.")
     shard_max_wait: float = Field(2.0, description="Group commit of a shard: written at the latest when its oldest "
                                   "sample has waited this long.")
-    # The longest a finished sample waits for its shard (storage failing, say) before its
-    # prompt goes back to the queue (never to the dead letters).
     shard_commit_timeout: float = Field(300.0, description="The longest a finished sample waits for its shard "
                                          "(storage failing, say) before its prompt goes back to the queue, never to "
                                          "the dead letters.")
 
-    # Celery task events (task-received/started/succeeded per task, for Flower and `celery events`),
-    # published in batches by the event loop's timer (workers/reporting/events.py).
     task_events: bool = Field(True, description="Celery task events per task (Flower's task pages, "
                                "`celery events`), sent in batches every 0.1 s.")
-    # Celery's own two INFO lines per task ("Task ... received", "Task ... succeeded in ..."):
-    # noise at hundreds of prompts a second, and their logging lock cost a busy worker ~7% of
-    # its CPU. Off, the worker still logs every dead letter, give-back and failure itself.
+    # Off by default: at hundreds of prompts a second these lines' logging lock cost a busy worker ~7% of its CPU.
     task_log: bool = Field(False, description="Celery's own two INFO lines per task (\"received\", \"succeeded "
                              "in\"); the worker logs every dead letter, give-back and failure itself either way.")
 
-    # Prometheus metrics; the next free port is taken when several workers share a node.
     metrics_port: int = Field(9808, description="Port of the worker's Prometheus `/metrics` (the next free port "
                                "when several workers share a node; 0: off).")
     metrics_host: str = Field("127.0.0.1", description="The address `/metrics` binds to: loopback unless told "

@@ -84,6 +84,15 @@ def primary(client: redis.Redis) -> Primary:
     return _seen(info)
 
 
+def expected(client: redis.Redis) -> bool:
+    """Whether this process's writes have replicas to reach: some primary it saw had some (asked
+    once, with one INFO, before it saw any). A plain Redis without replicas answers False from
+    then on, so a caller that confirms only where this is True costs it nothing more."""
+    if not _had and not _refused:
+        primary(client)
+    return any(_had.values())
+
+
 def had(who: Primary) -> int:
     """How many replicas this primary had: what a barrier must reach (a replica lost for good
     lowers it, `_short`)."""

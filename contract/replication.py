@@ -46,7 +46,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple, TypeVar
 
 import redis
 
@@ -55,6 +55,8 @@ from .keys import REPLICATED
 log = logging.getLogger(__name__)
 WAIT_MS = 1000  # one WAIT's bound; the call sends another while unconfirmed
 ALONE_AFTER = 15.0  # seconds without replicas after which a primary that had some is trusted alone
+AGAIN = 5  # writes of one step across failovers met one after another
+T = TypeVar("T")
 
 
 class FailedOver(redis.ConnectionError):
@@ -142,6 +144,17 @@ def confirmed(client: redis.Redis, fill: Callable[[Any], None], wait_ms: int = W
     elif not _enough(client, here, int(acked), info):
         confirm(client, here, wait_ms)
     return replies
+
+
+def written_again(write: Callable[[], T], what: str, times: int = AGAIN) -> T:
+    """`write` (confirmed) again while it meets a failover (each time on the primary the
+    Sentinels name then), `times` times in all."""
+    for _ in range(times - 1):
+        try:
+            return write()
+        except FailedOver as exc:
+            log.warning("%s met a failover (%s); writing them again on the new primary", what, exc)
+    return write()
 
 
 def _still_named(client: redis.Redis, who: Primary) -> None:

@@ -32,34 +32,26 @@ intake stays its one script call, as before.
 """
 from __future__ import annotations
 
-import logging
-
 import redis
 
 from contract.ledger import Intake, Ledger
-from contract.replication import FailedOver, confirmed, expected
+from contract.replication import confirmed, expected, written_again
 
 from . import deliveries
-
-log = logging.getLogger(__name__)
-AGAIN = 5  # intakes on a primary being replaced before the failure is left to the task's requeue
 
 
 def take(client: redis.Redis, run: str, prompt_id: str, worker: str, most: int) -> Intake:
     """The prompt's intake, noting its delivery to `worker` unless `most` are noted already
     (`Ledger.intake`); where the primary has replicas, returned only once a replica has the
-    note, and made again on the new primary after a failover (`FailedOver` after `AGAIN` tries)."""
+    note, and made again on the new primary after a failover (`replication.written_again`)."""
     if not expected(client):  # one script call, as it was
         return Ledger(client, run).intake(prompt_id, worker, most)
-    for attempt in range(AGAIN):
-        try:
-            return (again if attempt else _confirmed)(client, run, prompt_id, worker, most)
-        except FailedOver as exc:
-            if attempt == AGAIN - 1:
-                raise
-            log.warning("prompt %s: its intake met a failover (%s); taking it in again on the new primary",
-                        prompt_id, exc)
-    raise AssertionError("unreachable")
+    tries: list[None] = []
+
+    def once() -> Intake:
+        tries.append(None)
+        return (_confirmed if len(tries) == 1 else again)(client, run, prompt_id, worker, most)
+    return written_again(once, f"the intake of prompt {prompt_id} of run {run}")
 
 
 def again(client: redis.Redis, run: str, prompt_id: str, worker: str, most: int) -> Intake:

@@ -1,5 +1,7 @@
-"""A prompt is generated only once a replica has its delivery's note; an intake that met a failover is
-made again on the new primary, where the notes decide who generates (`workers/intake/confirmed_intake.py`)."""
+"""Behind a primary with replicas, what a worker writes before a step it cannot take back is on a replica
+first: a prompt is generated only once a replica has its delivery's note, and an intake that met a
+failover is made again on the new primary, where the notes decide who generates
+(`workers/intake/confirmed_intake.py`); a dead letter is on a replica before its message is acknowledged."""
 from __future__ import annotations
 
 import signal
@@ -10,6 +12,7 @@ import redis
 
 from contract import replication
 from contract.codec import pack_ids
+from contract.deadletters import DeadLetter, DeadLetters
 from contract.keys import REPLICATED
 from contract.ledger import Ledger
 from contract.replication import primary
@@ -17,6 +20,7 @@ from producer.local import start_redis, wait_for
 from workers.intake import deliveries
 from workers.intake.confirmed_intake import after_failover, again, take
 from workers.intake.deliveries import Started
+from workers.intake.generation import put_letter
 
 
 @pytest.fixture(autouse=True)
@@ -41,8 +45,9 @@ def test_a_primary_without_replicas_takes_a_prompt_in_one_script_call_with_no_ba
     assert deliveries.holders(client, "r", "a") == ["w1"] and client.get(REPLICATED) is None
 
 
-def test_behind_a_primary_with_a_replica_the_intake_returns_only_once_the_replica_has_the_note(tmp_path):
-    # Given a primary with one replica, and a queued prompt
+@pytest.fixture
+def with_replica(tmp_path):
+    """A primary (its client) and its one replica (a client and its process, to freeze)."""
     first, url = start_redis(tmp_path / "primary")
     second, replica_url = start_redis(tmp_path / "replica")
     primary_client, replica = redis.Redis.from_url(url), redis.Redis.from_url(replica_url)
@@ -51,27 +56,55 @@ def test_behind_a_primary_with_a_replica_the_intake_returns_only_once_the_replic
         replica.replicaof("127.0.0.1", primary_client.connection_pool.connection_kwargs["port"])
         wait_for(lambda: primary(primary_client).replicas == 1 and
                  replica.info("replication")["master_link_status"] == "up", 20, "the replica")
-        _queued(primary_client, "a")
-        take(primary_client, "r", "a", "w0", most=5)  # the process has seen the primary with its replica
-
-        # When a worker takes the prompt in while the replica is frozen
-        second.signal(signal.SIGSTOP)
-        taken: list = []
-        intake = threading.Thread(target=lambda: taken.append(take(primary_client, "r", "a", "w1", most=5)))
-        intake.start()
-        intake.join(0.5)
-
-        # Then the intake has not returned (its note could still be lost with the primary)...
-        assert intake.is_alive() and not taken
-        # ...and once the replica goes on, it returns, its note on the replica
-        second.signal(signal.SIGCONT)
-        intake.join(30)
-        assert taken and taken[0].noted and taken[0].held_by == ["w0"]
-        assert deliveries.holders(replica, "r", "a") == ["w0", "w1"]
+        yield primary_client, replica, second
     finally:
         second.signal(signal.SIGCONT)
         second.stop()
         first.stop()
+
+
+def _while_frozen(process, write) -> list:
+    """Run `write` while the replica is frozen: whether it returned then, and what it returned
+    once the replica went on (empty if it had returned already)."""
+    process.signal(signal.SIGSTOP)
+    done: list = []
+    thread = threading.Thread(target=lambda: done.append(write()))
+    thread.start()
+    thread.join(0.5)
+    early = list(done)
+    process.signal(signal.SIGCONT)
+    thread.join(30)
+    return [] if early else done
+
+
+def test_behind_a_primary_with_a_replica_the_intake_returns_only_once_the_replica_has_the_note(with_replica):
+    # Given a primary with one replica, and a queued prompt the process has taken in once
+    primary_client, replica, process = with_replica
+    _queued(primary_client, "a")
+    take(primary_client, "r", "a", "w0", most=5)
+
+    # When a worker takes the prompt in while the replica is frozen
+    taken = _while_frozen(process, lambda: take(primary_client, "r", "a", "w1", most=5))
+
+    # Then the intake returned only once the replica went on (until then its note could be lost
+    # with the primary), and the replica has its note
+    assert taken and taken[0].noted and taken[0].held_by == ["w0"]
+    assert deliveries.holders(replica, "r", "a") == ["w0", "w1"]
+
+
+def test_behind_a_primary_with_a_replica_a_dead_letter_is_stored_only_once_the_replica_has_it(with_replica):
+    # Given a primary with one replica, and a queued prompt
+    primary_client, replica, process = with_replica
+    _queued(primary_client, "a")
+    letter = DeadLetter(id="a", run="r", reason="truncated", message="m", attempts=1, servers=[], worker="w1",
+                        prompt_b64="", prompt_tokens=3, sampling={})
+
+    # When its dead letter is stored while the replica is frozen
+    found = _while_frozen(process, lambda: put_letter(primary_client, letter))
+
+    # Then it returned (and its message may be acknowledged) only once the replica had the letter
+    assert found == ["queued"]
+    assert Ledger(replica, "r").state("a") == "dead" and DeadLetters(replica, "r").get("a").reason == "truncated"
 
 
 def test_an_intake_made_again_after_a_failover_counts_one_delivery_and_yields_to_whoever_came_first(client):

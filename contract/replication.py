@@ -26,17 +26,19 @@ It also catches the failover itself, two ways:
   asks the Sentinels where the primary is (dropping its connections to the
   old one, `moved`), and if it moved, raises `FailedOver`.
 Either way the caller reports nothing as done (the writes may be gone) and
-writes again: on the new primary. A Sentinel-managed primary seen without
-any replica (by a process that started after it lost them) is asked about
-the same way (`_still_named`).
+writes again: on the new primary (`written_again`). A Sentinel-managed
+primary seen without any replica (by a process that started after it lost
+them) is asked about the same way (`_still_named`).
 
 A primary without replicas has nothing to wait for (a `WAIT 1` there would
 only time out), so a plain single Redis pays one `INFO replication` per
-call. A replica that lags holds the call (and the caller waits: back-pressure,
-not loss) until it catches up; a primary left without replicas, and still the
-one the Sentinels name, is trusted alone only after `ALONE_AFTER` seconds,
-longer than Sentinel takes to demote an old primary that comes back (whose
-writes of that moment it discards). WAIT narrows the loss window to nothing
+call; a caller that writes per prompt confirms only where `expected` says
+some primary this process saw had replicas (one `INFO` at its first call),
+so there it pays nothing. A replica that lags holds the call (and the
+caller waits: back-pressure, not loss) until it catches up; a primary left
+without replicas, and still the one the Sentinels name, is trusted alone
+only after `ALONE_AFTER` seconds, longer than Sentinel takes to demote an old
+primary that comes back (whose writes of that moment it discards). WAIT narrows the loss window to nothing
 that was reported; it does not make Redis a consensus store (a replica that
 has the write can still lose the election), which is why every transition is
 also repaired after the fact (`workers/intake/failover.py`, the audit, reconcile).

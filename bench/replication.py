@@ -7,7 +7,9 @@ ledger's enqueue script and the publish of its messages, `BATCH` prompts) and
 one group commit's ledger step (`mark_group_done` and the deliveries' clear, as
 `ShardBook.mark_done` sends them, `GROUP` samples), and a group commit's two
 ledger steps (its writing entries and its done marks) as `ShardBook` sends them,
-each with its barrier, against the same writes unconfirmed. Prints the median and p90
+each with its barrier, against the same writes unconfirmed, and one prompt's intake
+(`Ledger.intake`, alone or as a worker behind a primary with replicas sends it,
+`workers/intake/confirmed_intake.py`). Prints the median and p90
 milliseconds per call of each, and the difference.
 """
 from __future__ import annotations
@@ -26,7 +28,7 @@ from contract.ledger import Ledger
 from contract.publish import publish_prompts
 from contract.replication import replicated
 from producer.local import free_port, redis_server_binary, spawn, wait_for
-from workers.intake import deliveries
+from workers.intake import confirmed_intake, deliveries
 from workers.intake.reconcile import ShardBook
 
 BATCH, GROUP, ROUNDS = 256, 64, 100
@@ -48,6 +50,7 @@ def main() -> None:
             report("enqueue batch", BATCH, lambda n, wait: _enqueue(client, app, n, wait))
             report("group commit", GROUP, lambda n, wait: _commit(client, n, wait))
             report("group commit, both ledger steps", GROUP, lambda n, wait: _book(client, n, wait))
+            report("intake", 1, _intakes(client))
         finally:
             for process in processes:
                 process.stop(timeout=10)
@@ -112,6 +115,19 @@ def _book(client, n: int, wait: bool) -> None:
         ledger.mark_group_done([(pid, 100) for pid in ids], shard, pipe)
         deliveries.clear(pipe, ledger.run, *ids)
         pipe.execute()
+
+
+def _intakes(client):
+    """One prompt's intake a call, each of a prompt of its own (queued beforehand, untimed)."""
+    ledger = Ledger(client, "bench-replication")
+    ledger.enqueue([(f"i{n}-{wait}", pack_ids(list(range(200)))) for n in range(ROUNDS) for wait in (False, True)])
+
+    def intake(n: int, wait: bool) -> None:
+        if wait:
+            confirmed_intake.take(client, ledger.run, f"i{n}-{wait}", "bench-worker", 5)
+        else:
+            ledger.intake(f"i{n}-{wait}", "bench-worker", 5)
+    return intake
 
 
 if __name__ == "__main__":

@@ -106,6 +106,12 @@ class Intake(NamedTuple):
     held_by: list[str]          # the workers it was delivered to before (read when noting)
     noted: bool                 # this delivery is noted, naming the worker
 
+    @classmethod
+    def read(cls, reply: list) -> "Intake":
+        """The intake script's reply (`Ledger.intake`)."""
+        raw, shard, held, noted = reply
+        return cls(raw, shard.decode() if shard is not None else None, deliveries.names(held), bool(noted))
+
 
 def locate(prompt_id: str) -> tuple[int, bytes]:
     """A prompt's state bucket (15 bits) and field (64 bits), from BLAKE2b of its id."""
@@ -327,14 +333,16 @@ class Ledger:
             return 0
         return int(self.call(lua.UNWRITTEN, [], {"shard": shard}, [(pid,) for pid in prompt_ids]))
 
-    def intake(self, prompt_id: str, worker: str | None = None, most: int = 0) -> "Intake":
+    def intake(self, prompt_id: str, worker: str | None = None, most: int = 0,
+               pipe: redis.client.Pipeline | None = None) -> "Intake | None":
         """What a delivery needs, in one call: the prompt's packed ids (None once done or
         dead, or forgotten) and, while it has ids, the shard its sample was being written to.
         With `worker`, a prompt to be generated (ids, no writing entry) also has its delivery
-        noted in the same call (`workers/intake/deliveries.py`), unless `most` are noted already."""
+        noted in the same call (`workers/intake/deliveries.py`), unless `most` are noted already.
+        On `pipe` it is queued (None here; `Intake.read` reads its reply)."""
         head = {"id": prompt_id, "worker": worker or "", "most": most}
-        raw, shard, held, noted = self.call(lua.INTAKE, [self.keys.deliveries], head)
-        return Intake(raw, shard.decode() if shard is not None else None, deliveries.names(held), bool(noted))
+        reply = self.call(lua.INTAKE, [self.keys.deliveries], head, pipe=pipe)
+        return None if pipe is not None else Intake.read(reply)
 
     # -- plumbing ---------------------------------------------------------------------------
 

@@ -26,17 +26,19 @@ It also catches the failover itself, two ways:
   asks the Sentinels where the primary is (dropping its connections to the
   old one, `moved`), and if it moved, raises `FailedOver`.
 Either way the caller reports nothing as done (the writes may be gone) and
-writes again: on the new primary. A Sentinel-managed primary seen without
-any replica (by a process that started after it lost them) is asked about
-the same way (`_still_named`).
+writes again: on the new primary (`written_again`). A Sentinel-managed
+primary seen without any replica (by a process that started after it lost
+them) is asked about the same way (`_still_named`).
 
 A primary without replicas has nothing to wait for (a `WAIT 1` there would
 only time out), so a plain single Redis pays one `INFO replication` per
-call. A replica that lags holds the call (and the caller waits: back-pressure,
-not loss) until it catches up; a primary left without replicas, and still the
-one the Sentinels name, is trusted alone only after `ALONE_AFTER` seconds,
-longer than Sentinel takes to demote an old primary that comes back (whose
-writes of that moment it discards). WAIT narrows the loss window to nothing
+call; a caller that writes per prompt confirms only where `expected` says
+some primary this process saw had replicas (one `INFO` at its first call),
+so there it pays nothing. A replica that lags holds the call (and the
+caller waits: back-pressure, not loss) until it catches up; a primary left
+without replicas, and still the one the Sentinels name, is trusted alone
+only after `ALONE_AFTER` seconds, longer than Sentinel takes to demote an old
+primary that comes back (whose writes of that moment it discards). WAIT narrows the loss window to nothing
 that was reported; it does not make Redis a consensus store (a replica that
 has the write can still lose the election), which is why every transition is
 also repaired after the fact (`workers/intake/failover.py`, the audit, reconcile).
@@ -46,7 +48,7 @@ from __future__ import annotations
 import logging
 import time
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator, NamedTuple
+from typing import Any, Callable, Iterator, NamedTuple, TypeVar
 
 import redis
 
@@ -55,6 +57,8 @@ from .keys import REPLICATED
 log = logging.getLogger(__name__)
 WAIT_MS = 1000  # one WAIT's bound; the call sends another while unconfirmed
 ALONE_AFTER = 15.0  # seconds without replicas after which a primary that had some is trusted alone
+AGAIN = 5  # writes of one step across failovers met one after another
+T = TypeVar("T")
 
 
 class FailedOver(redis.ConnectionError):
@@ -82,6 +86,15 @@ def primary(client: redis.Redis) -> Primary:
             log.warning("Redis refuses INFO (%s): writes are not confirmed on a replica", exc)
         return Primary("", 0)
     return _seen(info)
+
+
+def expected(client: redis.Redis) -> bool:
+    """Whether this process's writes have replicas to reach: some primary it saw had some (asked
+    once, with one INFO, before it saw any). A plain Redis without replicas answers False from
+    then on, so a caller that confirms only where this is True costs it nothing more."""
+    if not _had and not _refused:
+        primary(client)
+    return any(_had.values())
 
 
 def had(who: Primary) -> int:
@@ -133,6 +146,17 @@ def confirmed(client: redis.Redis, fill: Callable[[Any], None], wait_ms: int = W
     elif not _enough(client, here, int(acked), info):
         confirm(client, here, wait_ms)
     return replies
+
+
+def written_again(write: Callable[[], T], what: str, times: int = AGAIN) -> T:
+    """`write` (confirmed) again while it meets a failover (each time on the primary the
+    Sentinels name then), `times` times in all."""
+    for _ in range(times - 1):
+        try:
+            return write()
+        except FailedOver as exc:
+            log.warning("%s met a failover (%s); writing them again on the new primary", what, exc)
+    return write()
 
 
 def _still_named(client: redis.Redis, who: Primary) -> None:

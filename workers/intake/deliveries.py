@@ -146,11 +146,13 @@ class Started:
     def holding(self) -> dict[str, list[str]]:
         """Run -> the prompts this process holds, for its heartbeat."""
         with self._lock:
-            keys = (set(self._mine) | set(self._taking)) - self._let_go
-        held: dict[str, list[str]] = {}
-        for run, prompt_id in sorted(keys):
-            held.setdefault(run, []).append(prompt_id)
-        return held
+            return _by_run((set(self._mine) | set(self._taking)) - self._let_go)
+
+    def noted(self) -> dict[str, list[str]]:
+        """Run -> the prompts this process holds whose intake is over, each delivery noted
+        (those of intakes in progress are noted, if at all, by their intake: `confirmed_intake`)."""
+        with self._lock:
+            return _by_run(set(self._mine) - self._let_go)
 
     def holds(self, run: str, prompt_id: str) -> bool:
         with self._lock:
@@ -192,6 +194,13 @@ class Started:
                 del self._mine[(run, prompt_id)]
                 self._let_go.discard((run, prompt_id))
             return True
+
+
+def _by_run(keys: set[tuple[str, str]]) -> dict[str, list[str]]:
+    held: dict[str, list[str]] = {}
+    for run, prompt_id in sorted(keys):
+        held.setdefault(run, []).append(prompt_id)
+    return held
 
 
 STARTED = Started()

@@ -8,8 +8,12 @@ Sentinels demote it, seconds later; a primary frozen past
 `down-after-milliseconds` wakes up still believing it is one. What it takes
 meanwhile (delivery notes, acknowledgements, messages handed out) its resync
 from the new primary drops. Done marks and writing entries are safe on their
-own (confirmed on a replica, `contract/replication.py`); the rest is this
-module's:
+own (confirmed on a replica, `contract/replication.py`), and so is a prompt
+taken from the old primary in its last second: where the primary has
+replicas, a prompt is generated only once a replica has its delivery's note,
+and so kombu's take of its message (`confirmed_intake.py`; one that met the
+failover is taken in again on the new primary, where the notes decide who
+generates it). The rest is this module's:
 
 - a thread asks the Sentinels every `FLEET_FAILOVER_CHECK_INTERVAL` where the
   primary is (one short command to one Sentinel);
@@ -17,15 +21,18 @@ module's:
   every one kombu built, publishing included: `kombu_redis.sentinel_pools`)
   drops its idle connections, so the next command goes to the new primary;
 - then the worker asserts on the new primary what a live worker holds and
-  stored: its deliveries of the prompts it holds (`deliveries.hold`, so a
-  second message of such a prompt there is not generated again by another
-  worker: `deliveries.elsewhere`), its groups' done marks of the last
-  `recent.REMEMBER_S` seconds (idempotent), the conversations it moved past a
-  stored turn in that time (`turns.advance`, which does nothing where they
-  are past it: a next turn queued on the old primary only would otherwise wait
-  for the audit, and be generated again), and its acknowledgements of that
-  time (a message whose ack was lost would come back one lease later); and its
-  next heartbeat is written at once (it lists the held prompts);
+  stored: its deliveries of the prompts it holds past their intake
+  (`deliveries.hold`, so a second message of such a prompt there is not
+  generated again by another worker: `deliveries.elsewhere`; an intake in
+  progress notes its own, and a note written here for it would put this
+  worker before another that noted the prompt first), its groups' done marks
+  of the last `recent.REMEMBER_S` seconds (idempotent), the conversations it
+  moved past a stored turn in that time (`turns.advance`, which does nothing
+  where they are past it: a next turn queued on the old primary only would
+  otherwise wait for the audit, and be generated again), and its
+  acknowledgements of that time (a message whose ack was lost would come back
+  one lease later); and its next heartbeat is written at once (it lists the
+  held prompts);
 - only then does its consumer reconnect (the consumer's timer raises a
   connection error in the event loop, Celery's own way back; the deliveries
   it holds stay with it, `workers/intake/consumer.py`), so it takes messages from the
@@ -72,7 +79,7 @@ def reassert(app, rt: Runtime) -> dict[str, int]:
     there, and a done mark of a turn the ledger does not have is no mark), then the done marks,
     then conversations move on from the turns those marks made done."""
     held = 0
-    for run, prompt_ids in STARTED.holding().items():
+    for run, prompt_ids in STARTED.noted().items():  # an intake in progress notes its own (confirmed_intake)
         held += sum(deliveries.hold(rt.redis, run, pid, rt.worker) for pid in prompt_ids)
     moved_on = _advance(app, rt, ADVANCED.items())
     groups = rt.shards.book.recent.items() if rt.shards.book else []

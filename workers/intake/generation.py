@@ -22,11 +22,14 @@ from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from typing import Callable
 
+import redis
+
 from ..servers import cache_hits
 from ..reporting import metrics
 from contract.codec import ids_to_b64
 from contract.deadletters import DeadLetter, DeadLetters
 from contract.names import PromptState, Reason
+from contract.replication import expected, replicated, written_again
 from contract.schema import Sample
 from contract.spec import RunSpec
 
@@ -134,7 +137,7 @@ def bury(rt: Runtime, letter: DeadLetter, forgotten: bool = False) -> str:
     """Every dead letter goes through here: stored unless the prompt is already done,
     counted in the metrics, logged. `forgotten`: the ledger lost the prompt (see `Ledger.bury`)."""
     letter.excerpt.update(_turn_of(rt, letter))
-    found = DeadLetters(rt.redis, letter.run).put(letter, forgotten)
+    found = put_letter(rt.redis, letter, forgotten)
     if found == PromptState.DONE or found is None:
         log.warning("prompt %s is %s: its %s failure (%s) is not dead-lettered", letter.id,
                     "already stored" if found else "not in the ledger", letter.reason, letter.message)
@@ -145,6 +148,21 @@ def bury(rt: Runtime, letter: DeadLetter, forgotten: bool = False) -> str:
     log.info("prompt %s of run %s dead-lettered, %s: %s; details: python -m producer dead show %s --run %s",
              letter.id, letter.run, letter.reason, letter.message, letter.id, letter.run)
     return Buried(letter)
+
+
+def put_letter(client: redis.Redis, letter: DeadLetter, forgotten: bool = False) -> str | None:
+    """Store the letter (`DeadLetters.put`). Its message is acknowledged next, so where the
+    primary has replicas it returns only once a replica has the letter, stored again on the new
+    primary after a failover: a letter an old primary took in its last second would be lost with
+    it, and its prompt left queued without a message until the audit found it."""
+    letters = DeadLetters(client, letter.run)
+    if not expected(client):  # a plain Redis without replicas: one call, as it was
+        return letters.put(letter, forgotten)
+
+    def once() -> str | None:
+        with replicated(client):
+            return letters.put(letter, forgotten)
+    return written_again(once, f"the dead letter of prompt {letter.id} of run {letter.run}")
 
 
 def _turn_of(rt: Runtime, letter: DeadLetter) -> dict:

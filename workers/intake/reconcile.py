@@ -38,7 +38,6 @@ from __future__ import annotations
 import logging
 from functools import lru_cache
 from pathlib import PurePosixPath
-from typing import Callable, TypeVar
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -48,7 +47,7 @@ from contract import kombu_redis, kombu_take, shard_home
 from contract.ledger import Ledger
 from contract.write_refusal import refusal
 from contract.names import PromptState
-from contract.replication import FailedOver, confirmed, replicated
+from contract.replication import FailedOver, confirmed, replicated, written_again
 from contract.schema import Sample, is_shard
 from contract.storage import store_for
 
@@ -58,14 +57,10 @@ from .group_acks import GROUP_ACKS
 from .recent import REMEMBER_S, Recent
 
 log = logging.getLogger(__name__)
-T = TypeVar("T")
 
 
 class LedgerRefused(OSError):
     """Redis refuses writes: a shard written now could not be noted, so it waits like a storage outage."""
-
-
-AGAIN = 5  # writes of one ledger step across failovers met one after another
 
 
 class ShardBook:
@@ -87,7 +82,7 @@ class ShardBook:
 
     def writing(self, run: str, rows: list[Sample], shard: str) -> None:
         """Raises `LedgerRefused` when Redis refuses the entries (or a failover outlasts
-        `AGAIN` writes): no shard without its entries, the writer holds the group and retries.
+        `replication.AGAIN` writes): no shard without its entries, the writer holds the group and retries.
         Other Redis errors are let be: without entries a crash after the link costs a
         generation, no more. The first group of a run also notes, in the same round trip, where
         this worker writes its shards, so that commands read them there (`contract/shard_home.py`)."""
@@ -99,7 +94,8 @@ class ShardBook:
             if new_home:
                 shard_home.record(pipe, run, new_home)
         try:
-            _again(lambda: confirmed(self.client, fill), f"the writing entries of {len(rows)} samples of run {run}")
+            written_again(lambda: confirmed(self.client, fill),
+                          f"the writing entries of {len(rows)} samples of run {run}")
             if new_home:
                 self.homed.add(run)
         except redis.RedisError as exc:
@@ -125,8 +121,8 @@ class ShardBook:
         turn back to queued; a failover met on the way writes them again on the new primary."""
         samples = [(row.id, row.output_len) for row in rows]
         tags = GROUP_ACKS.claim(run, [row.id for row in rows])
-        found = _again(lambda: self.mark(run, samples, shard, tags),
-                       f"the done marks of {len(rows)} samples of run {run}")
+        found = written_again(lambda: self.mark(run, samples, shard, tags),
+                              f"the done marks of {len(rows)} samples of run {run}")
         kombu_redis.settled(tags)
         self.recent.add((run, samples, shard))
         again = [row.id for row, state in zip(rows, found) if state not in (PromptState.QUEUED, PromptState.DEAD)]
@@ -153,17 +149,6 @@ class ShardBook:
             kombu_take.forget(pipe, tags)
         replies = confirmed(self.client, fill)
         return Ledger.found(replies[:done_replies[-1]])
-
-
-def _again(write: Callable[[], T], what: str) -> T:
-    """`write` again while it meets a failover (each time on the primary the Sentinels name then),
-    `AGAIN` times in all."""
-    for _ in range(AGAIN - 1):
-        try:
-            return write()
-        except FailedOver as exc:
-            log.warning("%s met a failover (%s); writing them again on the new primary", what, exc)
-    return write()
 
 
 def reconciled(ledger: Ledger, output_dir: str, prompt_id: str, shard: str) -> str | None:

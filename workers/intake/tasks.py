@@ -47,7 +47,7 @@ from contract.ledger import Ledger
 from contract.names import PromptState, Reason
 from contract.schema import Sample
 
-from . import deliveries
+from . import confirmed_intake, deliveries
 from ..output import turns
 from .deliveries import STARTED
 from .generation import Buried, DeadLettered, GiveBack, bury, process_prompt
@@ -87,7 +87,7 @@ def _generate(self, run: str, prompt_id: str, max_new_tokens: int | None) -> str
         if STARTED.holds(run, prompt_id):  # a second message of a prompt this process generates
             return f"nothing to do: prompt is generating on {rt.worker}"
         with STARTED.taking(run, prompt_id):  # listed as held from before its note
-            intake = ledger.intake(prompt_id, rt.worker, rt.settings.max_deliveries)
+            intake = confirmed_intake.take(rt.redis, run, prompt_id, rt.worker, rt.settings.max_deliveries)
             if intake.noted and (other := deliveries.elsewhere(
                     rt.redis, run, prompt_id, rt.worker, intake.held_by, 3 * rt.settings.health_interval)):
                 deliveries.undo(rt.redis, run, prompt_id, rt.worker)  # not a delivery: a duplicate message

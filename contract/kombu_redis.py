@@ -423,7 +423,9 @@ def queued_messages(client, queue: str, page: int = 200) -> Iterator[dict]:
 def check() -> list[str]:
     """What of the kombu and Celery internals the fleet relies on this install no longer has;
     empty when every door still opens. The worker calls it once at start (`require`)."""
-    return _kombu_redis_problems() + _kombu_qos_problems() + _celery_problems()
+    from . import kombu_listen
+
+    return _kombu_redis_problems() + _kombu_qos_problems() + _celery_problems() + kombu_listen.problems()
 
 
 def require() -> None:

@@ -16,7 +16,7 @@ import signal
 from celery import signals
 from pydantic import ValidationError
 
-from contract import kombu_redis
+from contract import kombu_listen, kombu_redis
 from contract.broker import celery_app
 from contract.clock import CLOCK
 from contract.settings import settings_refusal
@@ -43,6 +43,7 @@ configure_redis(settings.redis_connections)  # every short Redis call shares a f
 kombu_redis.share_client(lambda: worker_redis(settings.redis_url))  # kombu's too
 kombu_redis.batch_takes()  # many messages taken per script, acknowledged with their group commit
 kombu_redis.follow_sentinel_pools()  # a failover drops their connections to the old primary (workers/intake/failover.py)
+kombu_listen.follow_reconnects()  # a subscription Redis closed (Sentinel demoting a primary) is heard again (Flower)
 kombu_redis.use_clock(lambda: CLOCK.now(worker_redis(settings.redis_url)))  # lease scores on Redis's clock
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
 if not settings.task_log:  # FLEET_TASK_LOG: Celery checks these levels once, when it builds its tracer

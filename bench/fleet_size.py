@@ -11,8 +11,10 @@ For each N, in a flushed Redis:
 - **rounds**: each simulated worker's periodic work, through the workers' own
   functions, one round trip per worker as a worker sends it: the health
   round's heartbeat and sharer stamp (`heartbeats.publish`, `sharers.count`,
-  every `health_interval`), the lease round (`lease.finished` then
-  `kombu_redis.renew` of its 256 leases, every lease/4), kombu's restore
+  every `health_interval`), the lease rounds (`lease.Leases.round`: a round
+  in which its 256 leases are all due, the ledger's states read and the
+  leases renewed, once per half lease, and one in which none is due, every
+  eighth of a lease), kombu's restore
   sweep (mutex, one page of lapsed leases, every restore interval) and
   Celery's worker-heartbeat event (every 2 s). Redis CPU (INFO cpu) per
   worker-second is the sum over these, each per round over its interval.
@@ -185,10 +187,16 @@ def _rounds(lab: Lab, state: FleetState, settings, opts: FleetOptions) -> dict:
         heartbeats.publish(client, worker, [], ttl=LIVE, holding=lambda: {RUN: state.holding[worker]},
                            started=0.0)
 
-    def leases(worker: str) -> None:
-        held = [Delivery(tag, None, RUN, pid) for tag, pid in zip(state.tags[worker], state.holding[worker])]
-        lease.finished(client, held)
-        kombu_redis.renew(client, state.tags[worker], CLOCK.sync(client))
+    keepers: dict[str, lease.Leases] = {}
+    held = {worker: {tag: Delivery(tag, None, RUN, pid) for tag, pid in zip(state.tags[worker], pids)}
+            for worker, pids in state.holding.items()}
+
+    def leases_due(worker: str) -> None:  # a keeper's first round: every lease is due
+        keepers[worker] = lease.Leases(client, lease.hold_limit(settings), settings.lease_seconds)
+        keepers[worker].round(held[worker])
+
+    def leases_idle(worker: str) -> None:  # the rounds in between: none is due (renewed moments ago)
+        keepers[worker].round(held[worker])
 
     def sweep(worker: str) -> None:
         if client.set("unacked_mutex", worker, nx=True, ex=60):
@@ -199,7 +207,12 @@ def _rounds(lab: Lab, state: FleetState, settings, opts: FleetOptions) -> dict:
     def heart(worker: str) -> None:
         client.publish(f"{EVENTS}/worker.heartbeat", event)
 
-    kinds = {"health": (health, settings.health_interval), "lease": (leases, max(1.0, settings.lease_seconds / 4)),
+    # A held lease is renewed once every half lease (`lease.Leases.due`: rounds every eighth of a
+    # lease, a lease due once half run out), so the lease rounds' cost a second is a round with every
+    # lease due per half lease, plus a round with none due per round.
+    kinds = {"health": (health, settings.health_interval),
+             "lease, every lease due": (leases_due, settings.lease_seconds / 2),
+             "lease, none due": (leases_idle, lease.round_period(settings.lease_seconds)),
              "restore sweep": (sweep, settings.restore_interval), "worker-heartbeat event": (heart, HEART_INTERVAL)}
     per_round = {}
     for name, (work, _) in kinds.items():
@@ -304,7 +317,7 @@ def _script_names() -> dict[str, str]:
     from contract.scripts import Lua
 
     names = {}
-    for module in ("contract.ledger_scripts", "contract.ledger", "contract.conversation_ledger",
+    for module in ("contract.ledger_scripts", "contract.ledger", "contract.conversation_ledger", "contract.kombu_take",
                    "workers.intake.deliveries", "contract.deliveries"):
         try:
             found = importlib.import_module(module)

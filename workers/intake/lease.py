@@ -26,6 +26,20 @@ Two things end a lease that would otherwise be renewed forever:
 Scores are times on Redis's clock (`contract/clock.py`), as kombu's own are
 (`kombu_redis.use_clock`): each round first measures it again, so a worker
 whose own clock is off renews leases that every other worker reads as fresh.
+
+A round renews only the leases that are due: those half run out by the score
+this keeper last wrote (`Leases.due`). Rounds come every eighth of a lease, so
+a due lease is renewed when it is between 1/2 and 5/8 of a lease old, and
+three rounds in a row can fail (a broker outage, a stalled process) for 3/8 of
+a lease before it lapses. Each delivery is thus renewed (and its prompt's state
+read) about once per half lease instead of every round, and one taken and
+finished within half a lease never at all: the lease round was the largest of a
+worker's periodic Redis costs (`python -m bench --parts fleet`). The keeper
+knows each score without reading it, because scores only go up (kombu's take,
+a renewal) while the delivery is held: what it wrote last is a lower bound.
+A delivery it has not seen before was taken after the previous round read what
+was held, so its score is at most a round older than that round (the take's
+own round trip, within the margin).
 """
 from __future__ import annotations
 
@@ -81,36 +95,66 @@ def settle(client, held: dict[str, Delivery], tags: Iterable[str]) -> None:
         kombu_redis.mark_acked(held[tag].qos, tag)
 
 
-class Leases:
-    """One round at a time: renew what is held, settle what is finished, drop what is overdue.
-    `decide` is the whole policy, without I/O; `round` reads the ledger and writes the leases."""
+def round_period(lease_seconds: float) -> float:
+    """Seconds between two lease rounds: an eighth of a lease (at least one second)."""
+    return max(1.0, lease_seconds / 8)
 
-    def __init__(self, client, limit: float, clock: Callable[[], float] = time.monotonic):
+
+class Leases:
+    """One round at a time: renew what is due, settle what is finished, drop what is overdue.
+    `due` and `decide` are the whole policy, without I/O; `round` reads the ledger and writes
+    the leases."""
+
+    def __init__(self, client, limit: float, lease_seconds: float, clock: Callable[[], float] = time.monotonic):
         self.client, self.limit, self.clock = client, limit, clock
+        self.renew_after, self.period = lease_seconds / 2, round_period(lease_seconds)
         self._since: dict[str, float] = {}
         self._finished: set[str] = set()
         self._overdue: set[str] = set()
+        self._scored: dict[str, float] = {}  # tag -> a lower bound of its lease's score (Redis's clock)
+        self._last_round: float | None = None
 
-    def decide(self, held: Iterable[str], finished_now: set[str]) -> tuple[set[str], list[str], set[str]]:
-        """(tags to settle, tags to renew, tags newly overdue) for this round. A tag is settled when
-        its prompt was finished in this round and the one before; it is overdue once held longer
-        than the limit, and then never renewed again."""
+    def due(self, held: Iterable[str], at: float) -> list[str]:
+        """The tags whose lease is half run out at `at` (Redis's clock). A tag first seen now was
+        taken after the previous round read what was held: scored no earlier than a round before
+        that round; in the first round every lease is due."""
+        floor = float("-inf") if self._last_round is None else self._last_round - self.period
+        self._scored = {tag: self._scored.get(tag, floor) for tag in held}
+        self._last_round = at
+        return [tag for tag, score in self._scored.items() if at - score >= self.renew_after]
+
+    def renewed(self, tags: Iterable[str], at: float) -> None:
+        """Record the score a renewal wrote."""
+        for tag in tags:
+            self._scored[tag] = at
+
+    def decide(self, held: Iterable[str], due: Iterable[str],
+               finished_now: set[str]) -> tuple[set[str], list[str], set[str]]:
+        """(tags to settle, tags to renew, tags newly overdue) for this round, given the tags due
+        (`due`) and those of them whose prompt is finished now. A tag is settled when its prompt
+        was finished at this check and its previous one; it is overdue once held longer than the
+        limit, and then never renewed again."""
         now = self.clock()
-        held = list(held)
+        held, due = list(held), list(due)
         self._since = {tag: self._since.get(tag, now) for tag in held}
-        settled, self._finished = finished_now & self._finished, set(finished_now)
+        settled = finished_now & self._finished
+        self._finished = ((self._finished - set(due)) | finished_now) & set(held)
         overdue = {tag for tag, since in self._since.items() if now - since > self.limit}
         newly, self._overdue = overdue - self._overdue, overdue
-        return settled, [t for t in held if t not in settled and t not in overdue], newly
+        return settled, [t for t in due if t not in settled and t not in overdue], newly
 
     def round(self, held: dict[str, Delivery]) -> int:
-        settled, live, newly_overdue = self.decide(held, finished(self.client, held.values()))
+        at = CLOCK.sync(self.client)
+        due = self.due(held, at)
+        settled, live, newly_overdue = self.decide(held, due, finished(self.client, [held[t] for t in due]))
         settle(self.client, held, settled)
         for tag in sorted(newly_overdue):
             log.warning("prompt %s of run %s held for over %.0fs: its lease is left to run out",
                         held[tag].prompt_id, held[tag].run, self.limit)
             STARTED.let_go(held[tag].run, held[tag].prompt_id)
-        kombu_redis.renew(self.client, live, CLOCK.sync(self.client))
+        if live:
+            kombu_redis.renew(self.client, live, at)
+            self.renewed(live, at)
         return len(live)
 
 
@@ -138,8 +182,7 @@ class LeaseKeeper(bootsteps.StartStopStep):
 
     def _run(self, c) -> None:
         rt = get_runtime(c.app.fleet_settings, c.hostname)
-        leases = Leases(rt.redis, hold_limit(rt.settings))
-        period = max(1.0, rt.settings.lease_seconds / 4)
+        leases = Leases(rt.redis, hold_limit(rt.settings), rt.settings.lease_seconds)
         trouble = lifeline.Trouble("lease renewal")
         while True:
             try:
@@ -149,5 +192,5 @@ class LeaseKeeper(bootsteps.StartStopStep):
                     log.debug("renewed %d leases", renewed)
             except Exception as exc:  # a broker blip must not kill the thread
                 trouble.failed(exc)
-            if self._stop.wait(period):
+            if self._stop.wait(leases.period):
                 return

@@ -111,24 +111,62 @@ def test_a_fleet_message_names_its_run_and_prompt():
     assert prompt_of(SimpleNamespace(body=json.dumps([[], {}, {}]))) == (None, None)
 
 
-def test_a_held_delivery_is_renewed_until_its_prompt_is_finished_twice_in_a_row():
-    leases = Leases(None, limit=100, clock=lambda: 0.0)
-    assert leases.decide(["a", "b"], set()) == (set(), ["a", "b"], set())
-    assert leases.decide(["a", "b"], {"a"}) == (set(), ["a", "b"], set())  # its own ack may be on its way
-    assert leases.decide(["a", "b"], {"a"}) == ({"a"}, ["b"], set())
+def test_a_held_delivery_is_renewed_until_its_prompt_is_finished_at_two_checks_in_a_row():
+    leases = Leases(None, limit=1000, lease_seconds=100, clock=lambda: 0.0)
+    assert leases.decide(["a", "b"], ["a", "b"], set()) == (set(), ["a", "b"], set())
+    assert leases.decide(["a", "b"], ["a", "b"], {"a"}) == (set(), ["a", "b"], set())  # its ack may be on its way
+    assert leases.decide(["a", "b"], ["b"], set()) == (set(), ["b"], set())  # "a" not due: not checked
+    assert leases.decide(["a", "b"], ["a", "b"], {"a"}) == ({"a"}, ["b"], set())
+
+
+def test_a_delivery_finished_at_one_check_and_not_the_next_is_kept():
+    leases = Leases(None, limit=1000, lease_seconds=100, clock=lambda: 0.0)
+    leases.decide(["a"], ["a"], {"a"})
+    assert leases.decide(["a"], ["a"], set()) == (set(), ["a"], set())
+    assert leases.decide(["a"], ["a"], {"a"}) == (set(), ["a"], set())
 
 
 def test_no_lease_is_renewed_past_the_hold_limit():
     now = [0.0]
-    leases = Leases(None, limit=10, clock=lambda: now[0])
-    assert leases.decide(["a"], set()) == (set(), ["a"], set())
+    leases = Leases(None, limit=10, lease_seconds=100, clock=lambda: now[0])
+    assert leases.decide(["a"], ["a"], set()) == (set(), ["a"], set())
     now[0] = 8.0
-    assert leases.decide(["a", "b"], set()) == (set(), ["a", "b"], set())
+    assert leases.decide(["a", "b"], ["a", "b"], set()) == (set(), ["a", "b"], set())
     now[0] = 11.0
-    assert leases.decide(["a", "b"], set()) == (set(), ["b"], {"a"})
+    assert leases.decide(["a", "b"], ["a", "b"], set()) == (set(), ["b"], {"a"})
     now[0] = 12.0
-    assert leases.decide(["a", "b"], set()) == (set(), ["b"], set())  # said once, never renewed again
-    assert leases.decide(["b"], set()) == (set(), ["b"], set())
+    assert leases.decide(["a", "b"], ["a", "b"], set()) == (set(), ["b"], set())  # said once, never renewed again
+    assert leases.decide(["b"], ["b"], set()) == (set(), ["b"], set())
+
+
+def test_every_lease_is_due_in_a_keepers_first_round():
+    leases = Leases(None, limit=1000, lease_seconds=120)
+    assert leases.due(["a", "b"], at=1_000.0) == ["a", "b"]
+
+
+def test_a_lease_is_renewed_once_half_of_it_has_run_out_and_lapses_after_three_failed_rounds():
+    # Given a 120 s lease: rounds every 15 s, a lease due once 60 s old
+    leases = Leases(None, limit=1000, lease_seconds=120)
+    assert leases.period == 15.0
+    leases.renewed(leases.due(["a"], at=0.0), at=0.0)
+    # Then it is left alone while under half run out...
+    assert [leases.due(["a"], at=t) for t in (15.0, 30.0, 45.0)] == [[], [], []]
+    # ...and due from then on until renewed: three failed rounds leave it 105 s old, under the lease
+    assert [leases.due(["a"], at=t) for t in (60.0, 75.0, 90.0, 105.0)] == [["a"]] * 4
+    leases.renewed(["a"], at=105.0)
+    assert leases.due(["a"], at=120.0) == []
+
+
+def test_a_delivery_first_seen_is_taken_as_scored_a_round_before_the_previous_round():
+    # Given a keeper whose previous round ran at 1,000 s (rounds every 15 s)
+    leases = Leases(None, limit=1000, lease_seconds=120)
+    leases.renewed(leases.due(["old"], at=1_000.0), at=1_000.0)
+    # When a delivery it never saw is held at the next round: taken after the previous round read
+    # what was held, so scored at 985 s at the earliest (a round trip within a round's margin)
+    assert leases.due(["old", "new"], at=1_015.0) == []
+    # Then it is due once 60 s have passed since that earliest score, before the one renewed at 1,000 s
+    assert leases.due(["old", "new"], at=1_045.0) == ["new"]
+    assert leases.due(["old", "new"], at=1_060.0) == ["old", "new"]
 
 
 def test_the_hold_limit_outlasts_every_request_a_task_may_make():

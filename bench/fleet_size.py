@@ -13,8 +13,8 @@ For each N, in a flushed Redis:
   round's heartbeat and sharer stamp (`heartbeats.publish`, `sharers.count`,
   every `health_interval`), the lease rounds (`lease.Leases.round`: a round
   in which its 256 leases are all due, the ledger's states read and the
-  leases renewed, once per half lease, and one in which none is due, every
-  eighth of a lease), kombu's restore
+  leases renewed, once per `Leases.interval` (3/8 of a lease), and one in
+  which none is due, every eighth of a lease), kombu's restore
   sweep (mutex, one page of lapsed leases, every restore interval) and
   Celery's worker-heartbeat event (every 2 s). Redis CPU (INFO cpu) per
   worker-second is the sum over these, each per round over its interval.
@@ -207,11 +207,12 @@ def _rounds(lab: Lab, state: FleetState, settings, opts: FleetOptions) -> dict:
     def heart(worker: str) -> None:
         client.publish(f"{EVENTS}/worker.heartbeat", event)
 
-    # A held lease is renewed once every half lease (`lease.Leases.due`: rounds every eighth of a
-    # lease, a lease due once half run out), so the lease rounds' cost a second is a round with every
-    # lease due per half lease, plus a round with none due per round.
+    # A lease held throughout is renewed every `Leases.interval` (3/8 of a lease: rounds every eighth
+    # of a lease, a lease due when it would be half run out by the next), so the lease rounds' cost a
+    # second is a round with every lease due per interval, plus a round with none due per round.
+    policy = lease.Leases(None, lease.hold_limit(settings), settings.lease_seconds)
     kinds = {"health": (health, settings.health_interval),
-             "lease, every lease due": (leases_due, settings.lease_seconds / 2),
+             "lease, every lease due": (leases_due, policy.interval),
              "lease, none due": (leases_idle, lease.round_period(settings.lease_seconds)),
              "restore sweep": (sweep, settings.restore_interval), "worker-heartbeat event": (heart, HEART_INTERVAL)}
     per_round = {}

@@ -27,23 +27,25 @@ Scores are times on Redis's clock (`contract/clock.py`), as kombu's own are
 (`kombu_redis.use_clock`): each round first measures it again, so a worker
 whose own clock is off renews leases that every other worker reads as fresh.
 
-A round renews only the leases that are due: those half run out by the score
-this keeper last wrote (`Leases.due`). Rounds come every eighth of a lease, so
-a due lease is renewed when it is between 1/2 and 5/8 of a lease old, and
-three rounds in a row can fail (a broker outage, a stalled process) for 3/8 of
-a lease before it lapses. Each delivery is thus renewed (and its prompt's state
-read) about once per half lease instead of every round, and one taken and
-finished within half a lease never at all: the lease round was the largest of a
-worker's periodic Redis costs (`python -m bench --parts fleet`). The keeper
-knows each score without reading it, because scores only go up (kombu's take,
-a renewal) while the delivery is held: what it wrote last is a lower bound.
-A delivery it has not seen before was taken after the previous round read what
-was held, so its score is at most a round older than that round (the take's
-own round trip, within the margin).
+A round renews only the leases that are due (`Leases.due`): those that would
+be half run out by the next round, by the score this keeper last wrote. Rounds
+come every eighth of a lease, so a live worker's lease is never more than half
+run out: it lapses only after half a lease of failed rounds (a broker outage, a
+stalled process, a partition), where renewing every quarter lease allowed three
+quarters. In exchange each delivery is renewed (and its prompt's state read)
+every 3/8 of a lease instead of every quarter, a third less of the lease
+round's Redis work, the largest of a worker's periodic Redis costs (`python -m
+bench --parts fleet`). The keeper knows each score without reading it, because
+a held delivery's score only goes up (kombu's take, a renewal): what it wrote
+last is a lower bound. A delivery it has not seen before was taken after the
+previous round read what was held, so its score is at most a round older than
+that round (the take's own round trip, well within the margin); in a keeper's
+first round every lease is due.
 """
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from typing import Callable, Iterable
@@ -107,17 +109,23 @@ class Leases:
 
     def __init__(self, client, limit: float, lease_seconds: float, clock: Callable[[], float] = time.monotonic):
         self.client, self.limit, self.clock = client, limit, clock
-        self.renew_after, self.period = lease_seconds / 2, round_period(lease_seconds)
+        self.period = round_period(lease_seconds)
+        self.renew_after = lease_seconds / 2 - self.period  # half run out by the next round
         self._since: dict[str, float] = {}
         self._finished: set[str] = set()
         self._overdue: set[str] = set()
         self._scored: dict[str, float] = {}  # tag -> a lower bound of its lease's score (Redis's clock)
         self._last_round: float | None = None
 
+    @property
+    def interval(self) -> float:
+        """How often a delivery held throughout is renewed, when rounds keep time."""
+        return max(1, math.ceil(self.renew_after / self.period)) * self.period
+
     def due(self, held: Iterable[str], at: float) -> list[str]:
-        """The tags whose lease is half run out at `at` (Redis's clock). A tag first seen now was
-        taken after the previous round read what was held: scored no earlier than a round before
-        that round; in the first round every lease is due."""
+        """The tags whose lease would be half run out by the next round, at `at` (Redis's clock). A
+        tag first seen now was taken after the previous round read what was held: scored no
+        earlier than a round before that round; in the first round every lease is due."""
         floor = float("-inf") if self._last_round is None else self._last_round - self.period
         self._scored = {tag: self._scored.get(tag, floor) for tag in held}
         self._last_round = at

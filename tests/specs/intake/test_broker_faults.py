@@ -144,17 +144,19 @@ def test_every_lease_is_due_in_a_keepers_first_round():
     assert leases.due(["a", "b"], at=1_000.0) == ["a", "b"]
 
 
-def test_a_lease_is_renewed_once_half_of_it_has_run_out_and_lapses_after_three_failed_rounds():
-    # Given a 120 s lease: rounds every 15 s, a lease due once 60 s old
+def test_a_live_workers_lease_is_never_more_than_half_run_out():
+    # Given a 120 s lease: rounds every 15 s, a lease due when it would be 60 s old by the next
     leases = Leases(None, limit=1000, lease_seconds=120)
     assert leases.period == 15.0
     leases.renewed(leases.due(["a"], at=0.0), at=0.0)
-    # Then it is left alone while under half run out...
-    assert [leases.due(["a"], at=t) for t in (15.0, 30.0, 45.0)] == [[], [], []]
-    # ...and due from then on until renewed: three failed rounds leave it 105 s old, under the lease
-    assert [leases.due(["a"], at=t) for t in (60.0, 75.0, 90.0, 105.0)] == [["a"]] * 4
-    leases.renewed(["a"], at=105.0)
-    assert leases.due(["a"], at=120.0) == []
+    # Then it is left alone for two rounds...
+    assert [leases.due(["a"], at=t) for t in (15.0, 30.0)] == [[], []]
+    # ...and due from the third on until renewed: 45 s old, then 60, 75, 90, 105 when rounds fail,
+    # so it lapses (120 s) only after half a lease of failed rounds
+    assert [leases.due(["a"], at=t) for t in (45.0, 60.0, 75.0, 90.0, 105.0)] == [["a"]] * 5
+    leases.renewed(["a"], at=45.0)
+    assert leases.due(["a"], at=75.0) == []
+    assert leases.interval == 45.0  # held throughout, renewed every third round
 
 
 def test_a_delivery_first_seen_is_taken_as_scored_a_round_before_the_previous_round():
@@ -164,14 +166,10 @@ def test_a_delivery_first_seen_is_taken_as_scored_a_round_before_the_previous_ro
     # When a delivery it never saw is held at the next round: taken after the previous round read
     # what was held, so scored at 985 s at the earliest (a round trip within a round's margin)
     assert leases.due(["old", "new"], at=1_015.0) == []
-    # Then it is due once 60 s have passed since that earliest score, before the one renewed at 1,000 s
-    assert leases.due(["old", "new"], at=1_045.0) == ["new"]
-    assert leases.due(["old", "new"], at=1_060.0) == ["old", "new"]
-
-
-def test_the_hold_limit_outlasts_every_request_a_task_may_make():
-    s = Settings()
-    assert hold_limit(s) > (s.max_attempts + 1) * s.request_timeout + s.lease_seconds
+    # Then it is due once it would be 60 s past that earliest score by the next round, a round
+    # before the one renewed at 1,000 s
+    assert leases.due(["old", "new"], at=1_030.0) == ["new"]
+    assert leases.due(["old", "new"], at=1_045.0) == ["old", "new"]
 
 
 def test_every_channel_hands_out_the_workers_shared_client_for_its_short_calls():

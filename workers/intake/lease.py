@@ -14,9 +14,12 @@ lives from the consumer's first start to its shutdown, across reconnects, and
 renews through the worker's own Redis client.
 
 Two things end a lease that would otherwise be renewed forever:
-- a delivery whose prompt the ledger records as done or dead in two rounds in
+- a delivery whose prompt the ledger records as done or dead at two checks in
   a row is acknowledged here: its task finished but its ack was lost (the
-  connection dropped under it);
+  connection dropped under it). A delivery is checked when its lease is due and
+  its prompt is not being generated here (`STARTED.holds`): a task still running
+  settles its own delivery when it ends, so only one whose task ended (or never
+  began) can be finished without its ack;
 - a delivery held longer than `hold_limit` (every request the task may make at
   its full timeout, and more) is no longer renewed: its task is stuck, so the
   lease runs out, the prompt goes to another worker, and its delivery count
@@ -35,7 +38,8 @@ stalled process, a partition), where renewing every quarter lease allowed three
 quarters. In exchange each delivery is renewed (and its prompt's state read)
 every 3/8 of a lease instead of every quarter, a third less of the lease
 round's Redis work, the largest of a worker's periodic Redis costs (`python -m
-bench --parts fleet`). The keeper knows each score without reading it, because
+bench --parts fleet`), and only a delivery whose task is not running has its
+prompt's state read (the larger part of that work). The keeper knows each score without reading it, because
 a held delivery's score only goes up (kombu's take, a renewal): what it wrote
 last is a lower bound. A delivery it has not seen before was taken after the
 previous round read what was held, so its score is at most a round older than
@@ -107,8 +111,9 @@ class Leases:
     `due` and `decide` are the whole policy, without I/O; `round` reads the ledger and writes
     the leases."""
 
-    def __init__(self, client, limit: float, lease_seconds: float, clock: Callable[[], float] = time.monotonic):
-        self.client, self.limit, self.clock = client, limit, clock
+    def __init__(self, client, limit: float, lease_seconds: float, clock: Callable[[], float] = time.monotonic,
+                 running: Callable[[Delivery], bool] = lambda d: STARTED.holds(d.run, d.prompt_id)):
+        self.client, self.limit, self.clock, self.running = client, limit, clock, running
         self.period = round_period(lease_seconds)
         self.renew_after = lease_seconds / 2 - self.period  # half run out by the next round
         self._since: dict[str, float] = {}
@@ -136,17 +141,18 @@ class Leases:
         for tag in tags:
             self._scored[tag] = at
 
-    def decide(self, held: Iterable[str], due: Iterable[str],
+    def decide(self, held: Iterable[str], due: Iterable[str], checked: Iterable[str],
                finished_now: set[str]) -> tuple[set[str], list[str], set[str]]:
         """(tags to settle, tags to renew, tags newly overdue) for this round, given the tags due
-        (`due`) and those of them whose prompt is finished now. A tag is settled when its prompt
-        was finished at this check and its previous one; it is overdue once held longer than the
-        limit, and then never renewed again."""
+        (`due`), those whose prompt's state was read (`checked`) and those of them whose prompt is
+        finished now. A tag is settled when its prompt was finished at this check and its
+        previous one; it is overdue once held longer than the limit, and then never renewed
+        again."""
         now = self.clock()
         held, due = list(held), list(due)
         self._since = {tag: self._since.get(tag, now) for tag in held}
         settled = finished_now & self._finished
-        self._finished = ((self._finished - set(due)) | finished_now) & set(held)
+        self._finished = ((self._finished - set(checked)) | finished_now) & set(held)
         overdue = {tag for tag, since in self._since.items() if now - since > self.limit}
         newly, self._overdue = overdue - self._overdue, overdue
         return settled, [t for t in due if t not in settled and t not in overdue], newly
@@ -154,7 +160,9 @@ class Leases:
     def round(self, held: dict[str, Delivery]) -> int:
         at = CLOCK.sync(self.client)
         due = self.due(held, at)
-        settled, live, newly_overdue = self.decide(held, due, finished(self.client, [held[t] for t in due]))
+        checked = [held[t] for t in due if not self.running(held[t])]
+        settled, live, newly_overdue = self.decide(held, due, [d.tag for d in checked],
+                                                   finished(self.client, checked))
         settle(self.client, held, settled)
         for tag in sorted(newly_overdue):
             log.warning("prompt %s of run %s held for over %.0fs: its lease is left to run out",

@@ -113,30 +113,32 @@ def test_a_fleet_message_names_its_run_and_prompt():
 
 def test_a_held_delivery_is_renewed_until_its_prompt_is_finished_at_two_checks_in_a_row():
     leases = Leases(None, limit=1000, lease_seconds=100, clock=lambda: 0.0)
-    assert leases.decide(["a", "b"], ["a", "b"], set()) == (set(), ["a", "b"], set())
-    assert leases.decide(["a", "b"], ["a", "b"], {"a"}) == (set(), ["a", "b"], set())  # its ack may be on its way
-    assert leases.decide(["a", "b"], ["b"], set()) == (set(), ["b"], set())  # "a" not due: not checked
-    assert leases.decide(["a", "b"], ["a", "b"], {"a"}) == ({"a"}, ["b"], set())
+    ab = ["a", "b"]
+    assert leases.decide(ab, ab, ab, set()) == (set(), ["a", "b"], set())
+    assert leases.decide(ab, ab, ab, {"a"}) == (set(), ["a", "b"], set())  # its ack may be on its way
+    assert leases.decide(ab, ["b"], ["b"], set()) == (set(), ["b"], set())  # "a" not due: not checked
+    assert leases.decide(ab, ab, ["b"], set()) == (set(), ["a", "b"], set())  # "a" due, running: not checked
+    assert leases.decide(ab, ab, ab, {"a"}) == ({"a"}, ["b"], set())
 
 
 def test_a_delivery_finished_at_one_check_and_not_the_next_is_kept():
     leases = Leases(None, limit=1000, lease_seconds=100, clock=lambda: 0.0)
-    leases.decide(["a"], ["a"], {"a"})
-    assert leases.decide(["a"], ["a"], set()) == (set(), ["a"], set())
-    assert leases.decide(["a"], ["a"], {"a"}) == (set(), ["a"], set())
+    leases.decide(["a"], ["a"], ["a"], {"a"})
+    assert leases.decide(["a"], ["a"], ["a"], set()) == (set(), ["a"], set())
+    assert leases.decide(["a"], ["a"], ["a"], {"a"}) == (set(), ["a"], set())
 
 
 def test_no_lease_is_renewed_past_the_hold_limit():
     now = [0.0]
     leases = Leases(None, limit=10, lease_seconds=100, clock=lambda: now[0])
-    assert leases.decide(["a"], ["a"], set()) == (set(), ["a"], set())
+    assert leases.decide(["a"], ["a"], [], set()) == (set(), ["a"], set())
     now[0] = 8.0
-    assert leases.decide(["a", "b"], ["a", "b"], set()) == (set(), ["a", "b"], set())
+    assert leases.decide(["a", "b"], ["a", "b"], [], set()) == (set(), ["a", "b"], set())
     now[0] = 11.0
-    assert leases.decide(["a", "b"], ["a", "b"], set()) == (set(), ["b"], {"a"})
+    assert leases.decide(["a", "b"], ["a", "b"], [], set()) == (set(), ["b"], {"a"})
     now[0] = 12.0
-    assert leases.decide(["a", "b"], ["a", "b"], set()) == (set(), ["b"], set())  # said once, never renewed again
-    assert leases.decide(["b"], ["b"], set()) == (set(), ["b"], set())
+    assert leases.decide(["a", "b"], ["a", "b"], [], set()) == (set(), ["b"], set())  # said once, never again
+    assert leases.decide(["b"], ["b"], [], set()) == (set(), ["b"], set())
 
 
 def test_every_lease_is_due_in_a_keepers_first_round():

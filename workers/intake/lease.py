@@ -33,18 +33,18 @@ whose own clock is off renews leases that every other worker reads as fresh.
 A round renews only the leases that are due (`Leases.due`): those that would
 be half run out by the next round, by the score this keeper last wrote. Rounds
 come every eighth of a lease, so a live worker's lease is never more than half
-run out: it lapses only after half a lease of failed rounds (a broker outage, a
-stalled process, a partition), where renewing every quarter lease allowed three
-quarters. In exchange each delivery is renewed (and its prompt's state read)
-every 3/8 of a lease instead of every quarter, a third less of the lease
-round's Redis work, the largest of a worker's periodic Redis costs (`python -m
-bench --parts fleet`), and only a delivery whose task is not running has its
-prompt's state read (the larger part of that work). The keeper knows each score without reading it, because
-a held delivery's score only goes up (kombu's take, a renewal): what it wrote
-last is a lower bound. A delivery it has not seen before was taken after the
-previous round read what was held, so its score is at most a round older than
-that round (the take's own round trip, well within the margin); in a keeper's
-first round every lease is due.
+run out: it lapses only after half a lease of failed rounds (a broker outage,
+a stalled process, a partition), where renewing every quarter lease allowed
+three quarters. In exchange each delivery is renewed every 3/8 of a lease
+instead of every quarter (a third fewer renewals), and the ledger is read only
+for a due delivery whose task is not running (the larger part of a round's
+Redis work): the lease round was the largest of a worker's periodic Redis
+costs (`python -m bench --parts fleet`). The keeper knows each score without
+reading it, because a held delivery's score only goes up (kombu's take, a
+renewal): what it wrote last is a lower bound. A delivery it has not seen
+before was taken after the previous round read what was held, so its score is
+at most a round older than that round (the take's own round trip, well within
+the margin); in a keeper's first round every lease is due.
 """
 from __future__ import annotations
 

@@ -11,11 +11,10 @@ For each N, in a flushed Redis:
 - **rounds**: each simulated worker's periodic work, through the workers' own
   functions, one round trip per worker as a worker sends it: the health
   round's heartbeat and sharer stamp (`heartbeats.publish`, `sharers.count`,
-  every `health_interval`), the lease rounds (`lease.Leases.round`: a round
-  in which its 256 leases are all due and renewed, once per
-  `Leases.interval` (3/8 of a lease), and one in which none is due, every
-  eighth of a lease; the prompts are being generated, so their states are
-  not read, and the round that reads them all is measured beside), kombu's
+  every `health_interval`), the lease round (`lease.Leases.round`, every
+  quarter lease: its 256 leases all renewed; the prompts are being generated,
+  so their states are not read, and the round that reads them all is measured
+  beside), kombu's
   restore sweep (mutex, one page of lapsed leases, every restore interval) and
   Celery's worker-heartbeat event (every 2 s). Redis CPU (INFO cpu) per
   worker-second is the sum over these, each per round over its interval.
@@ -188,17 +187,13 @@ def _rounds(lab: Lab, state: FleetState, settings, opts: FleetOptions) -> dict:
         heartbeats.publish(client, worker, [], ttl=LIVE, holding=lambda: {RUN: state.holding[worker]},
                            started=0.0)
 
-    keepers: dict[str, lease.Leases] = {}
     held = {worker: {tag: Delivery(tag, None, RUN, pid) for tag, pid in zip(state.tags[worker], pids)}
             for worker, pids in state.holding.items()}
+    keepers = {generating: lease.Leases(client, lease.hold_limit(settings), running=lambda d, g=generating: g)
+               for generating in (True, False)}
 
-    def leases_due(worker: str, generating: bool = True) -> None:  # a keeper's first round: every lease due
-        keepers[worker] = lease.Leases(client, lease.hold_limit(settings), settings.lease_seconds,
-                                       running=lambda d: generating)
-        keepers[worker].round(held[worker])
-
-    def leases_idle(worker: str) -> None:  # the rounds in between: none is due (renewed moments ago)
-        keepers[worker].round(held[worker])
+    def leases(worker: str, generating: bool = True) -> None:
+        keepers[generating].round(held[worker])
 
     def sweep(worker: str) -> None:
         if client.set("unacked_mutex", worker, nx=True, ex=60):
@@ -209,18 +204,13 @@ def _rounds(lab: Lab, state: FleetState, settings, opts: FleetOptions) -> dict:
     def heart(worker: str) -> None:
         client.publish(f"{EVENTS}/worker.heartbeat", event)
 
-    # A lease held throughout is renewed every `Leases.interval` (3/8 of a lease: rounds every eighth
-    # of a lease, a lease due when it would be half run out by the next), so the lease rounds' cost a
-    # second is a round with every lease due per interval, plus a round with none due per round. The
-    # simulated prompts are in flight, so being generated: their states are not read (`Leases.round`);
-    # the same round for prompts none of which is generated (each state read) is measured beside, not
-    # counted in the figure a second.
-    policy = lease.Leases(None, lease.hold_limit(settings), settings.lease_seconds)
-    kinds = {"health": (health, settings.health_interval),
-             "lease, every lease due": (leases_due, policy.interval),
-             "lease, none due": (leases_idle, lease.round_period(settings.lease_seconds)),
+    # Every round renews every held lease. The simulated prompts are in flight, so being generated:
+    # their states are not read (`Leases.round`); the same round for prompts none of which is
+    # generated (each state read) is measured beside, not counted in the figure a second.
+    period = lease.round_period(settings.lease_seconds)
+    kinds = {"health": (health, settings.health_interval), "lease": (leases, period),
              "restore sweep": (sweep, settings.restore_interval), "worker-heartbeat event": (heart, HEART_INTERVAL)}
-    beside = {"lease, every lease due, none generating": (lambda w: leases_due(w, False), policy.interval)}
+    beside = {"lease, none generating": (lambda w: leases(w, False), period)}
     per_round = {}
     for name, (work, _) in {**kinds, **beside}.items():
         before = _redis_cpu(client), _calls(client)

@@ -13,13 +13,22 @@ still run here, so their leases must not lapse. The keeper's thread therefore
 lives from the consumer's first start to its shutdown, across reconnects, and
 renews through the worker's own Redis client.
 
+Rounds come every quarter lease (`round_period`) and renew every held
+delivery, so after a round no lease the worker holds is older than that round,
+and before the next none is more than a quarter lease old: a live worker's
+leases lapse only after three quarters of a lease (90 s at the default 120 s)
+without a round (a broker outage, a stalled process, a partition). Renewing
+only the leases nearly due would save a few us of Redis per worker-second and
+cost that tolerance, so every round renews them all, in one ZADD XX.
+
 Two things end a lease that would otherwise be renewed forever:
 - a delivery whose prompt the ledger records as done or dead at two checks in
   a row is acknowledged here: its task finished but its ack was lost (the
-  connection dropped under it). A delivery is checked when its lease is due and
-  its prompt is not being generated here (`STARTED.holds`): a task still running
-  settles its own delivery when it ends, so only one whose task ended (or never
-  began) can be finished without its ack;
+  connection dropped under it). A delivery is checked only when its prompt is
+  not being generated here (`STARTED.holds`): a task still running settles its
+  own delivery when it ends, so only one whose task ended (or never began) can
+  be finished without its ack. Reading every held prompt's state was the larger
+  part of a round's Redis work (`python -m bench --parts fleet`);
 - a delivery held longer than `hold_limit` (every request the task may make at
   its full timeout, and more) is no longer renewed: its task is stuck, so the
   lease runs out, the prompt goes to another worker, and its delivery count
@@ -29,27 +38,10 @@ Two things end a lease that would otherwise be renewed forever:
 Scores are times on Redis's clock (`contract/clock.py`), as kombu's own are
 (`kombu_redis.use_clock`): each round first measures it again, so a worker
 whose own clock is off renews leases that every other worker reads as fresh.
-
-A round renews only the leases that are due (`Leases.due`): those that would
-be half run out by the next round, by the score this keeper last wrote. Rounds
-come every eighth of a lease, so a live worker's lease is never more than half
-run out: it lapses only after half a lease of failed rounds (a broker outage,
-a stalled process, a partition), where renewing every quarter lease allowed
-three quarters. In exchange each delivery is renewed every 3/8 of a lease
-instead of every quarter (a third fewer renewals), and the ledger is read only
-for a due delivery whose task is not running (the larger part of a round's
-Redis work): the lease round was the largest of a worker's periodic Redis
-costs (`python -m bench --parts fleet`). The keeper knows each score without
-reading it, because a held delivery's score only goes up (kombu's take, a
-renewal): what it wrote last is a lower bound. A delivery it has not seen
-before was taken after the previous round read what was held, so its score is
-at most a round older than that round (the take's own round trip, well within
-the margin); in a keeper's first round every lease is due.
 """
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from typing import Callable, Iterable
@@ -102,67 +94,41 @@ def settle(client, held: dict[str, Delivery], tags: Iterable[str]) -> None:
 
 
 def round_period(lease_seconds: float) -> float:
-    """Seconds between two lease rounds: an eighth of a lease (at least one second)."""
-    return max(1.0, lease_seconds / 8)
+    """Seconds between two lease rounds: a quarter lease (at least one second), so that a lease
+    lapses only after three quarters of a lease without a round."""
+    return max(1.0, lease_seconds / 4)
 
 
 class Leases:
-    """One round at a time: renew what is due, settle what is finished, drop what is overdue.
-    `due` and `decide` are the whole policy, without I/O; `round` reads the ledger and writes
-    the leases."""
+    """One round at a time: renew what is held, settle what is finished, drop what is overdue.
+    `decide` is the whole policy, without I/O; `round` reads the ledger and writes the leases."""
 
-    def __init__(self, client, limit: float, lease_seconds: float, clock: Callable[[], float] = time.monotonic,
+    def __init__(self, client, limit: float, clock: Callable[[], float] = time.monotonic,
                  running: Callable[[Delivery], bool] = lambda d: STARTED.holds(d.run, d.prompt_id)):
         self.client, self.limit, self.clock, self.running = client, limit, clock, running
-        self.period = round_period(lease_seconds)
-        self.renew_after = lease_seconds / 2 - self.period  # half run out by the next round
         self._since: dict[str, float] = {}
         self._finished: set[str] = set()
         self._overdue: set[str] = set()
-        self._scored: dict[str, float] = {}  # tag -> a lower bound of its lease's score (Redis's clock)
-        self._last_round: float | None = None
 
-    @property
-    def interval(self) -> float:
-        """How often a delivery held throughout is renewed, when rounds keep time."""
-        return max(1, math.ceil(self.renew_after / self.period)) * self.period
-
-    def due(self, held: Iterable[str], at: float) -> list[str]:
-        """The tags whose lease would be half run out by the next round, at `at` (Redis's clock). A
-        tag first seen now was taken after the previous round read what was held: scored no
-        earlier than a round before that round; in the first round every lease is due."""
-        floor = float("-inf") if self._last_round is None else self._last_round - self.period
-        self._scored = {tag: self._scored.get(tag, floor) for tag in held}
-        self._last_round = at
-        return [tag for tag, score in self._scored.items() if at - score >= self.renew_after]
-
-    def renewed(self, tags: Iterable[str], at: float) -> None:
-        """Record the score a renewal wrote."""
-        for tag in tags:
-            self._scored[tag] = at
-
-    def decide(self, held: Iterable[str], due: Iterable[str], checked: Iterable[str],
+    def decide(self, held: Iterable[str], checked: Iterable[str],
                finished_now: set[str]) -> tuple[set[str], list[str], set[str]]:
-        """(tags to settle, tags to renew, tags newly overdue) for this round, given the tags due
-        (`due`), those whose prompt's state was read (`checked`) and those of them whose prompt is
-        finished now. A tag is settled when its prompt was finished at this check and its
-        previous one; it is overdue once held longer than the limit, and then never renewed
-        again."""
+        """(tags to settle, tags to renew, tags newly overdue) for this round, given the tags whose
+        prompt's state was read (`checked`) and those of them whose prompt is finished now. A tag is
+        settled when its prompt was finished at this check and its previous one; it is overdue once
+        held longer than the limit, and then never renewed again; every other held tag is renewed."""
         now = self.clock()
-        held, due = list(held), list(due)
+        held = list(held)
         self._since = {tag: self._since.get(tag, now) for tag in held}
         settled = finished_now & self._finished
         self._finished = ((self._finished - set(checked)) | finished_now) & set(held)
         overdue = {tag for tag, since in self._since.items() if now - since > self.limit}
         newly, self._overdue = overdue - self._overdue, overdue
-        return settled, [t for t in due if t not in settled and t not in overdue], newly
+        return settled, [t for t in held if t not in settled and t not in overdue], newly
 
     def round(self, held: dict[str, Delivery]) -> int:
         at = CLOCK.sync(self.client)
-        due = self.due(held, at)
-        checked = [held[t] for t in due if not self.running(held[t])]
-        settled, live, newly_overdue = self.decide(held, due, [d.tag for d in checked],
-                                                   finished(self.client, checked))
+        checked = [d for d in held.values() if not self.running(d)]
+        settled, live, newly_overdue = self.decide(held, [d.tag for d in checked], finished(self.client, checked))
         settle(self.client, held, settled)
         for tag in sorted(newly_overdue):
             log.warning("prompt %s of run %s held for over %.0fs: its lease is left to run out",
@@ -170,7 +136,6 @@ class Leases:
             STARTED.let_go(held[tag].run, held[tag].prompt_id)
         if live:
             kombu_redis.renew(self.client, live, at)
-            self.renewed(live, at)
         return len(live)
 
 
@@ -198,7 +163,7 @@ class LeaseKeeper(bootsteps.StartStopStep):
 
     def _run(self, c) -> None:
         rt = get_runtime(c.app.fleet_settings, c.hostname)
-        leases = Leases(rt.redis, hold_limit(rt.settings), rt.settings.lease_seconds)
+        leases, period = Leases(rt.redis, hold_limit(rt.settings)), round_period(rt.settings.lease_seconds)
         trouble = lifeline.Trouble("lease renewal")
         while True:
             try:
@@ -208,5 +173,5 @@ class LeaseKeeper(bootsteps.StartStopStep):
                     log.debug("renewed %d leases", renewed)
             except Exception as exc:  # a broker blip must not kill the thread
                 trouble.failed(exc)
-            if self._stop.wait(leases.period):
+            if self._stop.wait(period):
                 return

@@ -13,10 +13,22 @@ still run here, so their leases must not lapse. The keeper's thread therefore
 lives from the consumer's first start to its shutdown, across reconnects, and
 renews through the worker's own Redis client.
 
+Rounds come every quarter lease (`round_period`) and renew every held
+delivery, so after a round no lease the worker holds is older than that round,
+and before the next none is more than a quarter lease old: a live worker's
+leases lapse only after three quarters of a lease (90 s at the default 120 s)
+without a round (a broker outage, a stalled process, a partition). Renewing
+only the leases nearly due would save a few us of Redis per worker-second and
+cost that tolerance, so every round renews them all, in one ZADD XX.
+
 Two things end a lease that would otherwise be renewed forever:
-- a delivery whose prompt the ledger records as done or dead in two rounds in
+- a delivery whose prompt the ledger records as done or dead at two checks in
   a row is acknowledged here: its task finished but its ack was lost (the
-  connection dropped under it);
+  connection dropped under it). A delivery is checked only when its prompt is
+  not being generated here (`STARTED.holds`): a task still running settles its
+  own delivery when it ends, so only one whose task ended (or never began) can
+  be finished without its ack. Reading every held prompt's state was the larger
+  part of a round's Redis work (`python -m bench --parts fleet`);
 - a delivery held longer than `hold_limit` (every request the task may make at
   its full timeout, and more) is no longer renewed: its task is stuck, so the
   lease runs out, the prompt goes to another worker, and its delivery count
@@ -81,36 +93,49 @@ def settle(client, held: dict[str, Delivery], tags: Iterable[str]) -> None:
         kombu_redis.mark_acked(held[tag].qos, tag)
 
 
+def round_period(lease_seconds: float) -> float:
+    """Seconds between two lease rounds: a quarter lease (at least one second), so that a lease
+    lapses only after three quarters of a lease without a round."""
+    return max(1.0, lease_seconds / 4)
+
+
 class Leases:
     """One round at a time: renew what is held, settle what is finished, drop what is overdue.
     `decide` is the whole policy, without I/O; `round` reads the ledger and writes the leases."""
 
-    def __init__(self, client, limit: float, clock: Callable[[], float] = time.monotonic):
-        self.client, self.limit, self.clock = client, limit, clock
+    def __init__(self, client, limit: float, clock: Callable[[], float] = time.monotonic,
+                 running: Callable[[Delivery], bool] = lambda d: STARTED.holds(d.run, d.prompt_id)):
+        self.client, self.limit, self.clock, self.running = client, limit, clock, running
         self._since: dict[str, float] = {}
         self._finished: set[str] = set()
         self._overdue: set[str] = set()
 
-    def decide(self, held: Iterable[str], finished_now: set[str]) -> tuple[set[str], list[str], set[str]]:
-        """(tags to settle, tags to renew, tags newly overdue) for this round. A tag is settled when
-        its prompt was finished in this round and the one before; it is overdue once held longer
-        than the limit, and then never renewed again."""
+    def decide(self, held: Iterable[str], checked: Iterable[str],
+               finished_now: set[str]) -> tuple[set[str], list[str], set[str]]:
+        """(tags to settle, tags to renew, tags newly overdue) for this round, given the tags whose
+        prompt's state was read (`checked`) and those of them whose prompt is finished now. A tag is
+        settled when its prompt was finished at this check and its previous one; it is overdue once
+        held longer than the limit, and then never renewed again; every other held tag is renewed."""
         now = self.clock()
         held = list(held)
         self._since = {tag: self._since.get(tag, now) for tag in held}
-        settled, self._finished = finished_now & self._finished, set(finished_now)
+        settled = finished_now & self._finished
+        self._finished = ((self._finished - set(checked)) | finished_now) & set(held)
         overdue = {tag for tag, since in self._since.items() if now - since > self.limit}
         newly, self._overdue = overdue - self._overdue, overdue
         return settled, [t for t in held if t not in settled and t not in overdue], newly
 
     def round(self, held: dict[str, Delivery]) -> int:
-        settled, live, newly_overdue = self.decide(held, finished(self.client, held.values()))
+        at = CLOCK.sync(self.client)
+        checked = [d for d in held.values() if not self.running(d)]
+        settled, live, newly_overdue = self.decide(held, [d.tag for d in checked], finished(self.client, checked))
         settle(self.client, held, settled)
         for tag in sorted(newly_overdue):
             log.warning("prompt %s of run %s held for over %.0fs: its lease is left to run out",
                         held[tag].prompt_id, held[tag].run, self.limit)
             STARTED.let_go(held[tag].run, held[tag].prompt_id)
-        kombu_redis.renew(self.client, live, CLOCK.sync(self.client))
+        if live:
+            kombu_redis.renew(self.client, live, at)
         return len(live)
 
 
@@ -138,8 +163,7 @@ class LeaseKeeper(bootsteps.StartStopStep):
 
     def _run(self, c) -> None:
         rt = get_runtime(c.app.fleet_settings, c.hostname)
-        leases = Leases(rt.redis, hold_limit(rt.settings))
-        period = max(1.0, rt.settings.lease_seconds / 4)
+        leases, period = Leases(rt.redis, hold_limit(rt.settings)), round_period(rt.settings.lease_seconds)
         trouble = lifeline.Trouble("lease renewal")
         while True:
             try:

@@ -12,7 +12,7 @@ from kombu.transport.virtual import base
 
 from contract import kombu_redis
 from workers.intake.consumer import prompt_of
-from workers.intake.lease import Leases, hold_limit
+from workers.intake.lease import Leases, hold_limit, round_period
 from workers.settings import Settings
 
 
@@ -111,29 +111,56 @@ def test_a_fleet_message_names_its_run_and_prompt():
     assert prompt_of(SimpleNamespace(body=json.dumps([[], {}, {}]))) == (None, None)
 
 
-def test_a_held_delivery_is_renewed_until_its_prompt_is_finished_twice_in_a_row():
-    leases = Leases(None, limit=100, clock=lambda: 0.0)
-    assert leases.decide(["a", "b"], set()) == (set(), ["a", "b"], set())
-    assert leases.decide(["a", "b"], {"a"}) == (set(), ["a", "b"], set())  # its own ack may be on its way
-    assert leases.decide(["a", "b"], {"a"}) == ({"a"}, ["b"], set())
+def test_a_held_delivery_is_renewed_until_its_prompt_is_finished_at_two_checks_in_a_row():
+    leases = Leases(None, limit=1000, clock=lambda: 0.0)
+    ab = ["a", "b"]
+    assert leases.decide(ab, ab, set()) == (set(), ["a", "b"], set())
+    assert leases.decide(ab, ab, {"a"}) == (set(), ["a", "b"], set())  # its ack may be on its way
+    assert leases.decide(ab, ["b"], set()) == (set(), ["a", "b"], set())  # "a" running: renewed, not checked
+    assert leases.decide(ab, ab, {"a"}) == ({"a"}, ["b"], set())
+
+
+def test_a_delivery_finished_at_one_check_and_not_the_next_is_kept():
+    leases = Leases(None, limit=1000, clock=lambda: 0.0)
+    leases.decide(["a"], ["a"], {"a"})
+    assert leases.decide(["a"], ["a"], set()) == (set(), ["a"], set())
+    assert leases.decide(["a"], ["a"], {"a"}) == (set(), ["a"], set())
 
 
 def test_no_lease_is_renewed_past_the_hold_limit():
     now = [0.0]
     leases = Leases(None, limit=10, clock=lambda: now[0])
-    assert leases.decide(["a"], set()) == (set(), ["a"], set())
+    assert leases.decide(["a"], [], set()) == (set(), ["a"], set())
     now[0] = 8.0
-    assert leases.decide(["a", "b"], set()) == (set(), ["a", "b"], set())
+    assert leases.decide(["a", "b"], [], set()) == (set(), ["a", "b"], set())
     now[0] = 11.0
-    assert leases.decide(["a", "b"], set()) == (set(), ["b"], {"a"})
+    assert leases.decide(["a", "b"], [], set()) == (set(), ["b"], {"a"})
     now[0] = 12.0
-    assert leases.decide(["a", "b"], set()) == (set(), ["b"], set())  # said once, never renewed again
-    assert leases.decide(["b"], set()) == (set(), ["b"], set())
+    assert leases.decide(["a", "b"], [], set()) == (set(), ["b"], set())  # said once, never again
+    assert leases.decide(["b"], [], set()) == (set(), ["b"], set())
 
 
-def test_the_hold_limit_outlasts_every_request_a_task_may_make():
-    s = Settings()
-    assert hold_limit(s) > (s.max_attempts + 1) * s.request_timeout + s.lease_seconds
+def test_a_live_workers_lease_lapses_only_after_three_quarters_of_a_lease_without_rounds():
+    # Given a 120 s lease: rounds every 30 s, and deliveries taken between them ("a" at 0 s,
+    # "b" at 10 s, "c" at 65 s), some running here and some not
+    lease_seconds = 120.0
+    period = round_period(lease_seconds)
+    leases = Leases(None, limit=1000, clock=lambda: 0.0)
+    taken = {"a": 0.0, "b": 10.0, "c": 65.0}
+    score = dict(taken)
+    oldest_before_a_round = 0.0
+    # When rounds keep time, each renewing what it decides to renew at its own time
+    for at in (period * k for k in range(1, 6)):
+        held = [tag for tag, t in taken.items() if t < at]
+        oldest_before_a_round = max([oldest_before_a_round] + [at - score[tag] for tag in held])
+        _, live, _ = leases.decide(held, [t for t in held if t != "a"], set())
+        score.update({tag: at for tag in live})
+        # Then every held delivery was renewed, so none is older than this round after it
+        assert sorted(live) == sorted(held)
+    # and none was ever more than a quarter lease old: with rounds failing from any moment on, a
+    # lease lapses only after lease - period = 3/4 of a lease (90 s) without a round
+    assert period == lease_seconds / 4 and oldest_before_a_round <= period
+    assert lease_seconds - oldest_before_a_round >= 3 * lease_seconds / 4
 
 
 def test_every_channel_hands_out_the_workers_shared_client_for_its_short_calls():

@@ -43,9 +43,9 @@ RETRIES, BACKOFF_BASE, BACKOFF_CAP = 30, 0.2, 5.0  # the fleet's: a restart or a
 FAIL_FAST = Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
 # seconds a thread failing fast waits for a free connection of a shared pool: a busy pool's calls
 # free one within milliseconds, while during an outage the retrying threads hold them for minutes.
-# The event loop meets it once per timer due (at 5 s, four timers held a frozen-then-resumed
-# worker's loop 20 s after Redis stopped); a Redis stalled past it reads as a lost broker, which
-# costs a reconnect, never a prompt.
+# The event loop meets it once per timer due: a worker frozen while Redis stopped noticed 20 s
+# after it went on at 5 s, up to 12 s at 2 s. A Redis stalled past it reads as a lost broker,
+# which costs a reconnect, never a prompt.
 FAIL_FAST_WAIT = 2.0
 
 _marks = threading.local()
@@ -55,7 +55,7 @@ class SharedRetry(Retry):
     """The fleet's retries, or `FAIL_FAST` for a call made by a thread inside `failing_fast()`."""
 
     def call_with_retry(self, do, fail, is_retryable=None, with_failure_count=False):
-        policy = FAIL_FAST if getattr(_marks, "depth", 0) else super()
+        policy = FAIL_FAST if _failing() else super()
         return policy.call_with_retry(do, fail, is_retryable, with_failure_count)
 
 
@@ -64,17 +64,23 @@ class PoolWait:
     checkout): `FAIL_FAST_WAIT` at most for a thread failing fast, the pool's own otherwise."""
 
     @property
-    def timeout(self) -> float:
-        return min(self._wait, FAIL_FAST_WAIT) if getattr(_marks, "depth", 0) else self._wait
+    def timeout(self) -> float | None:
+        if not _failing():
+            return self._wait
+        return FAIL_FAST_WAIT if self._wait is None else min(self._wait, FAIL_FAST_WAIT)  # None: for ever
 
     @timeout.setter
-    def timeout(self, seconds: float) -> None:
+    def timeout(self, seconds: float | None) -> None:
         self._wait = seconds
 
 
 def shared() -> Retry:
     """The retry of a shared client's connections (`connections.redis_for`)."""
     return SharedRetry(ExponentialBackoff(cap=BACKOFF_CAP, base=BACKOFF_BASE), retries=RETRIES)
+
+
+def _failing() -> bool:
+    return getattr(_marks, "depth", 0) > 0
 
 
 @contextmanager

@@ -14,9 +14,10 @@ from functools import lru_cache
 from urllib.parse import quote, unquote, urlsplit
 
 import redis
-from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
+
+from . import retries
 
 SENTINEL_SCHEME = "sentinel"
 MASTER_ENV, DEFAULT_MASTER = "FLEET_SENTINEL_MASTER", "mymaster"
@@ -70,9 +71,9 @@ def parse_sentinel_url(url: str) -> SentinelURL:
 def redis_for(url: str, max_connections: int = 64) -> redis.Redis:
     """A blocking pool: hundreds of task threads share a few connections and wait
     for one rather than fail; retries carry a call through a Redis restart (and, behind
-    Sentinel, through a failover: each reconnect finds the current master)."""
-    return client_for(url, retry=Retry(ExponentialBackoff(cap=5, base=0.2), retries=30),
-                      max_connections=max_connections)
+    Sentinel, through a failover: each reconnect finds the current master), except a call
+    of a thread that must not wait (`retries.failing_fast`: a worker's event loop)."""
+    return client_for(url, retry=retries.shared(), max_connections=max_connections)
 
 
 def client_for(url: str, retry: Retry, max_connections: int = 64) -> redis.Redis:
@@ -83,7 +84,7 @@ def client_for(url: str, retry: Retry, max_connections: int = 64) -> redis.Redis
     options = dict(SOCKET, retry=retry, retry_on_error=[redis.ConnectionError, redis.TimeoutError],
                    max_connections=max_connections, timeout=60)
     if not is_sentinel(url):
-        return redis.Redis(connection_pool=redis.BlockingConnectionPool.from_url(url, **options))
+        return redis.Redis(connection_pool=BlockingPool.from_url(url, **options))
     parts = parse_sentinel_url(url)
     sentinels = Sentinel(list(parts.sentinels), sentinel_kwargs=dict(SENTINEL_SOCKET),
                          db=parts.db, username=parts.username, password=parts.password)
@@ -101,7 +102,11 @@ def kombu_sentinel_url(url: str) -> str:
     return ";".join(f"{SENTINEL_SCHEME}://{cred}{host}:{port}/{parts.db}" for host, port in parts.sentinels)
 
 
-class BlockingSentinelPool(SentinelConnectionPool, redis.BlockingConnectionPool):
+class BlockingPool(retries.PoolWait, redis.BlockingConnectionPool):
+    """A pool that waits for a free connection (briefly, for a thread failing fast)."""
+
+
+class BlockingSentinelPool(retries.PoolWait, SentinelConnectionPool, redis.BlockingConnectionPool):
     """Sentinel's master pool that waits for a free connection, as `redis_for`'s plain pool does
     (a connection to a master that lost its role is dropped when released: Sentinel's own rule)."""
 

@@ -8,7 +8,7 @@ channel's deliveries when the channel closes because its connection was lost
 (`detach`). Each is read here and nowhere else, with the kombu version it was
 read from. `check()` lists what an upgrade moved, of these and of the Celery
 internals the worker relies on elsewhere (its consumer's hooks and steps, the
-event dispatcher's buffers, `as_task_v2`); the worker refuses to start on such
+event dispatcher's buffers, `as_task_v2`, the heartbeat's send: `heartbeats_never_wait`); the worker refuses to start on such
 an install (`require()`, naming the installed versions), and pyproject.toml
 bounds celery, kombu and redis-py below their next minor versions.
 
@@ -233,7 +233,9 @@ def share_client(client: Callable[[], Any]) -> None:
     (10 to 15 a worker in all). A redis-py client is thread-safe (each command
     and each pipeline takes a connection from its pool), and kombu's broker is
     the fleet's Redis (same URL and database), so every channel hands out the
-    worker's own client (`workers/intake/redis_pool.py`: a few connections, shared).
+    worker's own client (`workers/intake/redis_pool.py`: a few connections, shared;
+    its retries wait out an outage, except on the event loop's thread, whose calls
+    fail fast as kombu's own clients did: `contract/retries.py`).
     The asynchronous clients (BRPOP, the remote-control subscription: the
     event loop's) are kombu's as before, but the connection a new channel
     opens on their pool to check Redis (`Channel.__init__` pings) is closed
@@ -272,6 +274,24 @@ def on_ack(callback: Callable[[str], None]) -> None:
 
     ack.fleet_base = base
     kredis.QoS.ack = ack
+
+
+def heartbeats_never_wait() -> None:
+    """Celery's worker-heartbeat events go out without kombu's `ensure`. Celery sends them from the
+    event loop's timer with `retry=True` and no policy, so one sent while Redis is down reconnects
+    the events connection until Redis is back, holding the loop all that while (py-spy:
+    `Heart._send` -> `Connection._ensure_connection`): the worker noticed the lost broker only
+    then. Without it, a heartbeat Redis cannot take waits in the dispatcher's outbound buffer, which
+    the next flush sends (`workers/reporting/events.py`). Idempotent."""
+    from celery.worker import heartbeat
+
+    base = getattr(heartbeat.Heart._send, "fleet_base", heartbeat.Heart._send)
+
+    def _send(self, event, retry=True):
+        return base(self, event, retry=False)
+
+    _send.fleet_base = base
+    heartbeat.Heart._send = _send
 
 
 _SENTINEL_POOLS: "weakref.WeakSet" = weakref.WeakSet()
@@ -535,6 +555,10 @@ def _celery_problems() -> list[str]:
 
     if not _has_parameters(heart.Heart, "heartbeat_interval"):
         problems.append("celery's Heart step takes no heartbeat_interval (the worker sets it)")
+    from celery.worker import heartbeat
+
+    if not _has_parameters(getattr(heartbeat.Heart._send, "fleet_base", heartbeat.Heart._send), "retry"):
+        problems.append("celery's Heart._send takes no retry (the worker sends heartbeats without it)")
     if not _has_parameters(Consumer, "worker_options"):
         problems.append("celery's Consumer takes no worker_options (the worker turns gossip and mingle off there)")
     for step, option in zip(GROWS_WITH_FLEET, WITHOUT_GROWS_WITH_FLEET):

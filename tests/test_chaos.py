@@ -62,7 +62,7 @@ def test_every_prompt_ends_in_exactly_one_place_whatever_fails(fleet, tokenizer,
     wait_until(lambda: server_seen_down(fleet, url_b, ["w2", "w3"]), 60, "the live workers to see a server down", fleet)
     fleet.standin(*STANDIN, port=port_b)
     at(rng.uniform(0.50, 0.60))
-    stop_broker(broker, workers[1:], fleet, must_notice=False)
+    stop_broker(broker, workers[1:], fleet)
     broker, _ = start_redis(fleet.logs, port=port, data_dir=data, appendonly=True)
     fleet.processes.append(broker)
     at(rng.uniform(0.65, 0.80))

@@ -42,6 +42,7 @@ except ValidationError as _refused:  # OUTPUT_DIR=gs://... and the like: the wor
 configure_redis(settings.redis_connections)  # every short Redis call shares a few connections
 kombu_redis.share_client(lambda: worker_redis(settings.redis_url))  # kombu's too
 kombu_redis.batch_takes()  # many messages taken per script, acknowledged with their group commit
+kombu_redis.heartbeats_never_wait()  # a heartbeat sent during an outage never holds the event loop
 kombu_redis.follow_sentinel_pools()  # a failover drops their connections to the old primary (workers/intake/failover.py)
 kombu_listen.follow_reconnects()  # a subscription Redis closed (Sentinel demoting a primary) is heard again (Flower)
 kombu_redis.use_clock(lambda: CLOCK.now(worker_redis(settings.redis_url)))  # lease scores on Redis's clock

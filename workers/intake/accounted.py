@@ -17,6 +17,17 @@ named workers
 - is live but started within `window`: a worker restarted under the name of
   one that died holding the prompt, whose leases have not run out yet.
 
+and, while kombu's sweep still has a message to bring back (`restores_pending`:
+a lease that no worker has renewed for half a lease, whose worker died, hangs or
+let it go), a silent worker accounts for its prompts whenever it was last heard
+from: that message may be the prompt's, and the sweep puts it back on its queue.
+The window alone cannot say so: a sweep can come late (the sweep's lock left by
+a worker killed during its sweep holds every sweep off until the lock expires,
+`unacked_mutex_expire`), and a worker's leases can outlive its last heartbeat.
+An audit that republished such a prompt put it on its queue twice, once by
+itself and once by the sweep (seen: a worker SIGKILLed after its heartbeats had
+stopped, holding the sweep's lock; its 24 prompts republished, then restored).
+
 Anything else is missing now: a prompt with no entry (its message taken and
 not yet noted, for milliseconds, or lost on its way), or whose workers are
 long gone while it is not in its queue. The audit confirms a loss only when
@@ -28,15 +39,24 @@ from typing import Iterable
 
 import redis
 
-from contract import deliveries, heartbeats
+from contract import deliveries, heartbeats, kombu_redis
 from contract.clock import CLOCK
 from contract.keys import RunKeys
 
 PAGE = 500  # fields per HMGET
 
 
-def accounted_for(client: redis.Redis, run: str, prompt_ids: list[str], window: float) -> set[str]:
-    """The prompts of `prompt_ids` that a named worker holds, or may still hold (see above)."""
+def restores_pending(client: redis.Redis, now: float, lease_seconds: float) -> bool:
+    """Whether kombu's unacknowledged index holds a lease not renewed for half a lease (a live
+    worker renews its leases every quarter lease, `lease.py`): its message is one that kombu's
+    sweep will put back on its queue."""
+    return client.zcount(kombu_redis.UNACKED_INDEX, "-inf", now - lease_seconds / 2) > 0
+
+
+def accounted_for(client: redis.Redis, run: str, prompt_ids: list[str], window: float,
+                  restoring: bool = False) -> set[str]:
+    """The prompts of `prompt_ids` that a named worker holds, or may still hold (see above);
+    `restoring`: `restores_pending` said so, before the prompts' queue was read."""
     entries: list[bytes | None] = []
     for start in range(0, len(prompt_ids), PAGE):
         entries += client.hmget(RunKeys(run).deliveries, prompt_ids[start:start + PAGE])
@@ -47,14 +67,16 @@ def accounted_for(client: redis.Redis, run: str, prompt_ids: list[str], window: 
     holding = {w: set((r.get("holding") or {}).get(run, ())) for w, r in records.items() if r is not None}
     now = CLOCK.now(client)
     return {pid for pid, names in named.items()
-            if any(accounts(pid, records[w], holding.get(w, set()), seen[w], now, window) for w in names)}
+            if any(accounts(pid, records[w], holding.get(w, set()), seen[w], now, window, restoring)
+                   for w in names)}
 
 
 def accounts(prompt_id: str, record: dict | None, holding: Iterable[str], last_seen: float | None,
-             now: float, window: float) -> bool:
+             now: float, window: float, restoring: bool = False) -> bool:
     """Whether a worker named in the prompt's entry holds it or may still hold it: `record` its
     live heartbeat (None: expired), `holding` the run's prompts that heartbeat lists, `last_seen`
-    its last heartbeat's time (None: never heard of), all on Redis's clock."""
+    its last heartbeat's time (None: never heard of), all on Redis's clock; `restoring`: kombu's
+    sweep has a message to bring back, which may be this prompt's."""
     if record is not None:
         return prompt_id in holding or now - float(record.get("started") or 0.0) < window
-    return last_seen is not None and now - last_seen < window
+    return restoring or (last_seen is not None and now - last_seen < window)

@@ -8,7 +8,8 @@ the prompts a run still holds, a slice of them per round (`FLEET_AUDIT_SLICE`,
 a cursor over the run's pending prompts kept in Redis, so the pass goes on
 whichever worker holds the lock), and finds where each one's message is: in
 its queue, or with a worker its deliveries entry names (`accounted.py`: held
-by a live worker, or in passing with one that died or restarted moments ago;
+by a live worker, or in passing with one that died or restarted moments ago, or
+with a silent one while kombu's sweep still has messages to bring back;
 a crash between kombu's take and its record, or a failover, can leave a
 prompt that a live worker generates with no message anywhere: it is not lost,
 and starting it again would generate it twice). A prompt missing from all of
@@ -51,7 +52,7 @@ from contract.publish import publish_prompts
 from contract.spec import run_queues
 
 from ..output import turns
-from .accounted import accounted_for
+from .accounted import accounted_for, restores_pending
 from .runtime import get_runtime
 from .specs import cached_spec
 
@@ -107,11 +108,13 @@ class LostMessageAudit(bootsteps.StartStopStep):
         back (a lapsed lease restored to the queue) can be seen in neither, once (`Suspects`)."""
         client, s, ledger = rt.redis, rt.settings, Ledger(rt.redis, run)
         cursor, suspects = state.read()
+        # before the queue: a message the sweep restores after this read is in the queue, or taken, by then
+        restoring = restores_pending(client, CLOCK.now(client), s.lease_seconds)
         queued = _task_ids(kombu_redis.queued_messages(client, queue))
         cursor, page = _slice(ledger, cursor, s.audit_slice)
         candidates = sorted(p for p in set(page) | suspects if task_id(run, p) not in queued)
         window = s.lease_seconds + s.restore_interval + 2 * s.audit_interval
-        held = accounted_for(client, run, candidates, window)
+        held = accounted_for(client, run, candidates, window, restoring)
         unaccounted = [p for p in candidates if p not in held]
         missing = {p for p, pending in zip(unaccounted, ledger.pending(unaccounted)) if pending}
         confirmed = Suspects({run: suspects}).confirm(run, missing)

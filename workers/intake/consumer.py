@@ -27,6 +27,11 @@ lost with the connection). So while this worker runs a generation, its lease
 is renewed and no one else starts it; when this worker dies, the lease runs
 out and the prompt comes back within one lease, as before. A message lost on
 the wire while being fetched is not this module's: the audit republishes it.
+
+The consumer's thread is the event loop's, and its Redis calls fail fast
+(`contract/retries.py`): kombu's short calls on it share the worker's client,
+whose retries would otherwise hold the loop for minutes of a Redis outage, so
+that the loss reached this hook (and the worker reconnected) only then.
 """
 from __future__ import annotations
 
@@ -38,7 +43,7 @@ from typing import Any
 
 from celery.worker.consumer import Consumer
 
-from contract import kombu_redis
+from contract import kombu_redis, retries
 
 from .recent import ACKED
 from .runtime import get_runtime
@@ -103,6 +108,11 @@ class FleetConsumer(Consumer):
         options = {**(worker_options or {}), **dict.fromkeys(kombu_redis.WITHOUT_GROWS_WITH_FLEET, True)}
         options["heartbeat_interval"] = options.get("heartbeat_interval") or HEART_INTERVAL
         super().__init__(*args, worker_options=options, **kwargs)
+
+    def start(self):
+        """The event loop, and every reconnect: each Redis call of this thread fails fast."""
+        with retries.failing_fast():
+            return super().start()
 
     def on_send_event_buffered(self) -> None:
         """Celery asks its event loop to flush after every buffered task event; the loop's

@@ -10,7 +10,9 @@ thread waits for a free one rather than opening another, so a worker holds
 at most 4 connections in steady state however many threads and servers it
 has, and Redis's `maxclients` (10,000 by default) is not what limits the
 fleet (measured: 10 to 15 per worker before, gossip off). kombu's own short
-calls reach it through `kombu_redis.share_client`.
+calls reach it through `kombu_redis.share_client`. The client retries a call
+through an outage, except one its event loop makes (`contract/retries.py`:
+the consumer's thread fails fast, on the same connections).
 
 A small pool asks one thing of its callers: none holds a connection while it
 waits for another (two such threads would wait on each other until the pool's

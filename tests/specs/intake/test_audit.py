@@ -12,11 +12,15 @@ sighting of it. The suspects and the pass's cursor are kept in Redis
 
 Where a message not in its queue may be (`accounted.accounts`): with a worker
 the prompt's deliveries entry names, if that worker is live and lists it, or
-was heard from or started within the window (a lease, a sweep and rounds).
+was heard from or started within the window (a lease, a sweep and rounds), or
+is silent while kombu's sweep still has a message to bring back
+(`accounted.restores_pending`: a lease no worker renews), which may be the
+prompt's: republished as well, the prompt would be on its queue twice.
 """
 from __future__ import annotations
 
-from workers.intake.accounted import accounts
+from contract.kombu_redis import UNACKED_INDEX, expire
+from workers.intake.accounted import accounts, restores_pending
 from workers.intake.audit import AuditState, Suspects
 
 from waiting import wait_until
@@ -94,3 +98,27 @@ def test_a_silent_worker_accounts_for_its_prompts_until_its_leases_must_have_run
     assert accounts("p-1", None, set(), last_seen=900.0, now=1000.0, window=WINDOW)
     assert not accounts("p-1", None, set(), last_seen=800.0, now=1000.0, window=WINDOW)
     assert not accounts("p-1", None, set(), last_seen=None, now=1000.0, window=WINDOW)
+
+
+def test_a_silent_worker_accounts_for_its_prompts_while_the_sweep_has_messages_to_bring_back():
+    # Given a worker named in the prompt's entry, silent for longer than the window (or never heard of)
+    # When kombu's sweep still has a message to bring back, it may be this prompt's: accounted for
+    assert accounts("p-1", None, set(), last_seen=800.0, now=1000.0, window=WINDOW, restoring=True)
+    assert accounts("p-1", None, set(), last_seen=None, now=1000.0, window=WINDOW, restoring=True)
+    # and once the sweep has brought every one back, it is missing
+    assert not accounts("p-1", None, set(), last_seen=800.0, now=1000.0, window=WINDOW, restoring=False)
+
+
+def test_the_sweep_has_a_message_to_bring_back_once_a_lease_goes_half_a_lease_unrenewed(client):
+    # Given leases of a live worker, renewed every quarter lease (a lease of 120 s)
+    client.zadd(UNACKED_INDEX, {"fresh": 1000.0, "renewed": 1000.0 - 30.0})
+    assert not restores_pending(client, now=1000.0, lease_seconds=120.0)
+
+    # When one goes half a lease without renewal (its worker died or hangs), kombu will restore it
+    assert restores_pending(client, now=1000.0 + 61.0, lease_seconds=120.0)
+
+    # and so it will one a worker handed back (its lease expired at once)
+    client.zadd(UNACKED_INDEX, {"renewed": 1000.0})
+    assert not restores_pending(client, now=1000.0, lease_seconds=120.0)
+    expire(client, ["fresh"])
+    assert restores_pending(client, now=1000.0, lease_seconds=120.0)

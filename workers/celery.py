@@ -28,6 +28,7 @@ from .intake.audit import LostMessageAudit
 from .reporting.events import BatchedEvents
 from .intake.failover import FailoverWatch
 from .intake.gate import HealthGate
+from .intake import heap
 from .intake.lease import LeaseKeeper
 from .intake.redis_pool import configure as configure_redis, worker_redis
 from .intake.runtime import close_runtime
@@ -87,6 +88,11 @@ for step in (HealthGate, LeaseKeeper, ShutdownGrace, LostMessageAudit, BatchedEv
 
 lifeline.install_test_fault()
 lifeline.on_fatal(lambda: os.kill(os.getpid(), signal.SIGTERM))  # Celery's warm shutdown, then `workers/intake/shutdown.py`
+
+
+@signals.worker_ready.connect
+def _settle_heap(**_) -> None:
+    heap.settle()  # what the started worker holds is never scanned again (workers/intake/heap.py)
 
 
 @signals.worker_shutdown.connect

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 CHUNK = 65536
 MAX_HEAD = 65536  # bytes of status line and headers; a longer head is no SGLang answer
+FRAMING = frozenset({"content-length", "transfer-encoding", "connection"})  # the only fields read
 
 
 class ProtocolError(OSError):
@@ -183,8 +184,9 @@ def _head(conn: Connection, deadline: float) -> tuple[bytes, str, int, dict[str,
         fields: dict[str, str] = {}
         for line in lines[1:]:
             name, _, value = line.partition(":")
-            fields[name.strip().lower()] = value.strip().lower() if name.strip().lower() != "content-length" \
-                else value.strip()
+            name = name.strip().lower()
+            if name in FRAMING:
+                fields[name] = value.strip().lower()
         return data, parts[0], status, fields
 
 

@@ -22,10 +22,11 @@ importable is reported as skipped):
   httpx-per-thread     one `httpx.Client` per thread (thread-local, 1 connection)
   requests-per-thread  one `requests.Session` per thread (needs `requests`)
   urllib3-shared       one `urllib3.PoolManager` (its pool is a LIFO queue)
-  urllib3-deadline     the worker's own call (`workers.servers.sglang_client.send`): one
-                       urllib3 pool per server, a total deadline per request (a
+  worker               the worker's own call (`workers.servers.sglang_client.send`): one
+                       pool of keep-alive sockets per server (`workers/servers/http1.py`,
+                       HTTP/1.1 on a bare socket), a total deadline per request (a
                        watchdog thread shuts the socket of a request past it),
-                       the body read in chunks under a size cap
+                       the body read under a size cap (urllib3 until 2026-12-04)
   asyncio-httpx        one event-loop thread with one `httpx.AsyncClient`,
                        bridged with `asyncio.run_coroutine_threadsafe`
   asyncio-httpx-lanes  the same loop, but a LIFO stack of one-connection
@@ -60,7 +61,7 @@ from pathlib import Path
 from .procs import cpu_seconds
 
 CLIENTS = ("httpx-shared", "httpx-per-thread", "requests-per-thread", "urllib3-shared",
-           "urllib3-deadline", "asyncio-httpx", "asyncio-httpx-lanes", "httpx2-shared")
+           "worker", "asyncio-httpx", "asyncio-httpx-lanes", "httpx2-shared")
 INSTANT = ["--step-base", "0", "--step-per-request", "0", "--prefill-per-token", "0"]
 CONNECT_TIMEOUT = 10.0
 READ_TIMEOUT = 600.0     # per socket read (httpx, requests, urllib3); the worker's request timeout
@@ -145,7 +146,7 @@ def make_candidate(name: str, n: int):
             return r.status, r.data
         return post
 
-    if name == "urllib3-deadline":  # the worker's own call: workers/servers/sglang_client.send
+    if name == "worker":  # the worker's own call: workers/servers/sglang_client.send
         from workers.servers.sglang_client import make_client, send
         client = make_client(n, CONNECT_TIMEOUT, READ_TIMEOUT, None)
 
@@ -200,6 +201,8 @@ def importable(name: str) -> str | None:
     module = {"requests-per-thread": "requests", "httpx2-shared": "httpx2"}.get(name)
     if name.startswith("urllib3"):
         module = "urllib3"
+    if name == "worker":
+        module = "workers.servers.sglang_client"
     if module is None:
         module = "httpx"
     try:

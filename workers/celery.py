@@ -71,6 +71,9 @@ app = celery_app(
     task_acks_late=True,
     task_reject_on_worker_lost=True,
     task_acks_on_failure_or_timeout=True,  # a dead-lettered prompt fails its task: acknowledged, never redelivered
+    # No result backend (the task ignores its result): Celery's stand-in for none is stateless, so one
+    # serves every thread (else each of the hundreds of task threads builds its own on its first task).
+    result_backend_thread_safe=True,
     worker_prefetch_multiplier=1,  # until the health gate sets the count, before the first fetch
     worker_pool="threads",
     worker_concurrency=settings.pool_size,

@@ -15,6 +15,7 @@ of it), where a prompt goes (prefix-cache affinity, the CPU-bound signal), and t
 - `gateway_answers`: Which failed answers are SGLang's gateway speaking for itself, not a server judging the prompt.
 - `gateway_preflight`: The preflight of a binding that is SGLang's model gateway: judged from the servers it lists.
 - `health`: The background thread that keeps each server binding's state true.
+- `http1`: One HTTP/1.1 POST on a pooled keep-alive socket: the bytes out, the status and body back.
 - `load`: What a server says about its capacity and its load, over HTTP; and what SGLang's gateway adds.
 - `preflight`: What a server must show before it gets its first prompt.
 - `sglang_client`: One call to SGLang's native `POST /generate`, and what its failures mean.

@@ -27,43 +27,41 @@ Invariant: a call reads at most `max_bytes` of the answer, and every wait in
 it has a deadline: the whole exchange, from the wait for the answer's head to
 the body's last byte, ends within the call's deadline (`FLEET_REQUEST_TIMEOUT`)
 plus a watchdog tick (`workers/servers/deadlines.py`: a server that trickles bytes or
-goes silent after its head has its socket shut), each single read is also
+goes silent has its socket shut), each single read is also
 bounded by the read timeout (the same setting), and connecting by
 `FLEET_CONNECT_TIMEOUT`. The HTTP itself is `send` alone (post bytes, stream
 the body under a size cap and a deadline, return status and bytes), so the
 client library can be swapped there; everything around it is pure and tested
 in-process.
 
-The client is urllib3, chosen by measurement (`python -m bench.http_clients`,
-bench/README.md): one connection pool per server, a LIFO queue of
-connections, so a request costs the same CPU with 16 or 2,048 in flight. A
-single httpx client shared by the task threads scans every pooled connection
-on each request and each close (httpcore), which made the CPU per request grow
-with the number in flight.
+The client is our own HTTP/1.1 exchange on pooled keep-alive sockets
+(`http1.py`), chosen by measurement (`python -m bench.http_clients`,
+bench/README.md): one last-in-first-out pool per server, so a request costs
+the same CPU with 16 or 2,048 in flight, and about a quarter of urllib3's
+CPU per request (`http.client`'s header parsing and urllib3's wrappers were a
+fifth of a busy worker's CPU). A single httpx client shared by the task
+threads scans every pooled connection on each request and each close
+(httpcore), which made the CPU per request grow with the number in flight.
 """
 from __future__ import annotations
 
 import json
+import ssl
 import threading
 import time
 from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import urlsplit, urlunsplit
 
-import urllib3
-from urllib3.connection import HTTPConnection, HTTPSConnection
-from urllib3.connectionpool import HTTPConnectionPool, HTTPSConnectionPool
-from urllib3.exceptions import HTTPError, ReadTimeoutError
-
 from .answers import read_answer
 from .cache_hits import cached_tokens
 from .deadlines import DeadlineWatchdog, Watch
 from .gateway_answers import OUTAGE, gateway_failure
 from .auth import Origin, basic_by_origin, origin
+from .http1 import DeadlinePassed, Pool, request_head
+from . import http1
 
-CHUNK = 65536
 _WATCHDOG = DeadlineWatchdog()
-_current = threading.local()  # .watch: the calling thread's request in progress, if any
 
 
 class GenerateError(Exception):
@@ -112,50 +110,25 @@ class Reply:
     complete: bool   # False: the body went on past the cap and was cut off there
 
 
-class _Watched:
-    """A connection that arms its thread's request deadline before waiting for the answer's head."""
-
-    def getresponse(self):
-        watch = getattr(_current, "watch", None)
-        if watch is not None and self.sock is not None:
-            watch.arm(self.sock)
-        return super().getresponse()
-
-
-class _Connection(_Watched, HTTPConnection):
-    pass
-
-
-class _TLSConnection(_Watched, HTTPSConnection):
-    pass
-
-
-class _Pool(HTTPConnectionPool):
-    ConnectionCls = _Connection
-
-
-class _TLSPool(HTTPSConnectionPool):
-    ConnectionCls = _TLSConnection
-
-
 class Client:
-    """One urllib3 connection pool per server origin (a LIFO queue of keep-alive connections),
+    """One pool of keep-alive connections per server origin (`http1.Pool`, last in first out),
     shared by the task threads, and the headers each origin gets: `SGLANG_API_KEY`'s bearer,
     or the HTTP Basic credentials its URL carried (`workers/servers/auth.py`)."""
 
     def __init__(self, pool_size: int, connect_timeout: float, request_timeout: float,
                  api_key: str | None, server_urls: list[str]):
         self._size = pool_size + 8
-        self._timeout = urllib3.Timeout(connect=connect_timeout, read=request_timeout)
+        self._connect_timeout, self._request_timeout = connect_timeout, request_timeout
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._basic = basic_by_origin(server_urls)
-        self._pools: dict[Origin, HTTPConnectionPool] = {}
+        self._pools: dict[Origin, Pool] = {}
+        self._tls: ssl.SSLContext | None = None
         self._lock = threading.Lock()
         self._watches: dict[Origin, set[Watch]] = {}  # the requests in flight, by server
 
-    def route(self, url: str) -> tuple[HTTPConnectionPool, str, dict[str, str]]:
+    def route(self, url: str) -> tuple[Pool, str, dict[str, str]]:
         """The pool, path and headers of a request to `url` (a binding's URL, maybe redacted)."""
         key, path = _split(url)
         pool = self._pools.get(key)
@@ -165,11 +138,12 @@ class Client:
         basic = self._basic.get(key)
         return pool, path, self._headers if basic is None else {**self._headers, "Authorization": basic}
 
-    def _open(self, key: Origin) -> HTTPConnectionPool:
+    def _open(self, key: Origin) -> Pool:
         scheme, host, port = key
-        cls = _TLSPool if scheme == "https" else _Pool
-        pool = self._pools[key] = cls(host, port, maxsize=self._size, block=False, retries=False,
-                                      timeout=self._timeout)
+        if scheme == "https" and self._tls is None:
+            self._tls = ssl.create_default_context()  # the system's certificates, the host name checked
+        pool = self._pools[key] = Pool(scheme, host, port, self._size, self._connect_timeout,
+                                       self._request_timeout, self._tls)
         return pool
 
     def watch(self, url: str, deadline: float) -> Watch:
@@ -227,45 +201,33 @@ def generate(client: Client, url: str, input_ids: list[int], sampling: dict, rid
 def send(client: Client, url: str, payload: bytes, *, timeout: float, max_bytes: int) -> Reply:
     """POST a JSON payload; the answer's status and at most `max_bytes` of its body, read within
     `timeout` seconds in all (a watchdog shuts the socket past it, and the deadline is checked
-    between chunks, so neither a trickling nor a silent server can hold it)."""
+    between reads, so neither a trickling nor a silent server can hold it)."""
     deadline = time.monotonic() + timeout
     pool, path, headers = client.route(url)
-    watch = _current.watch = client.watch(url, deadline)
-    response, reusable = None, False
+    watch = client.watch(url, deadline)
+    conn, reusable = None, False
     try:
-        response = pool.urlopen("POST", path, body=payload, headers=headers, retries=False, redirect=False,
-                                preload_content=False, decode_content=False, release_conn=False)
-        reply = _read(response, url, deadline, timeout, max_bytes)
-        reusable = reply.complete
-        return reply
-    except ReadTimeoutError as exc:
+        conn = pool.get()
+        watch.arm(conn.sock)  # from here the watchdog bounds the exchange
+        conn.sock.sendall(request_head(pool, path, headers, len(payload)) + payload)
+        answer = http1.read_answer(conn, deadline, max_bytes)
+        reusable = answer.reusable
+        return Reply(answer.status, answer.body, answer.complete)
+    except DeadlinePassed as exc:
+        raise TransientError(f"{url}: no complete answer within {timeout:.0f}s "
+                             f"({exc.size} bytes so far; FLEET_REQUEST_TIMEOUT)") from None
+    except TimeoutError as exc:  # one read outlasted the read timeout (or the connect timeout)
         raise _late(url, timeout, watch) or TransientError(f"{url}: no answer in time ({exc})") from exc
-    except (HTTPError, OSError) as exc:  # refused, reset, cut off, TLS; or shut by the watchdog
+    except OSError as exc:  # refused, reset, cut off, TLS; or shut by the watchdog
         raise _late(url, timeout, watch) or ServerUnavailable(f"{url}: {exc.__class__.__name__}: {exc}") from exc
     finally:
-        _current.watch = None
         client.unwatch(url, watch)
         in_time = watch.disarm()
-        if response is not None:
-            if not (in_time and reusable):
-                response.close()  # never pool a connection cut off, or with unread bytes
-            response.release_conn()
-
-
-def _read(response: urllib3.HTTPResponse, url: str, deadline: float, timeout: float, max_bytes: int) -> Reply:
-    chunks: list[bytes] = []
-    size = 0
-    while True:
-        chunk = response.read1(CHUNK)
-        if not chunk:
-            return Reply(response.status, b"".join(chunks), complete=True)
-        chunks.append(chunk)
-        size += len(chunk)
-        if size > max_bytes:
-            return Reply(response.status, b"".join(chunks)[:max_bytes], complete=False)
-        if time.monotonic() > deadline:
-            raise TransientError(f"{url}: no complete answer within {timeout:.0f}s "
-                                 f"({size} bytes so far; FLEET_REQUEST_TIMEOUT)")
+        if conn is not None:
+            if in_time and reusable:
+                pool.put(conn)
+            else:
+                conn.close()  # never pool a connection cut off, or with unread bytes
 
 
 def _late(url: str, timeout: float, watch: Watch) -> GenerateError | None:

@@ -141,6 +141,48 @@ def test_a_server_that_holds_the_answer_is_cut_at_the_calls_deadline(serve, beha
         call(client(), server.url, timeout=1.0)
 
 
+def chunked(conn: socket.socket, _) -> None:
+    """The answer in three chunks, then the last chunk with a trailer (a proxy's way)."""
+    parts = [ANSWER[:5], ANSWER[5:20], ANSWER[20:]]
+    conn.sendall(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n"
+                 + b"".join(b"%x;ext=1\r\n%s\r\n" % (len(p), p) for p in parts) + b"0\r\nX-Trailer: 1\r\n\r\n")
+
+
+def then_close(conn: socket.socket, _) -> None:
+    conn.sendall(b"HTTP/1.1 200 OK\r\nConnection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(ANSWER), ANSWER))
+    conn.close()
+
+
+def old_http(conn: socket.socket, _) -> None:
+    """HTTP/1.0 with no length, after an interim 100 answer: the body ends where the stream does."""
+    conn.sendall(b"HTTP/1.1 100 Continue\r\n\r\nHTTP/1.0 200 OK\r\n\r\n" + ANSWER)
+    conn.close()
+
+
+@pytest.mark.parametrize("behave, kept", [(chunked, True), (then_close, False), (old_http, False)],
+                         ids=["chunked", "Connection: close", "HTTP/1.0 to the end of the stream"])
+def test_an_answer_framed_any_way_http_allows_is_read_whole(serve, behave, kept):
+    server = serve(behave)
+    c = client()
+    first, second = call(c, server.url), call(c, server.url)
+    assert (first.status, first.body, first.complete) == (200, ANSWER, True)
+    assert second == first
+    assert server.connections == (1 if kept else 2)
+
+
+def test_a_kept_connection_the_server_closed_while_idle_is_not_used_again(serve):
+    # Given a call whose connection the client kept, which the server then closed
+    server = serve(answer)
+    c = client()
+    call(c, server.url)
+    server.open[0].shutdown(socket.SHUT_RDWR)
+    time.sleep(0.1)
+
+    # When the next call is made, then it is answered on a new connection, not failed
+    assert call(c, server.url).body == ANSWER
+    assert server.connections == 2
+
+
 def test_an_answer_past_the_cap_is_cut_there_and_its_connection_never_reused(serve):
     server = serve(lambda conn, head: reply(conn, b"x" * 300_000))
     c = client()

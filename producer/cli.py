@@ -286,7 +286,7 @@ def demo(prompts: Optional[Path] = typer.Option(None, metavar="FILE", help="Defa
     state stays under DIR: the commands it prints at the end work as printed."""
     import importlib.util
 
-    missing = [m for m in ("matplotlib", "prometheus_client", "starlette", "uvicorn", "urllib3")
+    missing = [m for m in ("matplotlib", "prometheus_client", "starlette", "uvicorn")
                if importlib.util.find_spec(m) is None]
     if missing:  # the demo runs every role here
         raise fail(f"the demo runs a worker and SGLang stand-ins, and this install lacks {', '.join(missing)}: "

@@ -5,7 +5,7 @@ few seconds, or sends its head and then goes silent, keeps a request alive
 far past it. Two clients, one rule: every wait of a request to a server ends
 by the request's deadline.
 
-`/generate` (urllib3, `workers/servers/sglang_client.py`): a watchdog bounds the whole
+`/generate` (`workers/servers/sglang_client.py` over `http1.py`): a watchdog bounds the whole
 exchange. A request arms it with its socket and deadline just before waiting
 for the answer's head, and disarms it once the body is read. One daemon
 thread wakes every `tick` and shuts down the socket of every armed request

@@ -32,6 +32,8 @@ intake stays its one script call, as before.
 """
 from __future__ import annotations
 
+from itertools import chain, repeat
+
 import redis
 
 from contract.ledger import Intake, Ledger
@@ -46,12 +48,9 @@ def take(client: redis.Redis, run: str, prompt_id: str, worker: str, most: int) 
     note, and made again on the new primary after a failover (`replication.written_again`)."""
     if not expected(client):  # one script call, as it was
         return Ledger(client, run).intake(prompt_id, worker, most)
-    tries: list[None] = []
-
-    def once() -> Intake:
-        tries.append(None)
-        return (_confirmed if len(tries) == 1 else again)(client, run, prompt_id, worker, most)
-    return written_again(once, f"the intake of prompt {prompt_id} of run {run}")
+    tries = chain([_confirmed], repeat(again))  # the first on the primary of the moment, then `again`
+    return written_again(lambda: next(tries)(client, run, prompt_id, worker, most),
+                         f"the intake of prompt {prompt_id} of run {run}")
 
 
 def again(client: redis.Redis, run: str, prompt_id: str, worker: str, most: int) -> Intake:

@@ -29,6 +29,8 @@ there the check changes nothing. Read from kombu 5.7.0's
 """
 from __future__ import annotations
 
+from . import patches
+
 
 def follow_reconnects() -> None:
     """A subscription whose connection redis-py replaced subscribes again and is polled again.
@@ -36,17 +38,15 @@ def follow_reconnects() -> None:
     from kombu.transport import redis as kredis
     from redis.client import PubSub
 
-    poller = kredis.MultiChannelPoller
-    registered = getattr(poller._client_registered, "fleet_original", poller._client_registered)
+    def resubscribing(registered):
+        def _client_registered(self, channel, client, cmd):
+            found = registered(self, channel, client, cmd)  # takes the client's connection if it has none
+            if isinstance(client, PubSub):  # redis-py's own resubscribe, on every reconnect
+                client.connection.register_connect_callback(client.on_connect)
+            return found and self._chan_to_sock.get((channel, client, cmd)) is client.connection._sock
+        return _client_registered
 
-    def _client_registered(self, channel, client, cmd):
-        found = registered(self, channel, client, cmd)  # takes the client's connection if it has none
-        if isinstance(client, PubSub):  # redis-py's own resubscribe, on every reconnect
-            client.connection.register_connect_callback(client.on_connect)
-        return found and self._chan_to_sock.get((channel, client, cmd)) is client.connection._sock
-
-    _client_registered.fleet_original = registered
-    poller._client_registered = _client_registered
+    patches.replace(kredis.MultiChannelPoller, "_client_registered", resubscribing)
 
 
 def problems() -> list[str]:

@@ -60,6 +60,8 @@ from functools import lru_cache
 from types import SimpleNamespace
 from typing import Any, Callable, Iterable, Iterator
 
+from . import patches
+
 log = logging.getLogger(__name__)
 READ_FROM = "5.7.0"
 UNACKED = "unacked"               # hash: delivery tag -> JSON [message, exchange, routing key]
@@ -244,20 +246,21 @@ def share_client(client: Callable[[], Any]) -> None:
     own when it starts. Idempotent."""
     from kombu.transport import redis as kredis
 
-    built = getattr(kredis.Channel._create_client, "fleet_built", kredis.Channel._create_client)
-    init = getattr(kredis.Channel.__init__, "fleet_built", kredis.Channel.__init__)
+    def shared(built):
+        def _create_client(self, asynchronous=False):
+            if asynchronous:
+                return built(self, asynchronous=True)
+            return client()
+        return _create_client
 
-    def _create_client(self, asynchronous=False):
-        if asynchronous:
-            return built(self, asynchronous=True)
-        return client()
+    def check_closed(init):
+        def __init__(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            self.async_pool.disconnect(inuse_connections=False)
+        return __init__
 
-    def __init__(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        self.async_pool.disconnect(inuse_connections=False)
-
-    _create_client.fleet_built, __init__.fleet_built = built, init
-    kredis.Channel._create_client, kredis.Channel.__init__ = _create_client, __init__
+    patches.replace(kredis.Channel, "_create_client", shared)
+    patches.replace(kredis.Channel, "__init__", check_closed)
 
 
 def on_ack(callback: Callable[[str], None]) -> None:
@@ -266,14 +269,13 @@ def on_ack(callback: Callable[[str], None]) -> None:
     it: `workers/intake/failover.py` sends it again). Idempotent; a second callback replaces the first."""
     from kombu.transport import redis as kredis
 
-    base = getattr(kredis.QoS.ack, "fleet_base", kredis.QoS.ack)
+    def noted(base):
+        def ack(self, delivery_tag):
+            base(self, delivery_tag)
+            callback(delivery_tag)
+        return ack
 
-    def ack(self, delivery_tag):
-        base(self, delivery_tag)
-        callback(delivery_tag)
-
-    ack.fleet_base = base
-    kredis.QoS.ack = ack
+    patches.replace(kredis.QoS, "ack", noted)
 
 
 def heartbeats_never_wait() -> None:
@@ -285,13 +287,12 @@ def heartbeats_never_wait() -> None:
     the next flush sends (`workers/reporting/events.py`). Idempotent."""
     from celery.worker import heartbeat
 
-    base = getattr(heartbeat.Heart._send, "fleet_base", heartbeat.Heart._send)
+    def without_retry(base):
+        def _send(self, event, retry=True):
+            return base(self, event, retry=False)
+        return _send
 
-    def _send(self, event, retry=True):
-        return base(self, event, retry=False)
-
-    _send.fleet_base = base
-    heartbeat.Heart._send = _send
+    patches.replace(heartbeat.Heart, "_send", without_retry)
 
 
 _SENTINEL_POOLS: "weakref.WeakSet" = weakref.WeakSet()
@@ -303,17 +304,14 @@ def follow_sentinel_pools() -> None:
     (`sentinel_pools`), publishing channels included. Idempotent."""
     from kombu.transport import redis as kredis
 
-    built = kredis.SentinelChannel._sentinel_managed_pool
-    if getattr(built, "fleet_follows", False):
-        return
+    def listed(built):
+        def _sentinel_managed_pool(self, asynchronous=False):
+            pool = built(self, asynchronous)
+            _SENTINEL_POOLS.add(pool)
+            return pool
+        return _sentinel_managed_pool
 
-    def _sentinel_managed_pool(self, asynchronous=False):
-        pool = built(self, asynchronous)
-        _SENTINEL_POOLS.add(pool)
-        return pool
-
-    _sentinel_managed_pool.fleet_follows = True
-    kredis.SentinelChannel._sentinel_managed_pool = _sentinel_managed_pool
+    patches.replace(kredis.SentinelChannel, "_sentinel_managed_pool", listed)
 
 
 def sentinel_pools() -> list[Any]:
@@ -342,7 +340,7 @@ def batch_takes() -> bool:
     from kombu.transport.virtual import base as virtual
 
     channel, qos = kredis.Channel, kredis.QoS
-    if getattr(channel._brpop_read, "fleet_batches", False):
+    if patches.is_replaced(channel._brpop_read):  # only this replaces it
         return True
     moved = [name for name, expected in REPLACED.items()
              if _source_hash(getattr(getattr(kredis, name.split(".")[0]), name.split(".")[1], None)) != expected]
@@ -351,38 +349,43 @@ def batch_takes() -> bool:
             "kombu's take and acknowledgement kept as kombu does them (about ten more Redis commands a "
             "sample): %s not the one(s) read from kombu %s", ", ".join(moved), READ_FROM)
         return False
-    read, append, ack, reject = channel._brpop_read, qos.append, qos.ack, qos.reject
+    def recorded_once(append):
+        def _append(self, message, delivery_tag):
+            recorded = self.__dict__.get("fleet_recorded")
+            if recorded and delivery_tag in recorded:
+                recorded.discard(delivery_tag)
+                return virtual.QoS.append(self, message, delivery_tag)
+            return append(self, message, delivery_tag)
+        return _append
 
-    def _append(self, message, delivery_tag):
-        recorded = self.__dict__.get("fleet_recorded")
-        if recorded and delivery_tag in recorded:
-            recorded.discard(delivery_tag)
-            return virtual.QoS.append(self, message, delivery_tag)
-        return append(self, message, delivery_tag)
+    def settled_ack(ack):
+        def _ack(self, delivery_tag):
+            if _SETTLED.pop(delivery_tag):
+                return virtual.QoS.ack(self, delivery_tag)
+            return ack(self, delivery_tag)
+        return _ack
 
-    def _ack(self, delivery_tag):
-        if _SETTLED.pop(delivery_tag):
-            return virtual.QoS.ack(self, delivery_tag)
-        return ack(self, delivery_tag)
+    def settled_reject(reject):
+        def _reject(self, delivery_tag, requeue=False):
+            if _SETTLED.pop(delivery_tag):  # acknowledged with its group commit: nothing to restore
+                return virtual.QoS.ack(self, delivery_tag)
+            return reject(self, delivery_tag, requeue)
+        return _reject
 
-    def _reject(self, delivery_tag, requeue=False):
-        if _SETTLED.pop(delivery_tag):  # acknowledged with its group commit: nothing to restore
-            return virtual.QoS.ack(self, delivery_tag)
-        return reject(self, delivery_tag, requeue)
+    def taking_more(read):
+        def _brpop_read(self, **options):
+            if self.global_keyprefix:
+                return read(self, **options)
+            try:
+                return _read_and_take(self, options)
+            finally:
+                self._in_poll = None
+                self._flush_brpop_reauth()
+        return _brpop_read
 
-    def _brpop_read(self, **options):
-        if self.global_keyprefix:
-            return read(self, **options)
-        try:
-            return _read_and_take(self, options)
-        finally:
-            self._in_poll = None
-            self._flush_brpop_reauth()
-
-    _brpop_read.fleet_batches = True
-    for replaced, original in ((_append, append), (_ack, ack), (_reject, reject), (_brpop_read, read)):
-        replaced.fleet_original = original  # what `check` reads
-    qos.append, qos.ack, qos.reject, channel._brpop_read = _append, _ack, _reject, _brpop_read
+    for owner, name, build in ((qos, "append", recorded_once), (qos, "ack", settled_ack),
+                               (qos, "reject", settled_reject), (channel, "_brpop_read", taking_more)):
+        patches.replace(owner, name, build)
     return True
 
 
@@ -496,7 +499,7 @@ def _kombu_redis_problems() -> list[str]:
     for name in ("_q_for_pri", "_flush_brpop_reauth", "conn_or_acquire"):
         if not callable(getattr(channel, name, None)):
             problems.append(f"kombu.transport.redis.Channel.{name} is gone")
-    if "ping" not in getattr(getattr(channel.__init__, "fleet_built", channel.__init__), "__code__", None).co_names \
+    if "ping" not in getattr(patches.library_own(channel.__init__), "__code__", None).co_names \
             or not isinstance(getattr(channel, "async_pool", None), property):
         problems.append("kombu.transport.redis.Channel no longer checks Redis with a ping on its async_pool")
     if not callable(getattr(sentinel, "_sentinel_managed_pool", None)):
@@ -505,7 +508,7 @@ def _kombu_redis_problems() -> list[str]:
         problems.append("kombu.transport.redis.QoS.restore_at_shutdown is gone")
     for name in ("append", "restore_visible"):  # lease scores read the module's `time` (`use_clock`)
         found = getattr(kredis.QoS, name, None)
-        code = getattr(getattr(found, "fleet_original", found), "__code__", None)
+        code = getattr(patches.library_own(found), "__code__", None)
         if code is None or "time" not in code.co_names or not callable(getattr(kredis, "time", None)):
             problems.append(f"kombu.transport.redis.QoS.{name} no longer reads the module's time()")
     return problems
@@ -557,7 +560,7 @@ def _celery_problems() -> list[str]:
         problems.append("celery's Heart step takes no heartbeat_interval (the worker sets it)")
     from celery.worker import heartbeat
 
-    if not _has_parameters(getattr(heartbeat.Heart._send, "fleet_base", heartbeat.Heart._send), "retry"):
+    if not _has_parameters(patches.library_own(heartbeat.Heart._send), "retry"):
         problems.append("celery's Heart._send takes no retry (the worker sends heartbeats without it)")
     if not _has_parameters(Consumer, "worker_options"):
         problems.append("celery's Consumer takes no worker_options (the worker turns gossip and mingle off there)")

@@ -117,7 +117,7 @@ class Settings(SharedSettings):
                                          "the dead letters.")
 
     task_events: bool = Field(True, description="Celery task events per task (Flower's task pages, "
-                               "`celery events`), sent in batches every 0.1 s.")
+                               "`celery events`), sent in batches once a second (`workers/reporting/events.py`).")
     # Off by default: at hundreds of prompts a second these lines' logging lock cost a busy worker ~7% of its CPU.
     task_log: bool = Field(False, description="Celery's own two INFO lines per task (\"received\", \"succeeded "
                              "in\"); the worker logs every dead letter, give-back and failure itself either way.")

@@ -40,8 +40,9 @@ class RunKeys:
         # The ledger (ledger.py) owns the state buckets, dead, dead_reasons, counters, minutes, shards, writing
         # and prompts:
         # only its scripts change them, each a prompt's whole transition in one atomic step.
-        # Each prompt's state lives in one of STATE_BUCKETS small hashes, `<base>:s:<n>`,
-        # under 8 bytes of a hash of its id (`ledger.py` says how, and why it is compact).
+
+        # hash per bucket, STATE_BUCKETS of them: each prompt's state, under 8 bytes of a hash of
+        # its id (`ledger.py` says how, and why it is compact)
         self.state_prefix = f"{base}:s:"
         self.dead = f"{base}:dead"          # hash: prompt id -> dead letter JSON, while dead
         # hash: prompt id -> its dead letter's reason, beside it: what the counts by reason need,
@@ -63,6 +64,7 @@ class RunKeys:
         # hash: prompt id -> packed token ids (codec.py), while not done or dead
         self.token_ids = f"{base}:ids"
         # A run of conversations (`enqueue --turns all`; `conversation_ledger.py` owns these):
+
         # hash: conversation id -> its number of turns, kept for the run's life
         self.conversation_turns = f"{base}:conv:turns"
         # hash: conversation id -> its skeleton (JSON, `conversations.skeleton`), while in progress

@@ -4,10 +4,11 @@ A page holds a marker such as `<!-- reference: settings -->`; `on_page_markdown`
 with a table made from the code that defines the thing: every pydantic-settings class in the
 project's packages (found by reading their sources, so a class added in a new module is found
 too), the typer CLI of `python -m producer` (every command, argument and option, with the help
-the terminal shows), the reason codes (`contract.names.MEANINGS`), the worker's Prometheus metrics (read from
+the terminal shows), the reason codes (`contract.names.MEANINGS`), the Redis keys (`contract/keys.py`, `contract/kombu_redis.py`, each
+key's comment), the worker's Prometheus metrics (read from
 the sources of the modules that declare them) the alert rules (`deploy/prometheus/alerts.yml`) and the stand-in's flags. Nothing is copied by hand, so
 the reference cannot drift from the code; a setting without a description, a reason code
-without a meaning or an unknown marker stops the build.
+without a meaning, a key without a comment or an unknown marker stops the build.
 """
 from __future__ import annotations
 
@@ -35,7 +36,7 @@ def on_page_markdown(markdown: str, page, config, files, **_) -> str:
 def generate(name: str) -> str:
     makers = {"settings": settings_markdown, "cli": cli_markdown, "reasons": reasons_markdown,
               "metrics": metrics_markdown, "alerts": alerts_markdown,
-              "standin": standin_markdown}
+              "standin": standin_markdown, "redis-keys": redis_keys_markdown}
     if name not in makers:
         raise ValueError(f"unknown reference marker {name!r}: one of {', '.join(makers)}")
     return makers[name]()
@@ -258,6 +259,49 @@ def reasons_markdown() -> str:
         raise ValueError(f"reason codes without a meaning in contract.names.MEANINGS: {', '.join(missing)}")
     rows = [[code(r.value), MEANINGS[r], "yes" if r in VERIFY_RULES else "no"] for r in Reason]
     return table(["reason", "meaning", "`--disable-rule`"], rows)
+
+
+# --- Redis keys -----------------------------------------------------------------------------
+
+KEY_KIND = re.compile(r"^(hash|string|set|sorted set|counter|list)( per [^:]+)?: ")
+# What stands after a key prefix: the name of one of its keys
+KEY_PREFIXES = {"WORKER_PREFIX": "<worker>", "AUDIT_PREFIX": "<run>", "SHARERS_PREFIX": "<server URL>",
+                "state_prefix": "<n>"}
+
+
+def redis_keys() -> list[dict]:
+    """Every key `contract/keys.py` names (module constants that start with `fleet:`, a run's keys
+    in `RunKeys`) and kombu's own that `kombu_redis` names, each with its comment, which starts
+    with the key's type: the one on its line, or the comment lines right above it."""
+    found = []
+    for module, owner in (("contract/keys.py", "fleet"), ("contract/kombu_redis.py", "kombu")):
+        lines = (ROOT / module).read_text().splitlines()
+        for i, line in enumerate(lines):
+            named = re.match(r'\s*(?:self\.(\w+)|([A-Z_]+))\s*=\s*(?:f?"([^"]*)"|(base))\s*(?:#\s*(.*))?$', line)
+            if not named:
+                continue
+            name, comment = named.group(1) or named.group(2), named.group(5)
+            pattern = (named.group(3) or "{base}").replace("{base}", "fleet:run:<run>")  # `self.spec = base`
+            if not (owner == "fleet" and pattern.startswith("fleet:") or comment and KEY_KIND.match(comment)):
+                continue
+            above = []
+            for before in reversed(lines[:i]):
+                if not before.strip().startswith("#"):
+                    break
+                above.insert(0, before.strip().lstrip("#").strip())
+            text = comment or " ".join(above)
+            kind = KEY_KIND.match(text)
+            if kind is None:
+                raise ValueError(f"{module}: the key {name} has no comment starting with its type "
+                                 f"({KEY_KIND.pattern}): {text!r}")
+            found.append({"key": pattern + KEY_PREFIXES.get(name, ""), "kind": kind.group(0)[:-2],
+                          "meaning": text[kind.end():], "owner": owner, "name": name, "module": module})
+    return found
+
+
+def redis_keys_markdown() -> str:
+    rows = [[code(k["key"]), k["kind"] or " ", escape(k["meaning"]), f"`{k['name']}`"] for k in redis_keys()]
+    return table(["key", "type", "what it holds", "named in code"], rows)
 
 
 # --- metrics --------------------------------------------------------------------------------

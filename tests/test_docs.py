@@ -260,3 +260,18 @@ def test_the_reason_and_metric_references_list_every_code_and_metric(site):
     # and so are the gauges read at scrape time
     gauges = set(re.findall(r'GaugeMetricFamily\("(fleet_\w+)"', (ROOT / "workers" / "reporting" / "metrics.py").read_text()))
     assert gauges and gauges <= metrics
+
+
+@pytest.mark.slow
+def test_the_redis_keys_reference_lists_every_key_the_fleet_names(site):
+    import contract.keys as keys
+
+    listed = {row[0] for _, row in page(site, "reference/redis-keys.html").rows}
+    # Given every key name contract/keys.py defines, then each one's pattern is on the page
+    run_keys = {value for name, value in vars(keys.RunKeys("<run>")).items()}
+    constants = {value for name, value in vars(keys).items() if isinstance(value, str) and value.startswith("fleet:")}
+    assert run_keys and constants
+    for key in run_keys | constants:
+        assert any(row.startswith(key) for row in listed), key
+    # and kombu's unacknowledged hash and its lease index, which the fleet reads and writes
+    assert {"unacked", "unacked_index"} <= listed

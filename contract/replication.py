@@ -36,9 +36,12 @@ call; a caller that writes per prompt confirms only where `expected` says
 some primary this process saw had replicas (one `INFO` at its first call),
 so there it pays nothing. A replica that lags holds the call (and the
 caller waits: back-pressure, not loss) until it catches up; a primary left
-without replicas, and still the one the Sentinels name, is trusted alone
-only after `ALONE_AFTER` seconds, longer than Sentinel takes to demote an old
-primary that comes back (whose writes of that moment it discards). WAIT narrows the loss window to nothing
+with fewer replicas than it had, and still the one the Sentinels name, is
+trusted with those left (or alone) only after `ALONE_AFTER` seconds, longer
+than Sentinel takes to name a promoted replica or to demote an old primary
+that comes back (whose writes of that moment it discards): a replica still
+attached to it acknowledges writes that its resync from the promoted one
+will drop. WAIT narrows the loss window to nothing
 that was reported; it does not make Redis a consensus store (a replica that
 has the write can still lose the election), which is why every transition is
 also repaired after the fact (`workers/intake/failover.py`, the audit, reconcile).
@@ -129,7 +132,8 @@ def replicated(client: redis.Redis, wait_ms: int = WAIT_MS) -> Iterator[None]:
         _still_named(client, before)
 
 
-def confirmed(client: redis.Redis, fill: Callable[[Any], None], wait_ms: int = WAIT_MS) -> list:
+def confirmed(client: redis.Redis, fill: Callable[[Any], None], wait_ms: int = WAIT_MS,
+              alone_after: float = ALONE_AFTER) -> list:
     """The writes `fill` queues on a pipeline, sent with their barrier in one round trip
     (one connection, one server: no read of the primary before them is needed); returns their
     replies once a replica has them, as `replicated` does, or raises `FailedOver`."""
@@ -143,8 +147,8 @@ def confirmed(client: redis.Redis, fill: Callable[[Any], None], wait_ms: int = W
     here = _seen(info)
     if not had(here):
         _still_named(client, here)
-    elif not _enough(client, here, int(acked), info):
-        confirm(client, here, wait_ms)
+    elif not _enough(client, here, int(acked), info, alone_after):
+        confirm(client, here, wait_ms, alone_after)
     return replies
 
 
@@ -169,10 +173,10 @@ def _still_named(client: redis.Redis, who: Primary) -> None:
 
 def confirm(client: redis.Redis, before: Primary, wait_ms: int = WAIT_MS, alone_after: float = ALONE_AFTER) -> None:
     """The barrier and its WAIT, again until as many replicas as the primary had have it. Fewer
-    is a refusal: if the Sentinels name another primary, `FailedOver`; if not, a replica lost
-    for good, and the writes are confirmed once one replica has them, or, with none left,
-    after `alone_after` seconds without any (a primary frozen and resumed may only then be
-    demoted by the Sentinels, discarding its writes)."""
+    is a refusal: if the Sentinels name another primary, `FailedOver`; if they still name this
+    one after `alone_after` seconds, a replica lost for good, and the writes are confirmed by
+    those left, or by none (a primary frozen and resumed, or one whose replica is being
+    promoted, may only then be demoted by the Sentinels, discarding its writes)."""
     started = time.monotonic()
     warned = False
     while True:
@@ -204,10 +208,15 @@ def _enough(client: redis.Redis, who: Primary, acked: int, info: dict, alone_aft
     if moved(client, who.replid):
         raise FailedOver(f"the primary that took these writes has {acked} of its {want} replicas and is no "
                          "longer the one the Sentinels name; they may be lost")
+    # Fewer attached than it had, and the Sentinels still name it: a replica lost for good, or a
+    # switchover whose promotion the Sentinels do not name yet. A replica left attached is no
+    # proof: it is reconfigured to replicate the promoted one, and its copy of these writes goes
+    # with the full resync that follows. So only `alone_after` without the Sentinels naming
+    # another primary makes a replica lost for good, with or without one acknowledging.
     since = _short_since.setdefault(who.replid, time.monotonic())
-    if acked >= 1 or time.monotonic() - since >= alone_after:
-        if acked < 1:
-            log.warning("no replica for %.0f s: the primary goes on alone", time.monotonic() - since)
+    if time.monotonic() - since >= alone_after:
+        log.warning("%d of the %d replicas for %.0f s: the primary goes on with them", connected, want,
+                    time.monotonic() - since)
         _had[who.replid] = connected  # a replica lost for good: the next writes wait for those left
         return True
     return False

@@ -88,3 +88,36 @@ def test_a_primary_that_lost_the_replica_it_had_is_no_confirmation_until_it_is_t
     finally:
         replica.replicaof("NO", "ONE")
         process.stop()
+
+
+def test_a_primary_with_two_replicas_whose_first_is_promoted_is_no_confirmation_by_the_other_at_once(server, tmp_path):
+    # Given a primary with two replicas, both confirming its writes
+    process, url = start_redis(tmp_path / "primary")
+    second, second_url = start_redis(tmp_path / "second")
+    promoted, other = redis.Redis.from_url(server), redis.Redis.from_url(second_url)
+    try:
+        primary_client = redis.Redis.from_url(url)
+        primary_client.config_set("repl-diskless-sync-delay", 0)
+        port = primary_client.connection_pool.connection_kwargs["port"]
+        for replica in (promoted, other):
+            replica.replicaof("127.0.0.1", port)
+        wait_for(lambda: primary(primary_client).replicas == 2 and all(
+            r.info("replication")["master_link_status"] == "up" for r in (promoted, other)), 20, "two replicas")
+        confirmed(primary_client, lambda pipe: pipe.set("first", 1))
+        assert had(primary(primary_client)) == 2
+
+        # When one replica is promoted (a switchover the Sentinels do not name yet) while the
+        # other, still attached, acknowledges what the old primary takes
+        promoted.replicaof("NO", "ONE")
+        wait_for(lambda: primary(primary_client).replicas == 1, 20, "the old primary with one replica left")
+        started = time.monotonic()
+        confirmed(primary_client, lambda pipe: pipe.set("late", 1), wait_ms=50, alone_after=0.5)
+
+        # Then the write is not reported at once on the word of the replica left (its resync from
+        # the promoted one would drop it): only after the alone-after does the primary go on with it
+        assert time.monotonic() - started >= 0.5
+        assert had(primary(primary_client)) == 1
+    finally:
+        promoted.replicaof("NO", "ONE")
+        second.stop()
+        process.stop()

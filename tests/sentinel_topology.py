@@ -1,4 +1,5 @@
-"""A real Redis Sentinel topology on free loopback ports: a primary, a replica, three Sentinels.
+"""A real Redis Sentinel topology on free loopback ports: a primary, its replicas (one unless
+told), three Sentinels.
 
 The processes are the ones production runs (`redis-server`, `redis-server
 --sentinel`), with Sentinel's timings shortened so a failover takes seconds:
@@ -26,6 +27,7 @@ class Topology:
     logs: Path
     servers: dict[int, Process] = field(default_factory=dict)    # port -> redis-server
     sentinels: dict[int, Process] = field(default_factory=dict)  # port -> redis-server --sentinel
+    replicas: int = 1
 
     @property
     def url(self) -> str:
@@ -33,10 +35,11 @@ class Topology:
 
     def start(self) -> "Topology":
         primary = self._server()
-        self._server(replica_of=primary)
+        for _ in range(self.replicas):
+            self._server(replica_of=primary)
         for _ in range(3):
             self._sentinel(primary)
-        wait_for(self._settled, 60, "three Sentinels that see the primary, its replica and each other")
+        wait_for(self._settled, 60, "three Sentinels that see the primary, its replicas and each other")
         return self
 
     def primary_port(self) -> int:
@@ -129,6 +132,6 @@ class Topology:
     def _settled(self) -> bool:
         for port in self.sentinels:
             master = redis.Redis(port=port, socket_timeout=2).sentinel_master(MASTER)
-            if int(master["num-slaves"]) < 1 or int(master["num-other-sentinels"]) < 2:
+            if int(master["num-slaves"]) < self.replicas or int(master["num-other-sentinels"]) < 2:
                 return False
         return True

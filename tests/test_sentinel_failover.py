@@ -85,8 +85,8 @@ class SentinelFleet(Fleet):
 
 
 @pytest.fixture
-def topology(tmp_path: Path):
-    t = Topology(tmp_path / "logs").start()
+def topology(tmp_path: Path, request):
+    t = Topology(tmp_path / "logs", replicas=getattr(request, "param", 1)).start()
     yield t
     t.stop()
 
@@ -210,10 +210,23 @@ def _figures(case: str, faults: int, watch: Watch, stored: set[str], dead: set[s
 @pytest.mark.parametrize("case", ["kill", "freeze", "switchover"])
 def test_a_failover_twice_mid_run_loses_nothing_runs_nothing_twice_and_status_catches_up(
         case, sfleet, topology, tokenizer, tmp_path):
+    _through_faults(case, sfleet, topology, tokenizer, tmp_path)
+
+
+@pytest.mark.parametrize("topology", [2], indirect=True, ids=["two-replicas"])
+def test_a_switchover_twice_behind_two_replicas_loses_nothing_and_runs_nothing_twice(
+        sfleet, topology, tokenizer, tmp_path):
+    """With two replicas, the one not promoted still acknowledges the old primary's writes until the
+    Sentinels tell it to follow the new one (its resync then drops them): no write of the fleet may
+    count as confirmed on its word alone (`contract/replication.py`)."""
+    _through_faults("switchover", sfleet, topology, tokenizer, tmp_path)
+
+
+def _through_faults(case: str, sfleet, topology: Topology, tokenizer, tmp_path: Path) -> None:
+    # Given a run on two workers, a share of it stored
     records = varied_prompts(N)
     watch = _start(sfleet, tmp_path, records)
     _until_stored(sfleet, watch, int(N * FAULT_AT))
-
 
     # When the fault strikes mid-run, and again once the topology has healed
     for _ in range(FAULTS):

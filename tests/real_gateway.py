@@ -33,6 +33,7 @@ class Gateway:
     process: Process
     url: str
     metrics: str  # its Prometheus endpoint: the circuit breakers' states and transitions
+    workers: list[str]  # the servers it was started in front of
 
     def circuits_opened(self) -> int:
         """How many times a worker's circuit went from closed to open (smg_worker_cb_transitions_total)."""
@@ -53,10 +54,12 @@ class Gateway:
                              f"{answer.status_code} {answer.text[:200]}); its breakers: {outcomes}")
 
 
-def start_gateway(logs: Path, workers: list[str], *options: str, policy: str = "cache_aware") -> Gateway:
-    """`python -m sglang_router.launch_router` in front of `workers`, ready (its /readiness 200).
+def start_gateway(logs: Path, workers: list[str], *options: str, policy: str = "cache_aware",
+                  port: int | None = None) -> Gateway:
+    """`python -m sglang_router.launch_router` in front of `workers`, ready (its /readiness 200), on
+    `port` (a free one if None: a restarted gateway comes back on its own).
     A 1 s health check interval (the default is 60 s) so that a killed worker leaves its list soon."""
-    port, metrics = free_port(), free_port()
+    port, metrics = port or free_port(), free_port()
     argv = [router_python(), "-m", "sglang_router.launch_router", "--host", "127.0.0.1", "--port", str(port),
             "--worker-urls", *workers, "--policy", policy, "--prometheus-host", "127.0.0.1",
             "--prometheus-port", str(metrics), "--health-check-interval-secs", "1", "--shutdown-grace-period-secs", "1",
@@ -67,4 +70,4 @@ def start_gateway(logs: Path, workers: list[str], *options: str, policy: str = "
     process = spawn(f"gateway-{port}", argv, logs, env=env)
     url = f"http://127.0.0.1:{port}"
     wait_for(lambda: httpx.get(f"{url}/readiness", timeout=5).status_code == 200, 60, "sglang-router", process)
-    return Gateway(process, url, f"http://127.0.0.1:{metrics}/metrics")
+    return Gateway(process, url, f"http://127.0.0.1:{metrics}/metrics", list(workers))

@@ -10,6 +10,7 @@ outage of the binding: no prompt spends an attempt or is dead-lettered for it.
 from __future__ import annotations
 
 import signal
+import time
 
 import httpx
 import redis
@@ -64,6 +65,12 @@ def test_through_the_gateway_every_budget_fits_the_servers_context_and_no_circui
 def _round_robin_run(fleet, tmp_path, *gateway_args: str, running: int):
     """Two servers with generations of about a second behind the real gateway (round-robin), a
     worker bound to the gateway, and 60 prompts enqueued; the first server's process, and n."""
+    first_process, _, n = _gateway_run(fleet, tmp_path, *gateway_args, running=running)
+    return first_process, n
+
+
+def _gateway_run(fleet, tmp_path, *gateway_args: str, running: int):
+    """`_round_robin_run`'s run; the first server's process, the gateway and n."""
     slow = ("--max-running-requests", str(running), "--step-base", "0.01", "--output-len-median", "80",
             "--output-len-max", "120")
     first_process, first = fleet.standin(*slow)
@@ -73,7 +80,47 @@ def _round_robin_run(fleet, tmp_path, *gateway_args: str, running: int):
     fleet.worker("w1", [gateway.url])
     n = 60
     fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(n))))
-    return first_process, n
+    return first_process, gateway, n
+
+
+def test_the_gateway_itself_killed_and_restarted_mid_run_loses_no_prompt(fleet, tmp_path):
+    # Given the real gateway (round-robin) in front of two servers, with generations of about a second
+    _, gateway, n = _gateway_run(fleet, tmp_path, running=4)
+
+    # When the gateway is SIGKILLed mid-run, with prompts in flight through it, and a supervisor
+    # starts it again on its port some seconds later
+    wait_until(lambda: fleet.states().get("done", 0) >= 10, 120, "a sixth of the run stored", fleet)
+    assert fleet.states().get("queued", 0) > 0, "the run ended before the fault: slower answers are needed"
+    gateway.process.signal(signal.SIGKILL)
+    time.sleep(5)
+    port = int(gateway.url.rsplit(":", 1)[1])
+    fleet.processes.append(start_gateway(fleet.logs, gateway.workers, policy="round_robin", port=port).process)
+
+    # Then every prompt is stored all the same, each once, none dead-lettered
+    assert fleet.wait_finished(timeout=300) == {"done": n}
+    assert fleet.dead_letters() == []
+    assert len({row["id"] for row in fleet.rows()}) == n
+
+
+def test_the_gateway_itself_frozen_mid_run_loses_no_prompt(fleet, tmp_path):
+    # Given the real gateway (round-robin) in front of two servers, with generations of about a second
+    _, gateway, n = _gateway_run(fleet, tmp_path, running=4)
+
+    # When the gateway freezes mid-run (SIGSTOP: its port open, nothing answered) until the worker
+    # has noticed, then resumes
+    wait_until(lambda: fleet.states().get("done", 0) >= 10, 120, "a sixth of the run stored", fleet)
+    assert fleet.states().get("queued", 0) > 0, "the run ended before the fault: slower answers are needed"
+    gateway.process.signal(signal.SIGSTOP)
+    try:
+        wait_until(lambda: _server(fleet).get("state") not in (None, "healthy"), 60,
+                   "the worker to see its gateway unhealthy", fleet)
+    finally:
+        gateway.process.signal(signal.SIGCONT)
+
+    # Then every prompt is stored all the same, each once, none dead-lettered
+    assert fleet.wait_finished(timeout=300) == {"done": n}
+    assert fleet.dead_letters() == []
+    assert len({row["id"] for row in fleet.rows()}) == n
 
 
 def test_a_server_killed_behind_a_round_robin_gateway_loses_no_prompt(fleet, tmp_path):

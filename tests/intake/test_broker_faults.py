@@ -6,6 +6,7 @@ user would: the stand-in's generation count per prompt, the ids in the shards, t
 from __future__ import annotations
 
 import signal
+import time
 from collections import Counter
 
 import httpx
@@ -81,6 +82,34 @@ def test_a_redis_restart_never_starts_a_generation_twice(fleet, tmp_path):
     stop_broker(broker, workers, fleet, busy=3.0)
     broker, _ = start_redis(fleet.logs, port=port, data_dir=data, appendonly=True)
     fleet.processes.append(broker)
+
+    # Then every prompt is stored exactly once, and each was generated exactly once
+    assert fleet.wait_finished(timeout=240) == {"done": 16}
+    assert _generations(url) == {pid: 1 for pid in ids}
+    _stored_once(fleet, ids)
+    assert fleet.dead_letters() == []
+
+
+def test_a_redis_frozen_longer_than_a_lease_never_starts_a_generation_twice(fleet, tmp_path):
+    # Given two workers, and 16 generations far longer than the lease, all in flight
+    _, url = fleet.standin("--fault-slow", "1", "--slow-seconds", "25")
+    data, port = tmp_path / "redis-data", free_port()
+    broker, fleet.redis_url = start_redis(fleet.logs, port=port, data_dir=data, appendonly=True)
+    fleet.processes.append(broker)
+    fleet.worker("w1", [url], **LEASE)
+    fleet.worker("w2", [url], **LEASE)
+    wait_until(lambda: _consumers(redis.Redis.from_url(fleet.redis_url)) >= 2, 90, "both consuming", fleet)
+    ids = {f"p-{i:04d}" for i in range(16)}
+    fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(16))))
+    wait_until(lambda: len(_generations(url)) == 16, 60, "16 generations in flight", fleet)
+
+    # When Redis freezes (SIGSTOP: its connections open, nothing answered) for longer than a lease,
+    # then goes on: on its clock every lease has lapsed, and every worker's calls meet it at once
+    broker.signal(signal.SIGSTOP)
+    try:
+        time.sleep(12)  # the fault's length (the lease is 8 s), not a synchronisation
+    finally:
+        broker.signal(signal.SIGCONT)
 
     # Then every prompt is stored exactly once, and each was generated exactly once
     assert fleet.wait_finished(timeout=240) == {"done": 16}

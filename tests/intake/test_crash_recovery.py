@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import signal
+import time
 
 import httpx
 import redis
@@ -34,6 +35,31 @@ def test_a_killed_workers_prompts_are_taken_up_by_another_within_the_lease(fleet
     assert fleet.wait_finished(timeout=180) == {"done": 120}
     assert fleet.dead_letters() == []
     assert {r["id"] for r in fleet.rows()} == {f"p-{i:04d}" for i in range(120)}
+
+
+def test_a_worker_frozen_past_its_lease_goes_on_and_every_prompt_ends_done_once(fleet, tmp_path):
+    # Given two workers sharing slow servers, with a short lease
+    _, url = fleet.standin("--step-base", "0.02", "--max-running-requests", "256")
+    frozen = fleet.worker("frozen", [url], **LEASE)
+    fleet.worker("other", [url], **LEASE)
+    fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(120))))
+    wait_until(lambda: redis.Redis.from_url(fleet.redis_url).hlen("unacked") > 20, 60, "work in flight", fleet)
+
+    # When one worker freezes (SIGSTOP: its connections open, its generations still running on the
+    # server) for twice the lease, so the other takes its prompts up, then thaws with its answers
+    # to store
+    frozen.signal(signal.SIGSTOP)
+    try:
+        time.sleep(16)  # the fault's length (the lease is 8 s), not a synchronisation
+    finally:
+        frozen.signal(signal.SIGCONT)
+
+    # Then every prompt ends done, counted once, none dead-lettered, and the thawed worker lives on
+    assert fleet.wait_finished(timeout=180) == {"done": 120}
+    assert fleet.dead_letters() == []
+    assert fleet.counters()["state:done"] == 120
+    assert {r["id"] for r in fleet.rows()} == {f"p-{i:04d}" for i in range(120)}
+    assert frozen.alive()
 
 
 def test_a_generation_longer_than_the_lease_is_never_handed_to_a_second_worker(fleet, tmp_path):

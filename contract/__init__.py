@@ -13,6 +13,7 @@ function that uses it. Parts, one idea each:
 - `publish`: prompts onto the broker as Celery protocol-2 messages.
 - `broker`: the Celery/kombu settings both sides must agree on.
 - `kombu_redis`: the one door to kombu's Redis transport internals.
+- `patches`: how a replacement of a library's function is installed once and reads the library's own.
 - `schema`: the shard columns and the `Sample` record a worker fills.
 - `connections`: Redis clients, and URLs safe to print.
 - `heartbeats`: what a worker tells Redis about its servers.

@@ -6,17 +6,27 @@ httpx or the worker: a module that needs a heavy library imports it inside the
 function that uses it. Parts, one idea each:
 - `keys`: every Redis key name and the task name.
 - `names`: reason codes, prompt states and server states, as `str` enums.
+- `settings`: the settings both sides read (where Redis is, where shards go, the queue prefix).
 - `spec`: a run's spec (tokenizer, sampling, think tokens) and run names.
-- `ledger`: where each prompt stands; every state change of a prompt.
+- `ledger` / `ledger_scripts` / `scripts`: where each prompt stands and every change of it, one
+  Lua script each; Lua scripts whose arguments have names.
+- `deliveries`: a prompt's deliveries entry (the workers it was delivered to), its one format.
 - `deadletters`: the dead-letter store.
 - `codec`: how token ids are packed in Redis and in dead letters.
 - `publish`: prompts onto the broker as Celery protocol-2 messages.
 - `broker`: the Celery/kombu settings both sides must agree on.
-- `kombu_redis`: the one door to kombu's Redis transport internals.
+- `kombu_redis` / `kombu_take` / `kombu_listen`: the one door to kombu's Redis transport
+  internals; its take and acknowledgement batched; its subscriptions heard again after a reconnect.
 - `patches`: how a replacement of a library's function is installed once and reads the library's own.
+- `connections` / `retries`: Redis clients, and URLs safe to print; how long a call waits out an outage.
+- `clock`: Redis's clock, the one every process compares times on.
+- `replication`: writes confirmed on a replica before they are reported (failover).
+- `write_refusal`: Redis refusing writes, which refusal, and what the operator does.
+- `heartbeats`: what a worker tells Redis about its servers and the prompts it holds.
+- `cache_hits`: prefix-cache hits per server, summed across workers.
 - `schema`: the shard columns and the `Sample` record a worker fills.
-- `connections`: Redis clients, and URLs safe to print.
-- `heartbeats`: what a worker tells Redis about its servers.
+- `storage` / `shard_home` / `durable`: where shards live and every read and write of one; where a
+  run's shards are; the one fsync.
 - `chat` / `bundled`: the chat template, token ids and the think-start check; the bundled tokenizer.
 - `conversations` / `conversation_ledger`: which history each turn renders; where each conversation stands.
 """

@@ -18,9 +18,10 @@ of it and never looked bound; but a CPU it may use that sat idle is CPU it
 did not want (the scheduler leaves no CPU idle while a thread of the
 process is runnable on it), and on a busy node there is none. The threads'
 own waits for a core (`/proc/self/task/*/schedstat`) do not tell it: summed
-over hundreds of threads that a group commit wakes at once, they came to
-several times the wall time (44x under a quarter-core quota) while the
-process used a third of its core, and read as a share of 1.
+over the ~900 threads, hundreds of which a group commit wakes at once, they
+came to 1-6 times the wall time while the process used a third of its core
+and the node had a core idle (44 times under a quarter-core quota), and read
+as a share of 1.
 
 `CpuBoundRule` is that judgement, pure (no clock, no /proc): each observation
 is the share and its servers' free slots (capacity minus running, as last

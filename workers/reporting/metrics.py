@@ -84,8 +84,9 @@ class FleetCollector:
                                   "or less under its cgroup's CPU quota (workers/servers/cpu_limits.py).")
         cores.add_metric([], watch.cores)
         share = GaugeMetricFamily("fleet_worker_cpu_share", "CPU this worker process used over the last health "
-                                  "round, as a share of the CPU time it had the chance to use (the wall time "
-                                  "less its threads' wait for a core) on the cores it can use (one: the GIL).")
+                                  "round, as a share of the CPU time it had the chance to use: the cores it can "
+                                  "use (one: the GIL; less under a cgroup quota), or what it used plus its CPUs' "
+                                  "idle time where that is less.")
         share.add_metric([], watch.last.share if watch.last else 0.0)
         yield bound
         yield cores

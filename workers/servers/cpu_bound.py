@@ -1,8 +1,8 @@
 """When the worker process itself is the bottleneck: its CPU near what it can use, its servers with free slots.
 
 One worker process runs its task threads under one GIL, so it can use at most
-about one core, however many the node has (fewer where its CPU affinity or
-cgroup quota gives it less). Where a server finishes more answers a second
+about one core, however many the node has (less where its cgroup's CPU
+quota gives it less). Where a server finishes more answers a second
 than one process can turn into durable samples (short answers on a large
 batch), the server runs below its batch and adding threads or in-flight
 requests does not help: another worker process on the node does.
@@ -142,7 +142,7 @@ class CpuWatch:
         self.limit = limit or core_limit()
         self.cores, self.remedy = self.limit.cores, remedy_for(self.limit)
         self.last: Reading | None = None
-        self._cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+        self._cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
         self._mark = (time.monotonic(), time.process_time(), idle_seconds(self._cpus))
 
     def observe(self, free_slots: int, slots: int) -> Reading | None:

@@ -1,7 +1,8 @@
 """How many cores this process can use: one (the GIL), fewer where its cgroup's CPU quota allows less.
 
-The invariant: `core_limit()` is never more than one core, the process's CPU
-affinity, nor the quota of its own cgroup or any group above it. It holds
+The invariant: `core_limit()` is never more than one core nor the quota of
+the process's own cgroup or any group above it (an affinity is at least one
+whole core, so it never binds below the GIL). It holds
 because a group's quota caps every group below it, so the tightest quota on
 the path from the process's group up to the hierarchy's root is the one that
 binds, and each is read:
@@ -21,37 +22,27 @@ spec can lay out either version in a folder.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 GIL = "the GIL"
-AFFINITY = "its CPU affinity"
 
 
 @dataclass(frozen=True)
 class CoreLimit:
-    """The cores the process can use and what sets them: the GIL, its affinity, or a quota file."""
+    """The cores the process can use and what sets them: the GIL, or a quota file."""
     cores: float
     source: str
 
     @property
     def quota_file(self) -> str | None:
         """The quota file that sets the limit, where a cgroup quota is what binds."""
-        return None if self.source in (GIL, AFFINITY) else self.source
-
-
-def usable_cores(root: Path = Path("/")) -> float:
-    """Cores this process can use: one (the GIL), or less where its affinity or cgroup quota allows less."""
-    return core_limit(root).cores
+        return None if self.source == GIL else self.source
 
 
 def core_limit(root: Path = Path("/")) -> CoreLimit:
-    """The tightest of one core, the affinity and every quota on the process's cgroup path."""
+    """The tightest of one core and every quota on the process's cgroup path."""
     limit = CoreLimit(1.0, GIL)
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    if cores < limit.cores:
-        limit = CoreLimit(float(cores), AFFINITY)
     for quota, where in cgroup_quotas(root):
         if quota < limit.cores:
             limit = CoreLimit(quota, str(Path("/") / where.relative_to(root)))

@@ -1,8 +1,8 @@
 """The cores a worker process can use, read from files laid out as cgroup v1 and v2 lay them out.
 
 Given a folder standing for `/` (its `proc/self/cgroup` and `sys/fs/cgroup`), the
-tightest of one core (the GIL), the affinity and every CPU quota on the process's
-cgroup path is what it can use, and the quota's file is named where it binds.
+tightest of one core (the GIL) and every CPU quota on the process's cgroup path is
+what it can use, and the quota's file is named where it binds.
 """
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from workers.servers.cpu_limits import GIL, CoreLimit, core_limit, usable_cores
+from workers.servers.cpu_limits import GIL, CoreLimit, core_limit
 
-ONE = CoreLimit(1.0, GIL)  # an affinity is at least one core: without a quota below it, the GIL is the limit
+ONE = CoreLimit(1.0, GIL)  # without a quota below one core, the GIL is the limit
 
 
 def lay_out(root: Path, proc_cgroup: str, files: dict[str, str]) -> Path:
@@ -45,7 +45,6 @@ def test_a_v1_quota_of_a_quarter_core_on_the_processs_own_group_is_what_it_can_u
                     **v1_group("cpu,cpuacct/fleet/w1", 25_000)})
     # Then a quarter core, set by that group's file
     assert core_limit(root) == CoreLimit(0.25, "/sys/fs/cgroup/cpu,cpuacct/fleet/w1/cpu.cfs_quota_us")
-    assert usable_cores(root) == 0.25
 
 
 def test_a_parents_tighter_v1_quota_binds_its_children(tmp_path):

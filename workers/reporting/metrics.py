@@ -77,13 +77,19 @@ class FleetCollector:
         watch = self.runtime.cpu
         bound = GaugeMetricFamily("fleet_worker_cpu_bound", "1 while this worker process is the bottleneck: its "
                                   "CPU near the core(s) it can use while its servers have free slots; "
-                                  "remedy: another worker process on the node (workers/servers/cpu_bound.py).")
+                                  "remedy: another worker process on the node, or where a cgroup quota below one "
+                                  "core is the limit, a higher quota (workers/servers/cpu_bound.py).")
         bound.add_metric([], 1.0 if watch.rule.bound else 0.0)
+        cores = GaugeMetricFamily("fleet_worker_cpu_cores", "The cores this worker process can use: one (the GIL), "
+                                  "or less under its cgroup's CPU quota (workers/servers/cpu_limits.py).")
+        cores.add_metric([], watch.cores)
         share = GaugeMetricFamily("fleet_worker_cpu_share", "CPU this worker process used over the last health "
-                                  "round, as a share of the CPU time it had the chance to use (the wall time "
-                                  "less its threads' wait for a core) on the cores it can use (one: the GIL).")
+                                  "round, as a share of the CPU time it had the chance to use: the cores it can "
+                                  "use (one: the GIL; less under a cgroup quota), or what it used plus its CPUs' "
+                                  "idle time where that is less.")
         share.add_metric([], watch.last.share if watch.last else 0.0)
         yield bound
+        yield cores
         yield share
 
     def _depths(self):

@@ -11,6 +11,7 @@ of it), where a prompt goes (prefix-cache affinity, the CPU-bound signal), and t
 - `cache_hits`: A worker's prefix-cache figures: read from each answer, counted, and kept for the last minutes.
 - `capacity`: How many requests to keep in flight on one server: its running batch full, a short queue behind it.
 - `cpu_bound`: When the worker process itself is the bottleneck: its CPU near what it can use, its servers with free slots.
+- `cpu_limits`: How many cores this process can use: one (the GIL), fewer where its cgroup's CPU quota allows less.
 - `deadlines`: A whole request's deadline, however its server sends (or withholds) the bytes.
 - `gateway_answers`: Which failed answers are SGLang's gateway speaking for itself, not a server judging the prompt.
 - `gateway_preflight`: The preflight of a binding that is SGLang's model gateway: judged from the servers it lists.

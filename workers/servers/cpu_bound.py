@@ -1,22 +1,27 @@
 """When the worker process itself is the bottleneck: its CPU near what it can use, its servers with free slots.
 
 One worker process runs its task threads under one GIL, so it can use at most
-about one core, however many the node has (fewer where its CPU affinity or
-cgroup quota gives it less). Where a server finishes more answers a second
+about one core, however many the node has (less where its cgroup's CPU
+quota gives it less). Where a server finishes more answers a second
 than one process can turn into durable samples (short answers on a large
 batch), the server runs below its batch and adding threads or in-flight
 requests does not help: another worker process on the node does.
 
 **The share** is the CPU the process used over an interval, against the CPU
-time it had the chance to use: the wall time less the time its threads sat
-runnable waiting for a core (`/proc/self/task/*/schedstat`, where the kernel
-keeps it; the wall time alone elsewhere), over the usable cores. Measured
-against the wall time alone, a worker that wanted its whole core on a node
-busy with other work (the 2-core test machine with other tests beside it, a
-GPU node's own processes) got 0.5-0.7 of it: its share never reached the
-line there (the bench's `1x256:short/w1`), or crossed it and back with the
-machine's load (the real-process test). Time spent waiting for a core is
-CPU it wanted.
+time it had the chance to use: the lesser of what its usable cores allow
+(`cpu_limits`: one, or a cgroup quota's fraction) over the interval and what
+it used plus the time the CPUs it may run on sat idle (`/proc/stat`; the
+cores alone where there is none). Measured against its cores alone, a worker
+that wanted its whole core on a node busy with other work (the 2-core test
+machine with other tests beside it, a GPU node's own processes) got 0.5-0.7
+of it and never looked bound; but a CPU it may use that sat idle is CPU it
+did not want (the scheduler leaves no CPU idle while a thread of the
+process is runnable on it), and on a busy node there is none. The threads'
+own waits for a core (`/proc/self/task/*/schedstat`) do not tell it: summed
+over the ~900 threads, hundreds of which a group commit wakes at once, they
+came to 1-6 times the wall time while the process used a third of its core
+and the node had a core idle (44 times under a quarter-core quota), and read
+as a share of 1.
 
 `CpuBoundRule` is that judgement, pure (no clock, no /proc): each observation
 is the share and its servers' free slots (capacity minus running, as last
@@ -25,8 +30,10 @@ with at least `FREE_SHARE` of the slots free for `window` seconds, and turns
 back only after the share stayed below `leave` (lower: hysteresis) or the
 servers stayed full (less than half of `FREE_SHARE` free: hysteresis too)
 for `window` seconds, so one busy moment or one full batch never flips it
-and a state change is reported once. `CpuWatch` feeds it from
-`time.process_time`, the schedstat waits and the server pool, and logs each
+and a state change is reported once. The remedy it names is another worker
+process, or, where a cgroup quota below one core is the limit, that quota
+(another process in the group would share it). `CpuWatch` feeds it from
+`time.process_time`, the idle time of its CPUs and the server pool, and logs each
 change once.
 """
 from __future__ import annotations
@@ -34,8 +41,11 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+
+from .cpu_limits import CoreLimit, core_limit
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +62,7 @@ class Reading:
     share: float
     free_slots: int
     slots: int
-    waited: float = 0.0  # of the interval, the time its threads waited for a core (summed; overlaps count twice)
+    idle: float | None = None  # cores the node left idle on the CPUs the process may use (mean); None: unknown
 
     @property
     def servers_have_room(self) -> bool:
@@ -90,46 +100,33 @@ class CpuBoundRule:
         return True
 
 
-def usable_cores() -> float:
-    """Cores this process can use: one (the GIL), or less where its affinity or cgroup quota allows less."""
-    cores = float(len(os.sched_getaffinity(0))) if hasattr(os, "sched_getaffinity") else float(os.cpu_count() or 1)
-    quota = _cgroup_quota()
-    return min(1.0, cores, quota if quota else cores)
-
-
-def _cgroup_quota() -> float | None:
-    """cgroup v2 `cpu.max` ("max 100000" or "50000 100000") as cores, or None when unlimited or unknown."""
+def idle_seconds(cpus: Iterable[int], stat: Path = Path("/proc/stat")) -> float | None:
+    """Seconds the CPUs `cpus` have sat idle since boot (the idle and iowait columns of their `cpuN`
+    lines, in clock ticks); None where there is no such file."""
+    wanted = {f"cpu{n}" for n in cpus}
     try:
-        limit, period = Path("/sys/fs/cgroup/cpu.max").read_text().split()[:2]
-    except (OSError, ValueError):
-        return None
-    return None if limit == "max" else int(limit) / int(period)
-
-
-def waited_seconds() -> float | None:
-    """Seconds this process's threads have spent runnable but waiting for a core, summed over its
-    live threads (the second field of each `/proc/self/task/<tid>/schedstat`, in ns); None where
-    the kernel does not keep it."""
-    total, found = 0, False
-    try:
-        tasks = os.listdir("/proc/self/task")
+        lines = stat.read_text().splitlines()
     except OSError:
         return None
-    for tid in tasks:
-        try:
-            with open(f"/proc/self/task/{tid}/schedstat", "rb") as f:
-                total += int(f.read().split()[1])
-            found = True
-        except (OSError, ValueError, IndexError):  # a thread that just ended
-            continue
-    return total / 1e9 if found else None
+    ticks = sum(int(f[4]) + int(f[5]) for f in map(str.split, lines) if f and f[0] in wanted and len(f) > 5)
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
-def share_of_chance(used: float, wall: float, waited: float, cores: float) -> float:
-    """CPU used over the CPU time the process had the chance to use: the wall time less its
-    threads' wait for a core (never below what it used), over the usable cores."""
-    chance = max(wall - max(waited, 0.0), used, 1e-9)
-    return used / chance / cores
+def share_of_chance(used: float, wall: float, idle: float | None, cores: float) -> float:
+    """CPU used over the CPU time the process had the chance to use: the lesser of what its usable
+    cores allow over the wall time and what it used plus its CPUs' idle time (unknown: the cores
+    alone). Never above 1."""
+    chance = cores * wall if idle is None else min(cores * wall, used + max(idle, 0.0))
+    return used / max(chance, used, 1e-9)
+
+
+def remedy_for(limit: CoreLimit) -> str:
+    """What to change: under a cgroup quota below one core, the quota (another process in the same
+    group shares it); otherwise the number of worker processes on the node."""
+    if limit.quota_file is None:
+        return REMEDY
+    return (f"raise this worker's CPU quota ({limit.cores:.2g} core(s), {limit.quota_file}; the container's CPU "
+            "limit) to at least 1 core: another worker process in the same cgroup shares the same quota")
 
 
 def rule_for(share: float, seconds: float) -> CpuBoundRule:
@@ -140,23 +137,24 @@ def rule_for(share: float, seconds: float) -> CpuBoundRule:
 class CpuWatch:
     """Measures the process's CPU between calls and applies the rule; one log line per change."""
 
-    def __init__(self, rule: CpuBoundRule | None = None, cores: float | None = None):
+    def __init__(self, rule: CpuBoundRule | None = None, limit: CoreLimit | None = None):
         self.rule = rule or CpuBoundRule()
-        self.cores = cores or usable_cores()
+        self.limit = limit or core_limit()
+        self.cores, self.remedy = self.limit.cores, remedy_for(self.limit)
         self.last: Reading | None = None
-        self._mark = (time.monotonic(), time.process_time(), waited_seconds())
+        self._cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+        self._mark = (time.monotonic(), time.process_time(), idle_seconds(self._cpus))
 
     def observe(self, free_slots: int, slots: int) -> Reading | None:
         """Called once per health round with the servers' free and total slots."""
-        now, cpu, waits = time.monotonic(), time.process_time(), waited_seconds()
+        now, cpu, idle_now = time.monotonic(), time.process_time(), idle_seconds(self._cpus)
         wall, used = now - self._mark[0], cpu - self._mark[1]
-        # A thread that ended takes its waits with it: a negative difference counts as none.
-        waited = waits - self._mark[2] if waits is not None and self._mark[2] is not None else 0.0
-        self._mark = (now, cpu, waits)
+        idle = idle_now - self._mark[2] if idle_now is not None and self._mark[2] is not None else None
+        self._mark = (now, cpu, idle_now)
         if wall <= 0:
             return self.last
-        self.last = Reading(round(share_of_chance(used, wall, waited, self.cores), 3), free_slots, slots,
-                            round(max(waited, 0.0) / wall, 3))
+        self.last = Reading(round(share_of_chance(used, wall, idle, self.cores), 3), free_slots, slots,
+                            None if idle is None else round(max(idle, 0.0) / wall, 2))
         if self.rule.observe(self.last, now):
             self._log_change()
         return self.last
@@ -167,7 +165,7 @@ class CpuWatch:
         if self.rule.bound:
             log.warning("worker CPU-bound: this process used %.0f%% of the %.2g core(s) it can use over %.0fs while "
                         "its servers had %d of %d slots free; %s%s", 100 * r.share, self.cores, self.rule.window,
-                        r.free_slots, r.slots, REMEDY, _busy_node(r))
+                        r.free_slots, r.slots, self.remedy, busy_node_note(r.idle, self.cores))
         else:
             log.warning("worker no longer CPU-bound: %.0f%% of its %.2g core(s), servers %d of %d slots free",
                         100 * r.share, self.cores, r.free_slots, r.slots)
@@ -175,18 +173,19 @@ class CpuWatch:
     def snapshot(self) -> dict:
         """For the heartbeat (`status`): the last reading, whether bound, and the remedy when it is."""
         r = self.last
-        found = {"bound": self.rule.bound, "share": r.share if r else None, "waited": r.waited if r else None,
+        found = {"bound": self.rule.bound, "share": r.share if r else None, "idle": r.idle if r else None,
                  "cores": self.cores,
                  "free_slots": r.free_slots if r else None, "slots": r.slots if r else None}
         if self.rule.bound:
-            found["remedy"] = REMEDY
+            found["remedy"] = self.remedy
         return found
 
 
-def _busy_node(r: Reading) -> str:
-    """Where the process waited for a core much of the time, the node's cores are busy too: said, since
-    another worker process then helps only where the node has cores to spare."""
-    if r.waited < 0.25:
+def busy_node_note(idle: float | None, cores: float) -> str:
+    """Where the node left less than half a core idle, its cores are busy too: said, since another
+    worker process then helps only as far as the node has cores to spare. Not under a quota below
+    one core: there the quota is the remedy."""
+    if idle is None or cores < 1.0 or idle >= 0.5:
         return ""
-    return (f" (its threads waited for a core {100 * r.waited:.0f}% of the time: the node's cores are busy, "
-            "so that helps only where it has cores to spare)")
+    return (f" (the node's CPUs it may use sat idle {idle:.2g} core(s) on average: they are busy, so that "
+            "helps only where the node has cores to spare)")

@@ -8,12 +8,14 @@ entering (hysteresis), and full servers are never the worker's fault.
 from __future__ import annotations
 
 import logging
+import os
 
 import pytest
 
 from workers.servers.capacity import Load
-from workers.servers.cpu_bound import (REMEDY, CpuBoundRule, CpuWatch, Reading, share_of_chance, usable_cores,
-                                waited_seconds)
+from workers.servers.cpu_bound import (REMEDY, CpuBoundRule, CpuWatch, Reading, busy_node_note, idle_seconds,
+                                       remedy_for, share_of_chance)
+from workers.servers.cpu_limits import GIL, CoreLimit
 from workers.servers.bindings import HEALTHY, ServerPool
 
 BUSY_WITH_ROOM = Reading(share=0.97, free_slots=90, slots=256)   # 0.657 of the ideal: one process at its core
@@ -62,13 +64,9 @@ def test_no_known_capacity_means_no_claim_about_free_slots():
     assert not Reading(share=1.0, free_slots=0, slots=0).servers_have_room
 
 
-def test_the_usable_cores_are_at_most_one_the_gil():
-    assert 0 < usable_cores() <= 1.0
-
-
 def test_the_watch_logs_each_change_once_and_its_snapshot_names_the_remedy(caplog):
     # Any CPU use counts as busy and none as idle: the measurement itself is not under test here.
-    watch = CpuWatch(CpuBoundRule(enter=0.0, leave=0.0, window=0.0), cores=1.0)
+    watch = CpuWatch(CpuBoundRule(enter=0.0, leave=0.0, window=0.0), CoreLimit(1.0, GIL))
     with caplog.at_level(logging.WARNING, logger="workers.servers.cpu_bound"):
         for _ in range(3):
             watch.observe(free_slots=90, slots=256)
@@ -109,18 +107,59 @@ def test_servers_between_room_and_full_keep_a_bound_worker_bound():
     assert feed(rule, [between] * 5) == [False] * 5 and rule.bound
 
 
-def test_time_spent_waiting_for_a_core_counts_as_cpu_the_process_wanted():
-    # A process that used half the wall time and waited for a core the other half had its whole chance
-    assert share_of_chance(used=0.5, wall=1.0, waited=0.5, cores=1.0) == pytest.approx(1.0)
-    # one that used a third and waited little did not
-    assert share_of_chance(used=0.3, wall=1.0, waited=0.1, cores=1.0) == pytest.approx(0.3 / 0.9)
-    # waits summed over threads that overlap never make the share exceed what it used of its chance
-    assert share_of_chance(used=0.2, wall=1.0, waited=3.0, cores=1.0) == pytest.approx(1.0)
-    # and under a quota of half a core, half a core used is all of it
-    assert share_of_chance(used=0.5, wall=1.0, waited=0.0, cores=0.5) == pytest.approx(1.0)
+def test_a_busy_node_leaves_the_process_less_than_its_core_and_that_counts_as_its_chance():
+    # A process that used half the wall time while its CPUs never sat idle had its whole chance
+    assert share_of_chance(used=0.5, wall=1.0, idle=0.0, cores=1.0) == pytest.approx(1.0)
+    # one that used a third while a tenth of a core sat idle had a bit more than it used
+    assert share_of_chance(used=0.3, wall=1.0, idle=0.1, cores=1.0) == pytest.approx(0.75)
+    # one that used a third on a node with cores to spare had its whole core: a third
+    assert share_of_chance(used=0.3, wall=1.0, idle=1.4, cores=1.0) == pytest.approx(0.3)
+    # and where the idle time is unknown, the cores alone are its chance
+    assert share_of_chance(used=0.3, wall=1.0, idle=None, cores=1.0) == pytest.approx(0.3)
 
 
-def test_the_waits_for_a_core_are_read_from_the_kernel_and_never_go_back():
-    first = waited_seconds()
-    assert first is not None and first >= 0
-    assert waited_seconds() >= first
+def test_under_a_quota_its_fraction_of_a_core_is_the_chance_however_idle_the_node():
+    # Given a quarter-core quota on a node with idle cores: the quarter it used is all of its chance
+    assert share_of_chance(used=0.25, wall=1.0, idle=1.5, cores=0.25) == pytest.approx(1.0)
+    assert share_of_chance(used=0.08, wall=1.0, idle=1.5, cores=0.25) == pytest.approx(0.32)
+    # and a node busier than the quota is the tighter limit
+    assert share_of_chance(used=0.1, wall=1.0, idle=0.0, cores=0.25) == pytest.approx(1.0)
+
+
+def test_the_idle_time_of_the_processs_own_cpus_is_read_from_proc_stat(tmp_path):
+    # Given /proc/stat's lines (user nice system idle iowait ...), in clock ticks
+    stat = tmp_path / "stat"
+    stat.write_text("cpu  300 0 30 5000 70 0 0 0 0 0\ncpu0 100 0 10 1000 20 0 0 0 0 0\n"
+                    "cpu1 200 0 20 4000 50 0 0 0 0 0\nintr 1 2 3\n")
+    tick = os.sysconf("SC_CLK_TCK")
+    # Then idle and iowait of the CPUs it may use are summed, the others' and the total line left out
+    assert idle_seconds([0], stat) == pytest.approx(1020 / tick)
+    assert idle_seconds([0, 1], stat) == pytest.approx(5070 / tick)
+    assert idle_seconds([0], tmp_path / "none") is None
+    # and this machine's own never go back
+    first = idle_seconds(os.sched_getaffinity(0))
+    assert first is not None and idle_seconds(os.sched_getaffinity(0)) >= first
+
+
+def test_under_a_quota_below_one_core_the_remedy_is_the_quota_and_the_file_that_sets_it(caplog):
+    # Given a worker held by its cgroup's quota to a quarter of a core (any CPU use counts as busy here)
+    limit = CoreLimit(0.25, "/sys/fs/cgroup/cpu/fleet/cpu.cfs_quota_us")
+    watch = CpuWatch(CpuBoundRule(enter=0.0, leave=0.0, window=0.0), limit)
+    with caplog.at_level(logging.WARNING, logger="workers.servers.cpu_bound"):
+        watch.observe(free_slots=90, slots=256)
+    (record,) = caplog.records
+    # Then its line names the quota and its file, not another process in the same group (which shares it)
+    line = record.getMessage()
+    assert "of the 0.25 core(s) it can use" in line and remedy_for(limit) in line and REMEDY not in line
+    assert "cpu.cfs_quota_us" in remedy_for(limit) and "0.25 core(s)" in remedy_for(limit)
+    # and its heartbeat's remedy is the same
+    assert watch.snapshot()["remedy"] == remedy_for(limit)
+
+
+def test_a_busy_node_is_said_beside_another_process_but_not_beside_a_quota():
+    # A whole core's process on a node that left a fifth of a core idle: the node is busy, said
+    assert "sat idle 0.2 core(s)" in busy_node_note(idle=0.2, cores=1.0)
+    # with a core and a half idle, or unknown: nothing to add
+    assert busy_node_note(idle=1.5, cores=1.0) == busy_node_note(idle=None, cores=1.0) == ""
+    # and under a quarter-core quota the quota is the remedy, however busy the node
+    assert busy_node_note(idle=0.0, cores=0.25) == ""

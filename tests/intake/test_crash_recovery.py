@@ -19,31 +19,37 @@ def _done(fleet) -> int:
     return fleet.states().get("done", 0)
 
 
-def test_a_killed_workers_prompts_are_taken_up_by_another_within_the_lease(fleet, tmp_path):
-    # Given two workers sharing slow servers, with a short lease
+def _two_workers_in_flight(fleet, tmp_path, struck: str, other: str):
+    """Given two workers sharing slow servers, with a short lease, and 120 prompts of which more
+    than 20 are in flight; the worker named `struck`."""
     _, url = fleet.standin("--step-base", "0.02", "--max-running-requests", "256")
-    victim = fleet.worker("victim", [url], **LEASE)
-    fleet.worker("survivor", [url], **LEASE)
+    victim = fleet.worker(struck, [url], **LEASE)
+    fleet.worker(other, [url], **LEASE)
     fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(120))))
     wait_until(lambda: redis.Redis.from_url(fleet.redis_url).hlen("unacked") > 20, 60, "work in flight", fleet)
+    return victim
+
+
+def _every_prompt_done_once(fleet) -> None:
+    assert fleet.wait_finished(timeout=180) == {"done": 120}
+    assert fleet.dead_letters() == []
+    assert fleet.counters()["state:done"] == 120
+    assert {r["id"] for r in fleet.rows()} == {f"p-{i:04d}" for i in range(120)}
+
+
+def test_a_killed_workers_prompts_are_taken_up_by_another_within_the_lease(fleet, tmp_path):
+    victim = _two_workers_in_flight(fleet, tmp_path, "victim", "survivor")
 
     # When one worker is SIGKILLed with prompts in flight
     victim.signal(signal.SIGKILL)
 
     # Then the other finishes everything (the victim's prompts once their lease ran out):
     # nothing lost, nothing dead-lettered
-    assert fleet.wait_finished(timeout=180) == {"done": 120}
-    assert fleet.dead_letters() == []
-    assert {r["id"] for r in fleet.rows()} == {f"p-{i:04d}" for i in range(120)}
+    _every_prompt_done_once(fleet)
 
 
 def test_a_worker_frozen_past_its_lease_goes_on_and_every_prompt_ends_done_once(fleet, tmp_path):
-    # Given two workers sharing slow servers, with a short lease
-    _, url = fleet.standin("--step-base", "0.02", "--max-running-requests", "256")
-    frozen = fleet.worker("frozen", [url], **LEASE)
-    fleet.worker("other", [url], **LEASE)
-    fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(120))))
-    wait_until(lambda: redis.Redis.from_url(fleet.redis_url).hlen("unacked") > 20, 60, "work in flight", fleet)
+    frozen = _two_workers_in_flight(fleet, tmp_path, "frozen", "other")
 
     # When one worker freezes (SIGSTOP: its connections open, its generations still running on the
     # server) for twice the lease, so the other takes its prompts up, then thaws with its answers
@@ -55,10 +61,7 @@ def test_a_worker_frozen_past_its_lease_goes_on_and_every_prompt_ends_done_once(
         frozen.signal(signal.SIGCONT)
 
     # Then every prompt ends done, counted once, none dead-lettered, and the thawed worker lives on
-    assert fleet.wait_finished(timeout=180) == {"done": 120}
-    assert fleet.dead_letters() == []
-    assert fleet.counters()["state:done"] == 120
-    assert {r["id"] for r in fleet.rows()} == {f"p-{i:04d}" for i in range(120)}
+    _every_prompt_done_once(fleet)
     assert frozen.alive()
 
 

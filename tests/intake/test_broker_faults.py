@@ -41,67 +41,60 @@ def _stored_once(fleet, ids: set[str]) -> None:
     assert set(counts) == ids and set(counts.values()) == {1}, counts
 
 
-def test_a_cut_broker_connection_never_starts_a_generation_twice(fleet, tmp_path):
-    # Given two workers, and 16 generations far longer than the lease, all in flight
-    _, url = fleet.standin("--fault-slow", "1", "--slow-seconds", "25")
-    fleet.worker("w1", [url], **LEASE)
-    fleet.worker("w2", [url], **LEASE)
-    client = redis.Redis.from_url(fleet.redis_url)
-    wait_until(lambda: _consumers(client) >= 2, 90, "both workers consuming", fleet)
-    ids = {f"p-{i:04d}" for i in range(16)}
+def _sixteen_in_flight(fleet, tmp_path, slow_seconds: int, own_broker: bool = False) -> tuple[str, list, object]:
+    """Given two workers (on a Redis of the test's own with append-only persistence, if
+    `own_broker`), and 16 generations far longer than the lease, all in flight: the stand-in's URL,
+    the workers and the broker process (None unless `own_broker`)."""
+    _, url = fleet.standin("--fault-slow", "1", "--slow-seconds", str(slow_seconds))
+    broker = None
+    if own_broker:
+        broker, fleet.redis_url = start_redis(fleet.logs, port=free_port(), data_dir=tmp_path / "redis-data",
+                                              appendonly=True)
+        fleet.processes.append(broker)
+    workers = [fleet.worker("w1", [url], **LEASE), fleet.worker("w2", [url], **LEASE)]
+    wait_until(lambda: _consumers(redis.Redis.from_url(fleet.redis_url)) >= 2, 90, "both workers consuming", fleet)
     fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(16))))
     wait_until(lambda: len(_generations(url)) == 16, 60, "16 generations in flight", fleet)
+    return url, workers, broker
 
-    # When Redis drops every worker connection, twice in a row (each time once both are consuming again)
-    for _ in range(2):
-        client.execute_command("CLIENT", "KILL", "TYPE", "normal")
-        wait_until(lambda: _consumers(client) >= 2, 60, "both workers back", fleet)
 
-    # Then every prompt is stored exactly once, and each was generated exactly once
+def _each_generated_and_stored_once(fleet, url: str) -> None:
+    """Then every prompt is stored exactly once, and each was generated exactly once."""
+    ids = {f"p-{i:04d}" for i in range(16)}
     assert fleet.wait_finished(timeout=240) == {"done": 16}
     assert _generations(url) == {pid: 1 for pid in ids}
     _stored_once(fleet, ids)
     assert fleet.dead_letters() == []
 
 
+def test_a_cut_broker_connection_never_starts_a_generation_twice(fleet, tmp_path):
+    url, _, _ = _sixteen_in_flight(fleet, tmp_path, slow_seconds=25)
+
+    # When Redis drops every worker connection, twice in a row (each time once both are consuming again)
+    client = redis.Redis.from_url(fleet.redis_url)
+    for _ in range(2):
+        client.execute_command("CLIENT", "KILL", "TYPE", "normal")
+        wait_until(lambda: _consumers(client) >= 2, 60, "both workers back", fleet)
+
+    _each_generated_and_stored_once(fleet, url)
+
+
 def test_a_redis_restart_never_starts_a_generation_twice(fleet, tmp_path):
-    # Given Redis with append-only persistence, two workers, and 16 long generations in flight
-    _, url = fleet.standin("--fault-slow", "1", "--slow-seconds", "20")
-    data, port = tmp_path / "redis-data", free_port()
-    broker, fleet.redis_url = start_redis(fleet.logs, port=port, data_dir=data, appendonly=True)
-    fleet.processes.append(broker)
-    workers = [fleet.worker("w1", [url], **LEASE), fleet.worker("w2", [url], **LEASE)]
-    wait_until(lambda: _consumers(redis.Redis.from_url(fleet.redis_url)) >= 2, 90, "both consuming", fleet)
-    ids = {f"p-{i:04d}" for i in range(16)}
-    fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(16))))
-    wait_until(lambda: len(_generations(url)) == 16, 60, "16 generations in flight", fleet)
+    url, workers, broker = _sixteen_in_flight(fleet, tmp_path, slow_seconds=20, own_broker=True)
 
     # When Redis stops while they run, on a machine too busy to run them for 3 s (their event loops'
     # timers, the restore sweep's every second, are due when they go on: each one's Redis call meets
     # Redis gone), and, once both workers have noticed, restarts on the same port and data
     stop_broker(broker, workers, fleet, busy=3.0)
-    broker, _ = start_redis(fleet.logs, port=port, data_dir=data, appendonly=True)
+    port = int(fleet.redis_url.rsplit(":", 1)[1].split("/")[0])
+    broker, _ = start_redis(fleet.logs, port=port, data_dir=tmp_path / "redis-data", appendonly=True)
     fleet.processes.append(broker)
 
-    # Then every prompt is stored exactly once, and each was generated exactly once
-    assert fleet.wait_finished(timeout=240) == {"done": 16}
-    assert _generations(url) == {pid: 1 for pid in ids}
-    _stored_once(fleet, ids)
-    assert fleet.dead_letters() == []
+    _each_generated_and_stored_once(fleet, url)
 
 
 def test_a_redis_frozen_longer_than_a_lease_never_starts_a_generation_twice(fleet, tmp_path):
-    # Given two workers, and 16 generations far longer than the lease, all in flight
-    _, url = fleet.standin("--fault-slow", "1", "--slow-seconds", "25")
-    data, port = tmp_path / "redis-data", free_port()
-    broker, fleet.redis_url = start_redis(fleet.logs, port=port, data_dir=data, appendonly=True)
-    fleet.processes.append(broker)
-    fleet.worker("w1", [url], **LEASE)
-    fleet.worker("w2", [url], **LEASE)
-    wait_until(lambda: _consumers(redis.Redis.from_url(fleet.redis_url)) >= 2, 90, "both consuming", fleet)
-    ids = {f"p-{i:04d}" for i in range(16)}
-    fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(16))))
-    wait_until(lambda: len(_generations(url)) == 16, 60, "16 generations in flight", fleet)
+    url, _, broker = _sixteen_in_flight(fleet, tmp_path, slow_seconds=25, own_broker=True)
 
     # When Redis freezes (SIGSTOP: its connections open, nothing answered) for longer than a lease,
     # then goes on: on its clock every lease has lapsed, and every worker's calls meet it at once
@@ -111,11 +104,7 @@ def test_a_redis_frozen_longer_than_a_lease_never_starts_a_generation_twice(flee
     finally:
         broker.signal(signal.SIGCONT)
 
-    # Then every prompt is stored exactly once, and each was generated exactly once
-    assert fleet.wait_finished(timeout=240) == {"done": 16}
-    assert _generations(url) == {pid: 1 for pid in ids}
-    _stored_once(fleet, ids)
-    assert fleet.dead_letters() == []
+    _each_generated_and_stored_once(fleet, url)
 
 
 def _slow_prompts(records: list[dict], tokenizer, standin: list[str]) -> set[str]:

@@ -74,7 +74,9 @@ class Primary(NamedTuple):
 
 
 _had: dict[str, int] = {}  # replication id -> the most replicas seen connected to that primary
-_short_since: dict[str, float] = {}  # replication id -> since when it has fewer (monotonic)
+# replication id -> (replicas attached, since when: monotonic) while it has fewer than it had; a
+# change in the number attached starts the wait again
+_short_since: dict[str, tuple[int, float]] = {}
 _last_replicas = [0]  # replicas of the primary last seen: whether `confirmed` sends a WAIT that waits
 
 
@@ -101,9 +103,10 @@ def expected(client: redis.Redis) -> bool:
 
 
 def had(who: Primary) -> int:
-    """How many replicas this primary had: what a barrier must reach (a replica lost for good
-    lowers it, `_short`)."""
-    return max(who.replicas, _had.get(who.replid, 0))
+    """How many replicas this primary had: what a barrier must reach. What this process knows
+    now, not what `who` saw: a replica found lost for good by any caller lowers it for every
+    caller still waiting (`_enough`), or they would wait for it for ever."""
+    return _had.get(who.replid, who.replicas)
 
 
 def _seen(info: dict) -> Primary:
@@ -213,7 +216,10 @@ def _enough(client: redis.Redis, who: Primary, acked: int, info: dict, alone_aft
     # proof: it is reconfigured to replicate the promoted one, and its copy of these writes goes
     # with the full resync that follows. So only `alone_after` without the Sentinels naming
     # another primary makes a replica lost for good, with or without one acknowledging.
-    since = _short_since.setdefault(who.replid, time.monotonic())
+    short = _short_since.get(who.replid)
+    if short is None or short[0] != connected:
+        short = _short_since[who.replid] = (connected, time.monotonic())
+    since = short[1]
     if time.monotonic() - since >= alone_after:
         log.warning("%d of the %d replicas for %.0f s: the primary goes on with them", connected, want,
                     time.monotonic() - since)

@@ -40,6 +40,7 @@ def cpu_quota_group(cores: float) -> Iterator[Path]:
     """A new child of this process's v1 `cpu` group with a quota of `cores`; on leaving, any process
     still in it goes back to the parent and the group is removed."""
     parent = _own_group()
+    _sweep(parent)
     group = parent / f"fleet-test-{os.getpid()}"
     try:
         group.mkdir()
@@ -55,7 +56,16 @@ def cpu_quota_group(cores: float) -> Iterator[Path]:
         for pid in (group / "cgroup.procs").read_text().split():
             with contextlib.suppress(OSError):  # it ended meanwhile
                 (parent / "cgroup.procs").write_text(pid)
-        group.rmdir()
+        with contextlib.suppress(OSError):  # busy (a process forked meanwhile): the next run sweeps it
+            group.rmdir()
+
+
+def _sweep(parent: Path) -> None:
+    """Groups an earlier run left (killed before its cleanup), now empty, go."""
+    for stale in parent.glob("fleet-test-*"):
+        with contextlib.suppress(OSError):
+            if not (stale / "cgroup.procs").read_text().split():
+                stale.rmdir()
 
 
 def launch_in(group: Path):

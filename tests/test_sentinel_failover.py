@@ -218,7 +218,8 @@ def test_a_switchover_twice_behind_two_replicas_loses_nothing_and_runs_nothing_t
         sfleet, topology, tokenizer, tmp_path):
     """With two replicas, the one not promoted still acknowledges the old primary's writes until the
     Sentinels tell it to follow the new one (its resync then drops them): no write of the fleet may
-    count as confirmed on its word alone (`contract/replication.py`)."""
+    count as confirmed on its word alone (`contract/replication.py`). The loss window is short and
+    a run may not meet it: `tests/specs/test_replication.py` holds the rule itself on two replicas."""
     _through_faults("switchover", sfleet, topology, tokenizer, tmp_path)
 
 

@@ -7,6 +7,7 @@ import time
 import httpx
 import redis
 
+from contract import heartbeats
 from producer.local import start_redis
 
 from conftest import varied_prompts, write_prompts
@@ -20,14 +21,23 @@ def _done(fleet) -> int:
 
 
 def _two_workers_in_flight(fleet, tmp_path, struck: str, other: str):
-    """Given two workers sharing slow servers, with a short lease, and 120 prompts of which more
-    than 20 are in flight; the worker named `struck`."""
+    """Given two workers sharing slow servers, each holding at most 32 prompts, with a short lease,
+    and 120 prompts, some of which the worker named `struck` holds; that worker."""
     _, url = fleet.standin("--step-base", "0.02", "--max-running-requests", "256")
-    victim = fleet.worker(struck, [url], **LEASE)
-    fleet.worker(other, [url], **LEASE)
+    most = {"FLEET_CONCURRENCY": "32", "FLEET_MAX_INFLIGHT_PER_SERVER": "32"}  # neither takes the whole run
+    victim = fleet.worker(struck, [url], **LEASE, **most)
+    fleet.worker(other, [url], **LEASE, **most)
     fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(120))))
-    wait_until(lambda: redis.Redis.from_url(fleet.redis_url).hlen("unacked") > 20, 60, "work in flight", fleet)
+    wait_until(lambda: _held_by(fleet, struck), 60, f"{struck} to hold prompts", fleet)
     return victim
+
+
+def _held_by(fleet, worker: str) -> list[str]:
+    """The prompts `worker`'s last heartbeat lists as held."""
+    for record in heartbeats.read_all(redis.Redis.from_url(fleet.redis_url)):
+        if record["worker"].startswith(f"{worker}@"):
+            return [pid for pids in (record.get("holding") or {}).values() for pid in pids]
+    return []
 
 
 def _every_prompt_done_once(fleet) -> None:

@@ -21,7 +21,11 @@ own waits for a core (`/proc/self/task/*/schedstat`) do not tell it: summed
 over the ~900 threads, hundreds of which a group commit wakes at once, they
 came to 1-6 times the wall time while the process used a third of its core
 and the node had a core idle (44 times under a quarter-core quota), and read
-as a share of 1.
+as a share of 1. The idle CPUs count only for a process that used at least
+`DEMAND_FLOOR` of its cores: below that it was not asking for CPU (its run
+over, its queue empty), and a node busy with other work must not make an idle
+worker look bound; a process that wants its core gets more than that floor
+from the scheduler on any node it can share with.
 
 `CpuBoundRule` is that judgement, pure (no clock, no /proc): each observation
 is the share and its servers' free slots (capacity minus running, as last
@@ -53,6 +57,7 @@ ENTER_SHARE = 0.85     # of the usable cores: the process is at its limit (FLEET
 HYSTERESIS = 0.15      # back below ENTER_SHARE less this: no longer
 FREE_SHARE = 1 / 8     # of the servers' slots free (the tuner's headroom): the servers could take more
 WINDOW_SECONDS = 10.0  # how long either condition must hold before the state changes (FLEET_CPU_BOUND_SECONDS)
+DEMAND_FLOOR = 0.25    # of its usable cores: a process that used less was not asking for CPU (idle CPUs not counted)
 REMEDY = "start another worker process on this node (same SGLANG_URLS)"
 
 
@@ -102,21 +107,25 @@ class CpuBoundRule:
 
 def idle_seconds(cpus: Iterable[int], stat: Path = Path("/proc/stat")) -> float | None:
     """Seconds the CPUs `cpus` have sat idle since boot (the idle and iowait columns of their `cpuN`
-    lines, in clock ticks); None where there is no such file."""
+    lines, in clock ticks); None where there is no such file, or it lists none of them (a container
+    whose /proc/stat numbers its CPUs from 0 while its affinity names the host's)."""
     wanted = {f"cpu{n}" for n in cpus}
     try:
         lines = stat.read_text().splitlines()
     except OSError:
         return None
-    ticks = sum(int(f[4]) + int(f[5]) for f in map(str.split, lines) if f and f[0] in wanted and len(f) > 5)
-    return ticks / os.sysconf("SC_CLK_TCK")
+    found = [f for f in map(str.split, lines) if f and f[0] in wanted and len(f) > 5]
+    if not found:
+        return None
+    return sum(int(f[4]) + int(f[5]) for f in found) / os.sysconf("SC_CLK_TCK")
 
 
 def share_of_chance(used: float, wall: float, idle: float | None, cores: float) -> float:
     """CPU used over the CPU time the process had the chance to use: the lesser of what its usable
-    cores allow over the wall time and what it used plus its CPUs' idle time (unknown: the cores
-    alone). Never above 1."""
-    chance = cores * wall if idle is None else min(cores * wall, used + max(idle, 0.0))
+    cores allow over the wall time and what it used plus its CPUs' idle time (unknown, or a process
+    that used under `DEMAND_FLOOR` of its cores: the cores alone). Never above 1."""
+    asking = used >= DEMAND_FLOOR * cores * wall
+    chance = cores * wall if idle is None or not asking else min(cores * wall, used + max(idle, 0.0))
     return used / max(chance, used, 1e-9)
 
 

@@ -61,9 +61,20 @@ def cgroup_quotas(root: Path) -> list[tuple[float, Path]]:
         if controllers == "" and path:  # v2's unified line "0::/path"
             found += [q for d in _upward(base, path) if (q := _v2_quota(d))]
         elif "cpu" in controllers.split(","):
-            for mount in {base / controllers, base / "cpu"}:
+            for mount in _v1_mounts(base, controllers):
                 found += [q for d in _upward(mount, path) if (q := _v1_quota(d))]
     return found
+
+
+def _v1_mounts(base: Path, controllers: str) -> list[Path]:
+    """Where the v1 hierarchy with the `cpu` controller is mounted: `cpu` first (a file named under
+    it is the one operators know), then its controllers' own name (`cpu,cpuacct`), the same
+    folder once where one is a link to the other."""
+    mounts: dict[Path, Path] = {}
+    for mount in (base / "cpu", base / controllers):
+        if mount.is_dir():
+            mounts.setdefault(mount.resolve(), mount)
+    return list(mounts.values())
 
 
 def _upward(mount: Path, path: str) -> list[Path]:
@@ -82,7 +93,7 @@ def _v2_quota(folder: Path) -> tuple[float, Path] | None:
     try:
         limit, period = where.read_text().split()[:2]
         return None if limit == "max" else (int(limit) / int(period), where)
-    except (OSError, ValueError):
+    except (OSError, ValueError, ZeroDivisionError):
         return None
 
 

@@ -118,6 +118,14 @@ def test_a_busy_node_leaves_the_process_less_than_its_core_and_that_counts_as_it
     assert share_of_chance(used=0.3, wall=1.0, idle=None, cores=1.0) == pytest.approx(0.3)
 
 
+def test_an_idle_process_on_a_busy_node_is_not_at_its_limit():
+    # Given a process that used a hundredth of its core (its run over) on a node whose CPUs never
+    # sat idle: it was not asking for CPU, so its core alone is its chance
+    assert share_of_chance(used=0.01, wall=1.0, idle=0.0, cores=1.0) == pytest.approx(0.01)
+    # while one that used a quarter of it on that node had its whole chance
+    assert share_of_chance(used=0.25, wall=1.0, idle=0.0, cores=1.0) == pytest.approx(1.0)
+
+
 def test_under_a_quota_its_fraction_of_a_core_is_the_chance_however_idle_the_node():
     # Given a quarter-core quota on a node with idle cores: the quarter it used is all of its chance
     assert share_of_chance(used=0.25, wall=1.0, idle=1.5, cores=0.25) == pytest.approx(1.0)
@@ -136,6 +144,8 @@ def test_the_idle_time_of_the_processs_own_cpus_is_read_from_proc_stat(tmp_path)
     assert idle_seconds([0], stat) == pytest.approx(1020 / tick)
     assert idle_seconds([0, 1], stat) == pytest.approx(5070 / tick)
     assert idle_seconds([0], tmp_path / "none") is None
+    # and CPUs it does not list (a container's numbering) are unknown, not never idle
+    assert idle_seconds([7], stat) is None
     # and this machine's own never go back
     first = idle_seconds(os.sched_getaffinity(0))
     assert first is not None and idle_seconds(os.sched_getaffinity(0)) >= first

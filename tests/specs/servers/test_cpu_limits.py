@@ -59,6 +59,19 @@ def test_a_v1_container_that_sees_its_hosts_path_reads_its_own_group_at_the_moun
     assert core_limit(root) == CoreLimit(0.5, "/sys/fs/cgroup/cpu,cpuacct/cpu.cfs_quota_us")
 
 
+def test_a_systemd_v1_host_names_the_quota_file_under_cpu_whichever_folder_it_reads(tmp_path):
+    # Given the v1 layout of systemd hosts: `cpu,cpuacct` mounted, `cpu` a link to it
+    root = lay_out(tmp_path, "4:cpu,cpuacct:/kubepods/pod1\n0::/\n", v1_group("cpu,cpuacct/kubepods/pod1", 50_000))
+    (root / "sys/fs/cgroup/cpu").symlink_to(root / "sys/fs/cgroup/cpu,cpuacct")
+    # Then the quota binds, and its file is named under `cpu`, every time
+    assert core_limit(root) == CoreLimit(0.5, "/sys/fs/cgroup/cpu/kubepods/pod1/cpu.cfs_quota_us")
+
+
+def test_a_v2_period_of_zero_is_no_limit(tmp_path):
+    root = lay_out(tmp_path, "0::/pod\n", {"pod/cpu.max": "25000 0"})
+    assert core_limit(root) == ONE
+
+
 def test_a_quota_above_one_core_leaves_the_gil(tmp_path):
     root = lay_out(tmp_path, "1:cpu:/\n", v1_group("cpu", 150_000))
     assert core_limit(root) == ONE

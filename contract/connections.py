@@ -18,6 +18,7 @@ from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
 from . import retries
+from .scripts import LOADER
 
 SENTINEL_SCHEME = "sentinel"
 MASTER_ENV, DEFAULT_MASTER = "FLEET_SENTINEL_MASTER", "mymaster"
@@ -102,11 +103,22 @@ def kombu_sentinel_url(url: str) -> str:
     return ";".join(f"{SENTINEL_SCHEME}://{cred}{host}:{port}/{parts.db}" for host, port in parts.sentinels)
 
 
-class BlockingPool(retries.PoolWait, redis.BlockingConnectionPool):
+class LoadsScripts:
+    """A pool whose every connection has the process's Lua scripts loaded when it connects, so
+    its pipelines send EVALSHA without asking SCRIPT EXISTS first (`scripts.py`)."""
+    loads_scripts = True
+
+    def make_connection(self):
+        connection = super().make_connection()
+        LOADER.attach(connection)
+        return connection
+
+
+class BlockingPool(LoadsScripts, retries.PoolWait, redis.BlockingConnectionPool):
     """A pool that waits for a free connection (briefly, for a thread failing fast)."""
 
 
-class BlockingSentinelPool(retries.PoolWait, SentinelConnectionPool, redis.BlockingConnectionPool):
+class BlockingSentinelPool(LoadsScripts, retries.PoolWait, SentinelConnectionPool, redis.BlockingConnectionPool):
     """Sentinel's master pool that waits for a free connection, as `redis_for`'s plain pool does
     (a connection to a master that lost its role is dropped when released: Sentinel's own rule)."""
 

@@ -94,7 +94,9 @@ def _size_figures(part: str, r: dict, pinned: str) -> list:
                note=f"{r['longest']['steady']}; SLOWLOG at threshold 0 over {r['longest']['commands_seen']:,} "
                     f"commands of every part ({pinned}; wall time: the machine's other processes can still "
                     f"run on Redis's core): 99.9th pct {r['longest']['p999_ms']:.2f} ms ({r['longest']['p999']}), "
-                    f"the longest single one {r['longest']['ms']:.2f} ms ({r['longest']['command']})"),
+                    f"the longest single one {r['longest']['ms']:.2f} ms ({r['longest']['command']}); median of "
+                    f"those Redis spent most time in: " + ", ".join(f"{k} {us:.0f} us" for k, (_, us) in
+                                                  list(r["longest"].get("medians", {}).items())[:5])),
     ]
 
 
@@ -114,7 +116,10 @@ def _node_rate_figures(part: str, r: dict, pinned: str) -> list:
         Figure(part, "node rate: round trips per stored sample", nr["round_trips_per_sample"], "{:.2f}",
                note=f"requests the clients sent, by first command: {trips}"),
         Figure(part, "node rate: Redis CPU per round trip", nr["redis_us_per_round_trip"], "{:.1f}", "us",
-               note="INFO cpu over the clients' requests: a wakeup and its socket calls, whatever it carries"),
+               note=f"INFO cpu over the clients' requests; the scripts' own time (EVALSHA in commandstats, wall) "
+                    f"is {nr['scripts_us_per_sample']:.0f} us a sample, the rest "
+                    f"{nr['redis_us_per_round_trip_besides_scripts']:.1f} us a round trip (reading the request, "
+                    f"writing the reply, waking up for it, the commands besides the scripts)"),
         Figure(part, "node rate: Redis commands per stored sample", nr["commands_per_sample"], "{:.1f}",
                note="INFO commandstats, a script's own commands counted: " + _commands(nr["by_command"])),
     ]

@@ -272,9 +272,12 @@ def _gather(replies, procs: list, timeout: float) -> list:
 def _figures(shape: NodeShape, samples: int, requests: Counter, cpu: float, calls: int, seconds: float,
              by_command: dict) -> dict:
     trips = sum(requests.values())
+    scripts_us = by_command.get("evalsha", {}).get("us", 0.0)  # per sample; wall time, nested commands in
     return {"shape": shape.__dict__, "samples": samples, "seconds": seconds, "samples_per_s": samples / seconds,
             "redis_core_share": cpu / seconds, "redis_us_per_sample": cpu / samples * 1e6,
             "round_trips_per_sample": trips / samples, "redis_us_per_round_trip": cpu / trips * 1e6,
+            "scripts_us_per_sample": scripts_us,
+            "redis_us_per_round_trip_besides_scripts": (cpu / samples * 1e6 - scripts_us) * samples / trips,
             "commands_per_sample": calls / samples,
             "round_trips_by_first_command": {k: round(v / samples, 3) for k, v in requests.most_common()},
             "by_command": by_command}

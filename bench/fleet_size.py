@@ -118,7 +118,7 @@ def _size(lab: Lab, n: int, settings, opts: FleetOptions, log) -> dict:
     (p99, kind), (p999, tail_kind) = longest.percentile(0.99), longest.percentile(0.999)
     d["longest"] = {"ms": longest.us / 1000, "command": longest.command, "steady_ms": p99 / 1000,
                     "steady": kind, "p999_ms": p999 / 1000, "p999": tail_kind,
-                    "commands_seen": sum(len(v) for v in longest.by_name.values())}
+                    "commands_seen": sum(len(v) for v in longest.by_name.values()), "medians": longest.medians()}
     log(f"fleet {n}: {d['node_rate']['redis_us_per_sample']:.0f} us Redis per sample at node rate "
         f"({d['samples']['redis_us_per_sample']:.0f} from one real worker), {d['redis_us_per_worker_s']:.1f} us "
         f"per worker-second, audit {d['audit']['redis_ms_per_round']:.1f} ms a round, longest command "
@@ -422,6 +422,11 @@ class Longest:
             if entry["duration"] > self.us:
                 shown = [w.decode(errors="replace") if isinstance(w, bytes) else str(w) for w in words[:3]]
                 self.us, self.command = entry["duration"], " ".join(shown)[:80]
+
+    def medians(self, most: int = 8) -> dict[str, list[float]]:
+        """The `most` command kinds Redis spent most time in: kind -> [how many, median microseconds]."""
+        kinds = sorted(self.by_name.items(), key=lambda kv: -sum(kv[1]))[:most]
+        return {name: [len(d), float(sorted(d)[len(d) // 2])] for name, d in kinds}
 
     def percentile(self, share: float = 0.99) -> tuple[float, str]:
         """(microseconds, command kind) of the largest `share` percentile among command kinds."""

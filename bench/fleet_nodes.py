@@ -111,6 +111,7 @@ class CountedConnection(redis.Connection):
 
 @dataclass(frozen=True)
 class Drive:
+    """What every driven node of a client process is told (sent to it whole: it is spawned)."""
     url: str
     queue: str
     shape: NodeShape

@@ -17,9 +17,11 @@ Parts (each can be chosen with --parts, each sized by its flags):
                    (not in the default set: --parts cache)
   sample           Redis commands, Redis CPU and worker CPU per stored sample, one worker on a
                    batch-256 stand-in with short answers (not in the default set: --parts sample)
-  fleet            Redis CPU per sample and per worker-second, commands, connections, the audit's
-                   rounds and the longest command at 10, 100 and 1,000 simulated workers, projected
-                   to 100, 1,000 and 5,000 nodes (not in the default set: --parts fleet)
+  fleet            Redis CPU per sample (simulated nodes at 2 samples/s each, and one real worker)
+                   and per worker-second, round trips, commands, connections, the audit's rounds
+                   and the longest command at 10, 100 and 1,000 simulated workers, Redis pinned to
+                   a core of its own; projected to 100, 1,000 and 5,000 nodes (not in the default
+                   set: --parts fleet)
 
 Defaults are sized to finish in about fifteen minutes on a 2-core machine; every
 goal is a ratio or a size measured within the same run.
@@ -122,6 +124,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     z = p.add_argument_group("fleet size")
     z.add_argument("--fleet-sizes", default="10,100,1000", help="simulated workers, comma-separated")
     z.add_argument("--fleet-samples", type=int, default=1000, help="samples the real worker stores per size")
+    z.add_argument("--fleet-node-clients", default="2x16", metavar="PxT",
+                   help="client processes x driven nodes per process for the node-rate samples (default 2x16)")
     args = p.parse_args(argv)
     args.parts = [x.strip() for x in args.parts.split(",") if x.strip()]
     unknown = set(args.parts) - set(PARTS)
@@ -337,10 +341,13 @@ def main(argv: list[str] | None = None) -> int:
                     prompts=args.sample_prompts, warmup=args.sample_warmup, tail=args.sample_tail), log)
                 figures += sample_figures(details["sample"])
             if "fleet" in args.parts:
-                from .fleet_size import FleetOptions, fleet_figures, run_fleet_size
+                from .fleet_figures import fleet_figures
+                from .fleet_size import FleetOptions, run_fleet_size
 
+                processes, threads = (int(x) for x in args.fleet_node_clients.lower().split("x"))
                 details["fleet"] = run_fleet_size(lab, FleetOptions(
-                    workers=[int(x) for x in args.fleet_sizes.split(",")], samples=args.fleet_samples), log)
+                    workers=[int(x) for x in args.fleet_sizes.split(",")], samples=args.fleet_samples,
+                    node_processes=processes, node_threads=threads), log)
                 figures += fleet_figures(details["fleet"])
             if "scale" in args.parts:
                 from .scale import ScaleOptions, run_scale

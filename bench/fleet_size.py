@@ -16,7 +16,7 @@ For each N, in a flushed Redis:
   so their states are not read, and the round that reads them all is measured
   beside), kombu's
   restore sweep (mutex, one page of lapsed leases, every restore interval) and
-  Celery's worker-heartbeat event (every 2 s). Redis CPU (INFO cpu) per
+  Celery's worker-heartbeat event (every HEART_INTERVAL, 10 s). Redis CPU (INFO cpu) per
   worker-second is the sum over these, each per round over its interval.
 - **audit**: the lost-message audit of the run (`LostMessageAudit.audit_run`,
   the workers' own), round after round until its pass over every pending
@@ -26,12 +26,22 @@ For each N, in a flushed Redis:
   stand-in stores `samples` short answers (after a warm-up) beside that
   state: Redis CPU and commands per stored sample (INFO commandstats counts a
   script's own commands, as the issue counted them), and the worker's Redis
-  connections (CLIENT LIST, by the worker's own sockets).
+  connections (CLIENT LIST, by the worker's own sockets). It stores them as
+  fast as it can (~200 a second), so its takes and group commits are shared by
+  many samples: it proves the real worker's path, not a big fleet's cost.
+- **node rate** (`fleet_nodes`): some of the simulated workers, each on its
+  own connection, run a node's per-sample Redis work through the workers' own
+  functions, batched as a node at `rate` samples a second batches it: Redis
+  CPU, round trips and commands per stored sample, and Redis CPU per round trip.
 
-SLOWLOG runs with threshold 0 throughout, so the longest command any part sent
-is measured, not sampled. The projection: n nodes at `rate` samples a second
+Redis runs pinned to a core of its own and the bench's processes on the others
+(`cores.Pinned`), as a production Redis runs. SLOWLOG runs with threshold 0
+throughout (but for the node-rate part's measured pass, which a shorter pass
+before it stands for), so the longest command any part sent is measured, not
+sampled. The projection (`fleet_figures`): n nodes at `rate` samples a second
 each, `in_flight` prompts in flight each, cost n x (rate x per sample + per
-worker-second) + the audit's rounds (one per audit interval, whatever n).
+worker-second) + the audit's rounds (one per audit interval, whatever n),
+judged on the node-rate figure.
 """
 from __future__ import annotations
 
@@ -40,7 +50,9 @@ import signal
 import threading
 import time
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Iterator
 
 import redis
 
@@ -67,35 +79,52 @@ class FleetOptions:
     audit_slice: int = 5000       # FLEET_AUDIT_SLICE
     rate: float = 2.0             # samples a second per node, for the projection
     nodes: list[int] = field(default_factory=lambda: [100, 1000, 5000])
+    node_processes: int = 2       # client processes driving simulated nodes at node rate (`fleet_nodes`)
+    node_threads: int = 16        # driven nodes per client process, a connection each
+    node_groups: int = 200        # group commits each driven node makes, measured
     timeout: float = 600.0
 
 
 def run_fleet_size(lab: Lab, opts: FleetOptions, log) -> dict:
     from workers.settings import Settings
 
+    from .cores import Pinned
+    from .fleet_figures import projections
+
     settings = Settings(audit_slice=opts.audit_slice)
-    results = {}
-    for n in opts.workers:
-        lab.flush()
-        log(f"fleet {n}: {n} simulated workers x {opts.in_flight} in flight")
-        state = _fill(lab, n, opts)
-        with _Listener(lab.redis_url), Longest(lab.client) as longest:
-            d = {"workers": n, "in_flight": n * opts.in_flight, **_rounds(lab, state, settings, opts)}
-            d["audit"] = _audit(lab, state, settings, opts)
-            _renew(lab, state)  # live workers' leases: kombu's sweep must not restore them meanwhile
-            d["samples"] = _samples(lab, opts, log)
-        (p99, kind), (p999, tail_kind) = longest.percentile(0.99), longest.percentile(0.999)
-        d["longest"] = {"ms": longest.us / 1000, "command": longest.command, "steady_ms": p99 / 1000,
-                        "steady": kind, "p999_ms": p999 / 1000, "p999": tail_kind,
-                        "commands_seen": sum(len(v) for v in longest.by_name.values())}
-        log(f"fleet {n}: {d['samples']['redis_us_per_sample']:.0f} us Redis per sample, "
-            f"{d['redis_us_per_worker_s']:.1f} us per worker-second, audit {d['audit']['redis_ms_per_round']:.1f} "
-            f"ms a round, longest command {d['longest']['ms']:.2f} ms ({d['longest']['command']}), "
-            f"largest 99th percentile {d['longest']['steady_ms']:.2f} ms ({d['longest']['steady']})")
-        results[n] = d
+    with Pinned(lab.redis_pid) as cores:  # Redis on a core of its own, as in production
+        results = {n: _size(lab, n, settings, opts, log) for n in opts.workers}
     lab.flush()
-    return {"options": opts.__dict__, "results": results,
-            "projection": project(results[max(results)], opts, settings)}
+    return {"options": opts.__dict__, "pinned": cores.note, "results": results,
+            "projection": projections(results[max(results)], opts, settings)}
+
+
+def _size(lab: Lab, n: int, settings, opts: FleetOptions, log) -> dict:
+    """Every part for `n` simulated workers, in a flushed Redis."""
+    from .fleet_nodes import node_rate
+
+    lab.flush()
+    log(f"fleet {n}: {n} simulated workers x {opts.in_flight} in flight")
+    state = _fill(lab, n, opts)
+    with _Listener(lab.redis_url), Longest(lab.client) as longest:
+        d = {"workers": n, "in_flight": n * opts.in_flight, **_rounds(lab, state, settings, opts)}
+        d["audit"] = _audit(lab, state, settings, opts)
+        _renew(lab, state)  # live workers' leases: kombu's sweep must not restore them meanwhile
+        d["samples"] = _samples(lab, opts, log)
+        node_rate(lab, state, settings, opts, lambda m: log(f"{m} (SLOWLOG on: for the longest command)"),
+                  groups=max(1, opts.node_groups // 4))
+        with longest.paused():  # logging every command would add ~10% to the Redis CPU measured
+            d["node_rate"] = node_rate(lab, state, settings, opts, log)
+    (p99, kind), (p999, tail_kind) = longest.percentile(0.99), longest.percentile(0.999)
+    d["longest"] = {"ms": longest.us / 1000, "command": longest.command, "steady_ms": p99 / 1000,
+                    "steady": kind, "p999_ms": p999 / 1000, "p999": tail_kind,
+                    "commands_seen": sum(len(v) for v in longest.by_name.values()), "medians": longest.medians()}
+    log(f"fleet {n}: {d['node_rate']['redis_us_per_sample']:.0f} us Redis per sample at node rate "
+        f"({d['samples']['redis_us_per_sample']:.0f} from one real worker), {d['redis_us_per_worker_s']:.1f} us "
+        f"per worker-second, audit {d['audit']['redis_ms_per_round']:.1f} ms a round, longest command "
+        f"{d['longest']['ms']:.2f} ms ({d['longest']['command']}), largest 99th percentile "
+        f"{d['longest']['steady_ms']:.2f} ms ({d['longest']['steady']})")
+    return d
 
 
 # --- the simulated fleet's state -----------------------------------------------------------
@@ -107,6 +136,8 @@ class FleetState:
     lost: list[str]
     queue: str
     message_bytes: int
+    template: dict                     # the run's real message, which every simulated one copies
+    ids: bytes                         # the packed token ids every simulated prompt has
 
 
 def _fill(lab: Lab, n: int, opts: FleetOptions) -> FleetState:
@@ -141,7 +172,7 @@ def _fill(lab: Lab, n: int, opts: FleetOptions) -> FleetState:
             pipe.execute()
         heartbeats.publish(client, worker, [], ttl=LIVE, holding=lambda pids=pids: {RUN: pids},
                            started=now - 86_400)
-    return FleetState(holding, tags, lost, queue, message_bytes)
+    return FleetState(holding, tags, lost, queue, message_bytes, template, ids)
 
 
 def _renew(lab: Lab, state: FleetState) -> None:
@@ -293,10 +324,7 @@ def _samples(lab: Lab, opts: FleetOptions, log) -> dict:
     # Per command, per sample: calls, and Redis's own time in it (INFO commandstats `usec`: a
     # script's includes the commands it calls, which are also listed; the rest of `INFO cpu` is
     # reading requests and writing replies)
-    by_command = {name: {"calls": round((n - stats.get(name, (0, 0))[0]) / opts.samples, 2),
-                         "us": round((us - stats.get(name, (0, 0))[1]) / opts.samples, 2)}
-                  for name, (n, us) in sorted(after.items(), key=lambda kv: -kv[1][1])
-                  if n > stats.get(name, (0, 0))[0]}
+    by_command = per_sample(stats, after, opts.samples)
     log(f"fleet: real worker stored {opts.samples} samples, {calls / opts.samples:.1f} commands each")
     return {"samples": opts.samples, "redis_us_per_sample": cpu / opts.samples * 1e6,
             "commands_per_sample": calls / opts.samples, "connections": most[0], "by_command": by_command}
@@ -320,6 +348,13 @@ def _by_command(client: redis.Redis) -> dict[str, tuple[int, int]]:
     """Command name -> (calls, microseconds of Redis's own time in it), the bench's readings left out."""
     return {k[len("cmdstat_"):]: (int(v["calls"]), int(v["usec"])) for k, v in client.info("commandstats").items()
             if not k.startswith(OWN)}
+
+
+def per_sample(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]], samples: int) -> dict:
+    """Per command sent between two `_by_command` readings, per sample: calls, and Redis's own time in it."""
+    return {name: {"calls": round((n - before.get(name, (0, 0))[0]) / samples, 3),
+                   "us": round((us - before.get(name, (0, 0))[1]) / samples, 2)}
+            for name, (n, us) in sorted(after.items(), key=lambda kv: -kv[1][1]) if n > before.get(name, (0, 0))[0]}
 
 
 def _script_names() -> dict[str, str]:
@@ -373,12 +408,16 @@ class Longest:
             self.read()
 
     def read(self) -> None:
-        entries = self.client.slowlog_get(50_000)
-        self.client.slowlog_reset()
+        # GET and RESET in one transaction: a command logged between the two would be reset unread
+        # (at node rate that was a third of them).
+        with self.client.pipeline(transaction=True) as pipe:
+            pipe.slowlog_get(50_000)
+            pipe.slowlog_reset()
+            entries, _ = pipe.execute()
         for entry in entries:
             words = entry["command"].split() if isinstance(entry["command"], bytes) else list(entry["command"])
             name = (words[0].decode() if isinstance(words[0], bytes) else str(words[0])).lower() if words else ""
-            if name in ("slowlog", "info", "config", "client"):
+            if name in ("slowlog", "info", "config", "client", "multi", "exec"):  # the bench's own
                 continue
             if name == "evalsha" and len(words) > 1:
                 sha = words[1].decode() if isinstance(words[1], bytes) else str(words[1])
@@ -388,6 +427,11 @@ class Longest:
                 shown = [w.decode(errors="replace") if isinstance(w, bytes) else str(w) for w in words[:3]]
                 self.us, self.command = entry["duration"], " ".join(shown)[:80]
 
+    def medians(self, most: int = 8) -> dict[str, list[float]]:
+        """The `most` command kinds Redis spent most time in: kind -> [how many, median microseconds]."""
+        kinds = sorted(self.by_name.items(), key=lambda kv: -sum(kv[1]))[:most]
+        return {name: [len(d), float(sorted(d)[len(d) // 2])] for name, d in kinds}
+
     def percentile(self, share: float = 0.99) -> tuple[float, str]:
         """(microseconds, command kind) of the largest `share` percentile among command kinds."""
         worst = (0.0, "")
@@ -395,6 +439,16 @@ class Longest:
             durations.sort()
             worst = max(worst, (float(durations[min(len(durations) - 1, int(share * len(durations)))]), name))
         return worst
+
+    @contextmanager
+    def paused(self) -> Iterator[None]:
+        """No command logged during the block: a part that measures Redis's CPU per command runs
+        there (threshold 0 costs Redis ~10% more CPU per command at node rate, measured A/B)."""
+        self.client.config_set("slowlog-log-slower-than", -1)
+        try:
+            yield
+        finally:
+            self.client.config_set("slowlog-log-slower-than", 0)
 
     def __exit__(self, *exc) -> None:
         self.stop.set()
@@ -425,71 +479,3 @@ class _Listener:
         self.stop.set()
         self.thread.join(timeout=5)
         self.pubsub.close()
-
-
-# --- projection ----------------------------------------------------------------------------
-
-def project(d: dict, opts: FleetOptions, settings) -> dict:
-    """Redis cores and commands a second at each node count, from the largest fleet measured."""
-    # The task events a node publishes: its worker flushes them every FLUSH_INTERVAL when there are
-    # any (3 a sample), each PUBLISH costing what a heart event does.
-    from workers.reporting.events import FLUSH_INTERVAL
-
-    flushes = min(1 / FLUSH_INTERVAL, 3 * opts.rate)
-    events = flushes * d["rounds"]["worker-heartbeat event"]["redis_us"]
-    per_node_us = opts.rate * d["samples"]["redis_us_per_sample"] + d["redis_us_per_worker_s"] + events
-    per_node_commands = opts.rate * d["samples"]["commands_per_sample"] + d["commands_per_worker_s"] \
-        + flushes
-    audit_us_per_s = d["audit"]["redis_ms_per_round"] * 1e3 / settings.audit_interval
-    return {"per_node_us_per_s": per_node_us, "events_us_per_s": events, "audit_us_per_s": audit_us_per_s,
-            "nodes": {n: {"cores": (n * per_node_us + audit_us_per_s) / 1e6, "commands_per_s": n * per_node_commands,
-                          "connections": n * d["samples"]["connections"], "in_flight": n * opts.in_flight}
-                      for n in opts.nodes}}
-
-
-# --- figures -------------------------------------------------------------------------------
-
-def fleet_figures(d: dict) -> list:
-    from .report import Figure, at_most
-
-    figures = []
-    for n, r in d["results"].items():
-        part, s, a = f"9 fleet size, {n} workers", r["samples"], r["audit"]
-        rounds = ", ".join(f"{k} {v['redis_us']:.0f} us/{r['intervals'][k]:g} s"
-                           + (" (not counted)" if k in r.get("not_counted", ()) else "")
-                           for k, v in r["rounds"].items())
-        figures += [
-            Figure(part, "Redis CPU per stored sample", s["redis_us_per_sample"], "{:.0f}", "us",
-                   goal="<= 150 (#34 point 4)", met=at_most(s["redis_us_per_sample"], 150),
-                   note=f"a real worker, {s['samples']} short answers on an instant stand-in, beside "
-                        f"{r['in_flight']:,} simulated prompts in flight"),
-            Figure(part, "Redis commands per stored sample", s["commands_per_sample"], "{:.1f}",
-                   goal="<= 9 (#34 point 4)", met=at_most(s["commands_per_sample"], 9),
-                   note="INFO commandstats, a script's own commands counted: " + ", ".join(
-                       f"{name} {c['calls']:g} ({c['us']:.0f} us)" for name, c in
-                       sorted(s.get("by_command", {}).items(), key=lambda kv: -kv[1]["calls"])[:8])),
-            Figure(part, "Redis CPU per worker-second", r["redis_us_per_worker_s"], "{:.1f}", "us",
-                   note=f"periodic work of each simulated worker: {rounds}"),
-            Figure(part, "Redis connections of one worker", s["connections"], "{:.0f}", goal="<= 4",
-                   met=at_most(s["connections"], 4), note="CLIENT LIST, most seen while it stored samples"),
-            Figure(part, "audit: Redis CPU per round", a["redis_ms_per_round"], "{:.2f}", "ms",
-                   note=f"{a['commands_per_round']:.0f} commands a round, slice {a['slice']:,}; "
-                        f"{a['rounds']} rounds found {a['found']}/{a['lost']} lost prompts, {a['false']} others"),
-            Figure(part, "longest command (99th pct of its kind)", r["longest"]["steady_ms"], "{:.2f}", "ms",
-                   goal="<= 10", met=at_most(r["longest"]["steady_ms"], 10),
-                   note=f"{r['longest']['steady']}; SLOWLOG at threshold 0 over {r['longest']['commands_seen']:,} "
-                        f"commands (wall time: a shared machine's scheduling included): 99.9th pct "
-                        f"{r['longest']['p999_ms']:.2f} ms ({r['longest']['p999']}), the longest single one "
-                        f"{r['longest']['ms']:.2f} ms ({r['longest']['command']})"),
-        ]
-    p, o = d["projection"], d["options"]
-    for n, x in p["nodes"].items():
-        judged = n == max(p["nodes"])
-        figures.append(Figure(
-            "9 fleet size, projected", f"{n:,} nodes: Redis cores", x["cores"], "{:.2f}",
-            goal="<= 1.0" if judged else "", met=at_most(x["cores"], 1.0) if judged else None,
-            note=f"{o['rate']:g} samples/s and {o['in_flight']} in flight a node ({x['in_flight']:,} in all): "
-                 f"{x['commands_per_s']:,.0f} commands/s, {x['connections']:,} connections; per node "
-                 f"{p['per_node_us_per_s']:.0f} us/s (task events {p['events_us_per_s']:.0f}), "
-                 f"audit {p['audit_us_per_s']:.0f} us/s"))
-    return figures

@@ -27,12 +27,12 @@ the audit blocks Redis for long, and a round reads at most a slice of prompts
 and about `audit_slice.HEARTBEATS` (500) heartbeats, whatever the fleet's size
 or what is in flight (`audit_slice.py`: a round stops early where its prompts
 name that many workers, and the next goes on from there). A pass takes
-pending / slice rounds where the prompts name fewer workers than that, and
-about pending / 700 at 1,000 workers or more (at 10^6 prompts in flight,
-200 rounds, 100 minutes at the default 30 s, up to about 1,500 rounds, 12
-hours); a run's last prompts are looked at every round once they are fewer
-than a slice and name fewer workers than the bound, so a run's end is never
-held up for long.
+pending / slice rounds where the prompts name few workers, about pending / 700
+at 1,000 workers and up to pending / 500 beyond (at 10^6 prompts in flight on
+4,000 workers, about 1,900 rounds: 16 hours at the default 30 s, where whole
+slices took 200 rounds, 100 minutes, at ~20 ms a round instead of ~4). A
+run's last prompts are looked at every round once they are fewer than a slice
+and name fewer workers than the bound, so a run's end is never held up for long.
 
 The same sweep moves on a conversation (`enqueue --turns all`) whose current
 turn is stored but which has not moved past it in two audits in a row: its

@@ -53,21 +53,28 @@ def restores_pending(client: redis.Redis, now: float, lease_seconds: float) -> b
     return client.zcount(kombu_redis.UNACKED_INDEX, "-inf", now - lease_seconds / 2) > 0
 
 
-def accounted_for(client: redis.Redis, run: str, prompt_ids: list[str], window: float,
-                  restoring: bool = False) -> set[str]:
-    """The prompts of `prompt_ids` that a named worker holds, or may still hold (see above);
-    `restoring`: `restores_pending` said so, before the prompts' queue was read."""
-    entries: list[bytes | None] = []
+def entries(client: redis.Redis, run: str, prompt_ids: list[str]) -> list[list[str]]:
+    """The workers each prompt's deliveries entry names (none: no entry), a page of HMGET at a time."""
+    raws: list[bytes | None] = []
     for start in range(0, len(prompt_ids), PAGE):
-        entries += client.hmget(RunKeys(run).deliveries, prompt_ids[start:start + PAGE])
-    named = {pid: deliveries.names(raw) for pid, raw in zip(prompt_ids, entries) if raw}
+        raws += client.hmget(RunKeys(run).deliveries, prompt_ids[start:start + PAGE])
+    return [deliveries.names(raw) for raw in raws]
+
+
+def accounted_for(client: redis.Redis, run: str, named: dict[str, list[str]], window: float,
+                  restoring: bool = False) -> set[str]:
+    """The prompts of `named` (prompt -> the workers its entry names, read before this) that a
+    named worker holds, or may still hold (see above); `restoring`: `restores_pending` said so,
+    before the prompts' queue was read. One heartbeat read per worker named; the registry's
+    last-heard time only for those whose heartbeat has expired."""
     workers = sorted({name for names in named.values() for name in names})
     records = dict(zip(workers, heartbeats.read(client, workers)))
-    seen = dict(zip(workers, heartbeats.last_seen(client, workers)))
+    silent = [w for w in workers if records[w] is None]
+    seen = dict(zip(silent, heartbeats.last_seen(client, silent)))
     holding = {w: set((r.get("holding") or {}).get(run, ())) for w, r in records.items() if r is not None}
     now = CLOCK.now(client)
     return {pid for pid, names in named.items()
-            if any(accounts(pid, records[w], holding.get(w, set()), seen[w], now, window, restoring)
+            if any(accounts(pid, records[w], holding.get(w, set()), seen.get(w), now, window, restoring)
                    for w in names)}
 
 

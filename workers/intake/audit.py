@@ -23,11 +23,16 @@ queue is found as the queue drains.
 
 Every read is a bounded slice (a page of HSCAN of 100 prompts, of LRANGE of 200
 messages, of HMGET of 500 fields, of MGET of 50 heartbeats), so no command of
-the audit blocks Redis for long, and a round costs what its slice costs (at
-most one heartbeat read per prompt of it), whatever the fleet's size or what
-is in flight: at 10^6 prompts in flight a pass takes 200 rounds (100 minutes
-at the default 30 s), while a run's last prompts, fewer than a slice, are all
-looked at every round, so a run's end is never held up for long.
+the audit blocks Redis for long, and a round reads at most a slice of prompts
+and about `audit_slice.HEARTBEATS` (500) heartbeats, whatever the fleet's size
+or what is in flight (`audit_slice.py`: a round stops early where its prompts
+name that many workers, and the next goes on from there). A pass takes
+pending / slice rounds where the prompts name few workers, about pending / 700
+at 1,000 workers and up to pending / 500 beyond (at 10^6 prompts in flight on
+4,000 workers, about 1,900 rounds: 16 hours at the default 30 s, where whole
+slices took 200 rounds, 100 minutes, at ~20 ms a round instead of ~4). A
+run's last prompts are looked at every round once they are fewer than a slice
+and name fewer workers than the bound, so a run's end is never held up for long.
 
 The same sweep moves on a conversation (`enqueue --turns all`) whose current
 turn is stored but which has not moved past it in two audits in a row: its
@@ -46,21 +51,18 @@ from celery import bootsteps
 from contract import deliveries, heartbeats, kombu_redis
 from contract.clock import CLOCK
 from contract.codec import count_ids
-from contract.keys import AUDIT_LOCK, AUDIT_PREFIX, RunKeys, task_id
+from contract.keys import AUDIT_LOCK, AUDIT_PREFIX, RunKeys
 from contract.ledger import Ledger
 from contract.publish import publish_prompts
 from contract.spec import run_queues
 
 from ..output import turns
 from .accounted import accounted_for, restores_pending
+from .audit_slice import PAGE, Slice
 from .runtime import get_runtime
 from .specs import cached_spec
 
 log = logging.getLogger(__name__)
-# Pending prompts per HSCAN step: the step reads each prompt's packed ids inside Redis (Redis 7.0
-# has no NOVALUES) to return the names alone; 500 took 2-17 ms of Redis at 1-4 KB of ids a prompt
-# (2 shared cores), 100 under about one.
-PAGE = 100
 
 
 class LostMessageAudit(bootsteps.StartStopStep):
@@ -110,12 +112,12 @@ class LostMessageAudit(bootsteps.StartStopStep):
         cursor, suspects = state.read()
         # before the queue: a message the sweep restores after this read is in the queue, or taken, by then
         restoring = restores_pending(client, CLOCK.now(client), s.lease_seconds)
-        queued = _task_ids(kombu_redis.queued_messages(client, queue))
-        cursor, page = _slice(ledger, cursor, s.audit_slice)
-        candidates = sorted(p for p in set(page) | suspects if task_id(run, p) not in queued)
+        looked = Slice(client, run, _task_ids(kombu_redis.queued_messages(client, queue)))
+        looked.add(sorted(suspects))  # first: the next sighting of a suspect is never put off
+        cursor = looked.extend(ledger, cursor, s.audit_slice)
         window = s.lease_seconds + s.restore_interval + 2 * s.audit_interval
-        held = accounted_for(client, run, candidates, window, restoring)
-        unaccounted = [p for p in candidates if p not in held]
+        held = accounted_for(client, run, looked.named, window, restoring)
+        unaccounted = [p for p in looked.candidates if p not in held]
         missing = {p for p, pending in zip(unaccounted, ledger.pending(unaccounted)) if pending}
         confirmed = Suspects({run: suspects}).confirm(run, missing)
         if last_chance(client, run, confirmed, s.max_deliveries):  # rare: read every live heartbeat
@@ -156,18 +158,6 @@ def last_chance(client, run: str, prompt_ids: set[str], most: int) -> bool:
     ordered = sorted(prompt_ids)
     return any(len(deliveries.names(raw)) >= most for start in range(0, len(ordered), 500)
                for raw in client.hmget(RunKeys(run).deliveries, ordered[start:start + 500]))
-
-
-def _slice(ledger: Ledger, cursor: int, size: int) -> tuple[int, list[str]]:
-    """Up to about `size` pending prompts from `cursor` on, a page of HSCAN at a time; the cursor
-    to go on from (0: the pass is over, the next round starts another)."""
-    found: list[str] = []
-    while len(found) < size:
-        cursor, page = ledger.pending_page(cursor, min(PAGE, size))
-        found += page
-        if cursor == 0:
-            break
-    return cursor, found
 
 
 class AuditState:

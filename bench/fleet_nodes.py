@@ -123,10 +123,12 @@ class Node:
     """One simulated worker's per-sample Redis work, on its own connection."""
 
     def __init__(self, drive: Drive, worker: str):
+        from contract.connections import BlockingPool
         from contract.kombu_redis import queue_lists
         from workers.intake.reconcile import ShardBook
 
-        pool = redis.ConnectionPool.from_url(drive.url, connection_class=CountedConnection)
+        # the worker's own kind of pool (`contract.connections`: scripts loaded on connect), counted
+        pool = BlockingPool.from_url(drive.url, connection_class=CountedConnection, max_connections=2)
         self.client, self.drive, self.worker = redis.Redis(connection_pool=pool), drive, worker
         self.lists = queue_lists(drive.queue)
         self.book, self.row, self.seq, self.credit = ShardBook(self.client), _row(worker), 0, 0.0

@@ -44,6 +44,7 @@ import threading
 import time
 import uuid
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
 from datetime import datetime, timezone
 
@@ -86,11 +87,20 @@ def node_shape_of(rate: float, settings) -> NodeShape:
 _LOCAL = threading.local()
 
 
+_COUNTING = threading.Lock()
+
+
 def sent() -> Counter:
-    """Requests this thread sent, by first command (each node is one thread with its own connection)."""
+    """Requests this thread's node sent, by first command (a node's thread and its task threads
+    share one counter: `counting_for`)."""
     if not hasattr(_LOCAL, "sent"):
         _LOCAL.sent = Counter()
     return _LOCAL.sent
+
+
+def counting_for(counter: Counter) -> None:
+    """This thread's requests count in `counter` (a node's task threads count in their node's)."""
+    _LOCAL.sent = counter
 
 
 def _first_command(packed) -> str:
@@ -103,7 +113,8 @@ class CountedConnection(redis.Connection):
     """A connection that counts each request it sends: a command, or a pipeline's commands at once."""
 
     def send_packed_command(self, command, check_health=True):
-        sent()[_first_command(command)] += 1
+        with _COUNTING:
+            sent()[_first_command(command)] += 1
         return super().send_packed_command(command, check_health)
 
 
@@ -133,6 +144,9 @@ class Node:
         self.lists = queue_lists(drive.queue)
         self.book, self.row, self.seq, self.credit = ShardBook(self.client), _row(worker), 0, 0.0
         self.events = _task_events(worker, drive.shape.events)
+        self.counter: Counter = Counter()  # its requests, from its own thread and its task threads
+        self.tasks = ThreadPoolExecutor(max_workers=drive.shape.group, thread_name_prefix=f"{worker}-task",
+                                        initializer=counting_for, initargs=(self.counter,))
 
     def group(self) -> int:
         """Take a group's messages, take each in, commit them, flush the group's events: samples stored."""
@@ -147,11 +161,12 @@ class Node:
         first = loads(popped[1].decode())
         more = kombu_take.take(self.client, self.lists, first, self.drive.shape.group - 1, CLOCK.now(self.client))
         messages = [first, *(t.payload for t in more)]
-        rows = []
-        for message in messages:
-            prompt_id = message["headers"]["id"].split(":", 1)[1]
-            confirmed_intake.take(self.client, RUN, prompt_id, self.worker, self.drive.most)
-            rows.append(replace(self.row, id=prompt_id))
+        prompt_ids = [message["headers"]["id"].split(":", 1)[1] for message in messages]
+        # each message's task takes its prompt in on its own thread, all starting together, as a
+        # worker's do after a take (their intakes share round trips: `group_intake`)
+        list(self.tasks.map(lambda pid: confirmed_intake.take(self.client, RUN, pid, self.worker, self.drive.most),
+                            prompt_ids))
+        rows = [replace(self.row, id=prompt_id) for prompt_id in prompt_ids]
         shard = self._shard_name()
         self.book.writing(RUN, rows, shard)
         self.book.mark(RUN, [(r.id, r.output_len) for r in rows], shard,
@@ -172,10 +187,13 @@ class Node:
 
     def run(self, out: list) -> None:
         """The measured groups; appends (samples, requests by first command)."""
-        before, samples = Counter(sent()), 0
+        counting_for(self.counter)
+        with _COUNTING:
+            before, samples = Counter(sent()), 0
         for _ in range(self.drive.groups):
             samples += self.group()
-        out.append((samples, sent() - before))
+        with _COUNTING:
+            out.append((samples, sent() - before))
 
 
 def _row(worker: str):

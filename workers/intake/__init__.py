@@ -13,6 +13,7 @@ sample stored just before its worker died found, the consumer gate, SIGTERM's ha
 - `gate`: Consume only with somewhere to send, and somewhere to store.
 - `generation`: One prompt, from token ids to a durable sample or a dead letter.
 - `group_acks`: A group commit acknowledges its samples' deliveries, in the round trip that marks them done.
+- `group_intake`: Intakes of tasks that start together go to Redis together: one round trip, not one each.
 - `heap`: Python's cyclic garbage collector, set for a worker that stores hundreds of samples a second.
 - `lease`: Leases: a live worker keeps its prompts; a dead worker's come back quickly; none is held forever.
 - `recent`: What a worker wrote lately, kept a while: what a failover may have lost, to write again.

@@ -28,7 +28,8 @@ note decide, since every worker noted after it found it and this worker
 listed as holding the prompt (`after_failover`).
 
 A primary without replicas (a plain single Redis) pays nothing more: the
-intake stays its one script call, as before.
+intake stays its one script call, as before. Either way the intakes of tasks
+that start together share their round trip (`group_intake`).
 """
 from __future__ import annotations
 
@@ -39,16 +40,18 @@ import redis
 from contract.ledger import Intake, Ledger
 from contract.replication import confirmed, expected, written_again
 
-from . import deliveries
+from . import deliveries, group_intake
 
 
 def take(client: redis.Redis, run: str, prompt_id: str, worker: str, most: int) -> Intake:
     """The prompt's intake, noting its delivery to `worker` unless `most` are noted already
-    (`Ledger.intake`); where the primary has replicas, returned only once a replica has the
-    note, and made again on the new primary after a failover (`replication.written_again`)."""
-    if not expected(client):  # one script call, as it was
-        return Ledger(client, run).intake(prompt_id, worker, most)
-    tries = chain([_confirmed], repeat(again))  # the first on the primary of the moment, then `again`
+    (`Ledger.intake`), sent with the intakes of the tasks that start with it (`group_intake`);
+    where the primary has replicas, returned only once a replica has the note, and made again
+    on the new primary after a failover (`replication.written_again`)."""
+    first = group_intake.for_client(client).take
+    if not expected(client):
+        return first(client, run, prompt_id, worker, most)
+    tries = chain([first], repeat(again))  # the first on the primary of the moment, then `again`
     return written_again(lambda: next(tries)(client, run, prompt_id, worker, most),
                          f"the intake of prompt {prompt_id} of run {run}")
 

@@ -117,7 +117,12 @@ class Settings(SharedSettings):
                                          "the dead letters.")
 
     task_events: bool = Field(True, description="Celery task events per task (Flower's task pages, "
-                               "`celery events`), sent in batches once a second (`workers/reporting/events.py`).")
+                               "`celery events`), sent in batches (`FLEET_TASK_EVENTS_INTERVAL`, "
+                               "`workers/reporting/events.py`).")
+    task_events_interval: float = Field(5.0, gt=0, description=(
+        "Seconds between two flushes of a worker's task events, one Redis PUBLISH each: Flower's task "
+        "pages lag the work by up to this (each event keeps the time it happened). Shorter costs Redis "
+        "one round trip more per worker per flush (at 1 s, one per 2 samples of a node at 2 a second)."))
     # Off by default: at hundreds of prompts a second these lines' logging lock cost a busy worker ~7% of its CPU.
     task_log: bool = Field(False, description="Celery's own two INFO lines per task (\"received\", \"succeeded "
                              "in\"); the worker logs every dead letter, give-back and failure itself either way.")

@@ -273,7 +273,6 @@ def _rounds(lab: Lab, state: FleetState, settings, opts: FleetOptions) -> dict:
 def _audit(lab: Lab, state: FleetState, settings, opts: FleetOptions) -> dict:
     """The audit's rounds until its pass is over and every lost prompt was confirmed."""
     from workers.intake.audit import AuditState, LostMessageAudit
-    from workers.intake.audit_slice import HEARTBEATS
 
     client = lab.client
     found: set[str] = set()
@@ -289,7 +288,7 @@ def _audit(lab: Lab, state: FleetState, settings, opts: FleetOptions) -> dict:
     rt = type("Runtime", (), {"redis": client, "settings": settings})()
     audit, audit_state = Audit(), AuditState(client, RUN, fresh=1e9)
     pending = len(state.holding) * opts.in_flight + len(state.lost)
-    most_rounds = 2 * (pending // min(settings.audit_slice, HEARTBEATS) + 2)  # a round: a slice, or fewer
+    most_rounds = 2 * (pending // min(settings.audit_slice, settings.audit_heartbeats) + 2)  # a round: a slice, or fewer
     before, rounds = (_redis_cpu(client), _calls(client)), 0
     t0 = time.monotonic()
     while rounds < most_rounds and not set(state.lost) <= found:

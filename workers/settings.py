@@ -97,9 +97,14 @@ class Settings(SharedSettings):
     audit_max_queue: int = Field(10_000, description="The audit runs only while the queue is at most this long (it "
                                     "lists the queue).")
     audit_slice: int = Field(5_000, ge=1, description=(
-        "Pending prompts of a run the lost-message audit looks at per round (a cursor over the run's "
-        "prompts, so a pass takes pending / slice rounds): the round's cost is bounded by it, not by "
-        "the fleet or what is in flight."))
+        "Pending prompts of a run the lost-message audit looks at per round at most (a cursor over the "
+        "run's prompts, so a pass takes at least pending / slice rounds): with "
+        "`FLEET_AUDIT_HEARTBEATS` it bounds a round's cost, whatever the fleet or what is in flight."))
+    audit_heartbeats: int = Field(500, ge=1, description=(
+        "Workers whose heartbeats one round of the lost-message audit reads, about (it stops at the "
+        "page of 100 pending prompts that reaches it). The trade: a round's Redis cost (~1.8 us a "
+        "heartbeat read) against a pass's length, since where the fleet is larger, a round looks at "
+        "fewer prompts than a slice (about 700 at 1,000 workers with 500) and a pass takes more rounds."))
     failover_check_interval: float = Field(
         1.0, gt=0, description="Seconds between a worker's questions to the Sentinels (sentinel:// only) "
         "of where the primary is: after a failover it moves to the new primary, and asserts there what "

@@ -288,7 +288,8 @@ def _audit(lab: Lab, state: FleetState, settings, opts: FleetOptions) -> dict:
     rt = type("Runtime", (), {"redis": client, "settings": settings})()
     audit, audit_state = Audit(), AuditState(client, RUN, fresh=1e9)
     pending = len(state.holding) * opts.in_flight + len(state.lost)
-    most_rounds = 2 * (pending // min(settings.audit_slice, settings.audit_heartbeats) + 2)  # a round: a slice, or fewer
+    # a round: a slice, or fewer (FLEET_AUDIT_HEARTBEATS)
+    most_rounds = 2 * (pending // min(settings.audit_slice, settings.audit_heartbeats) + 2)
     before, rounds = (_redis_cpu(client), _calls(client)), 0
     t0 = time.monotonic()
     while rounds < most_rounds and not set(state.lost) <= found:

@@ -23,11 +23,9 @@ def projections(d: dict, opts, settings) -> dict:
 
 def project(d: dict, opts, settings) -> dict:
     """From the real worker's per-sample figure: its task-event flushes (at most one a
-    FLUSH_INTERVAL, fewer when it stores fewer than that many events' worth) added, each costing
-    what a worker-heartbeat event's PUBLISH does."""
-    from workers.reporting.events import FLUSH_INTERVAL
-
-    flushes = min(1 / FLUSH_INTERVAL, 3 * opts.rate)
+    FLEET_TASK_EVENTS_INTERVAL, fewer when it stores fewer than that many events' worth) added,
+    each costing what a worker-heartbeat event's PUBLISH does."""
+    flushes = min(1 / settings.task_events_interval, 3 * opts.rate)
     events = flushes * d["rounds"]["worker-heartbeat event"]["redis_us"]
     per_node_us = opts.rate * d["samples"]["redis_us_per_sample"] + d["redis_us_per_worker_s"] + events
     per_node_commands = opts.rate * d["samples"]["commands_per_sample"] + d["commands_per_worker_s"] + flushes

@@ -77,9 +77,7 @@ def node_shape(rate: float, max_wait: float, group_rows: int, flush_interval: fl
 
 
 def node_shape_of(rate: float, settings) -> NodeShape:
-    from workers.reporting.events import FLUSH_INTERVAL
-
-    return node_shape(rate, settings.shard_max_wait, settings.group_rows, FLUSH_INTERVAL)
+    return node_shape(rate, settings.shard_max_wait, settings.group_rows, settings.task_events_interval)
 
 
 # --- the clients' count of what they send ------------------------------------------------

@@ -10,7 +10,7 @@ For each N, in a flushed Redis:
   does, so the events' PUBLISH pays for a subscriber.
 - **rounds**: each simulated worker's periodic work, through the workers' own
   functions, one round trip per worker as a worker sends it: the health
-  round's heartbeat and sharer stamp (`heartbeats.publish`, `sharers.count`,
+  round's heartbeat and sharer stamp in one pipeline (`health_beat.beat`,
   every `health_interval`), the lease round (`lease.Leases.round`, every
   quarter lease: its 256 leases all renewed; the prompts are being generated,
   so their states are not read, and the round that reads them all is measured
@@ -127,6 +127,16 @@ def _size(lab: Lab, n: int, settings, opts: FleetOptions, log) -> dict:
     return d
 
 
+def _up_pool(url: str):
+    """A worker's pool of one server, up and preflighted (so the health round stamps it a sharer)."""
+    from contract.names import ServerState
+    from workers.servers.bindings import ServerPool
+
+    pool = ServerPool([url], max_inflight=256)
+    pool.bindings[0].state, pool.bindings[0].preflighted = ServerState.HEALTHY, True
+    return pool
+
+
 # --- the simulated fleet's state -----------------------------------------------------------
 
 @dataclass
@@ -202,21 +212,21 @@ def _message(template: dict, prompt_id: str, tag: str) -> dict:
 
 def _rounds(lab: Lab, state: FleetState, settings, opts: FleetOptions) -> dict:
     """Redis CPU (us) of each kind of round, per worker and round, and per worker-second."""
-    from contract import heartbeats, kombu_redis
+    from contract import kombu_redis
     from contract.clock import CLOCK
-    from workers.intake import lease
-    from workers.servers import sharers
+    from workers.intake import health_beat, lease
     from workers.intake.consumer import HEART_INTERVAL, Delivery
 
-    client, ttl = lab.client, 3 * settings.health_interval + settings.health_timeout
+    client = lab.client
     event = json.dumps({"hostname": "x", "type": "worker-heartbeat", "freq": 2.0, "sw_ident": "py-celery",
                         "sw_ver": "5.7.0", "sw_sys": "Linux", "active": 256, "processed": 100_000,
                         "loadavg": [1.0, 1.0, 1.0], "timestamp": time.time(), "clock": 1}).encode() * 2
 
-    def health(worker: str) -> None:
-        sharers.count(client, worker, [f"http://{worker}:30000"], ttl)
-        heartbeats.publish(client, worker, [], ttl=LIVE, holding=lambda: {RUN: state.holding[worker]},
-                           started=0.0)
+    pools = {worker: _up_pool(f"http://{worker}:30000") for worker in state.holding}
+
+    def health(worker: str) -> None:  # what the worker's health round writes: one pipeline
+        health_beat.beat(client, worker, pools[worker], LIVE, holding=lambda: {RUN: state.holding[worker]},
+                         started=0.0)
 
     held = {worker: {tag: Delivery(tag, None, RUN, pid) for tag, pid in zip(state.tags[worker], pids)}
             for worker, pids in state.holding.items()}
@@ -263,7 +273,6 @@ def _rounds(lab: Lab, state: FleetState, settings, opts: FleetOptions) -> dict:
 def _audit(lab: Lab, state: FleetState, settings, opts: FleetOptions) -> dict:
     """The audit's rounds until its pass is over and every lost prompt was confirmed."""
     from workers.intake.audit import AuditState, LostMessageAudit
-    from workers.intake.audit_slice import HEARTBEATS
 
     client = lab.client
     found: set[str] = set()
@@ -279,7 +288,8 @@ def _audit(lab: Lab, state: FleetState, settings, opts: FleetOptions) -> dict:
     rt = type("Runtime", (), {"redis": client, "settings": settings})()
     audit, audit_state = Audit(), AuditState(client, RUN, fresh=1e9)
     pending = len(state.holding) * opts.in_flight + len(state.lost)
-    most_rounds = 2 * (pending // min(settings.audit_slice, HEARTBEATS) + 2)  # a round: a slice, or fewer
+    # a round: a slice, or fewer (FLEET_AUDIT_HEARTBEATS)
+    most_rounds = 2 * (pending // min(settings.audit_slice, settings.audit_heartbeats) + 2)
     before, rounds = (_redis_cpu(client), _calls(client)), 0
     t0 = time.monotonic()
     while rounds < most_rounds and not set(state.lost) <= found:

@@ -25,6 +25,7 @@ import socket
 from typing import Callable
 
 import redis
+from redis.client import Pipeline
 
 from .clock import CLOCK
 from .keys import WORKER_PREFIX, WORKERS
@@ -33,16 +34,25 @@ FORGET_AFTER = 86_400  # seconds: a worker name silent this long leaves the regi
 
 
 def publish(client: redis.Redis, worker: str, servers: list[dict], ttl: float,
-            holding: Callable[[], dict[str, list[str]]] | None = None, **extra) -> None:
+            holding: Callable[[], dict[str, list[str]]] | None = None, pipe: Pipeline | None = None,
+            **extra) -> None:
     """`servers`: each bound server's snapshot; `holding`: the prompts the worker holds, read
-    after the heartbeat's time; `extra`: more of the worker's own state."""
+    after the heartbeat's time; `extra`: more of the worker's own state. With `pipe`, the
+    heartbeat is queued there, sent when its owner executes it (one round trip with the rest)."""
     at = CLOCK.now(client)
     record = {"worker": worker, "host": socket.gethostname(), "pid": os.getpid(),
               "at": at, "servers": servers, "holding": holding() if holding else {}, **extra}
-    with client.pipeline(transaction=False) as pipe:
-        pipe.set(WORKER_PREFIX + worker, json.dumps(record), ex=max(1, int(ttl)))
-        pipe.zadd(WORKERS, {worker: record["at"]})
-        pipe.execute()
+    if pipe is not None:
+        _queue(pipe, worker, record, ttl)
+        return
+    with client.pipeline(transaction=False) as own:
+        _queue(own, worker, record, ttl)
+        own.execute()
+
+
+def _queue(pipe: Pipeline, worker: str, record: dict, ttl: float) -> None:
+    pipe.set(WORKER_PREFIX + worker, json.dumps(record), ex=max(1, int(ttl)))
+    pipe.zadd(WORKERS, {worker: record["at"]})
 
 
 def read_all(client: redis.Redis) -> list[dict]:

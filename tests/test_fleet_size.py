@@ -23,7 +23,8 @@ from contract import heartbeats
 from contract.clock import CLOCK
 from contract.keys import AUDIT_PREFIX, WORKER_PREFIX, WORKERS, RunKeys
 from contract.ledger import Ledger
-from workers.intake.audit_slice import HEARTBEATS, PAGE
+from workers.intake.audit_slice import PAGE
+from workers.settings import Settings
 
 from conftest import ROOT, varied_prompts, write_prompts, zygote
 from producer.local import Process
@@ -108,7 +109,7 @@ class SimulatedFleet:
 
 def test_the_audit_finds_lost_messages_among_twenty_thousand_in_flight_with_bounded_reads(fleet, tmp_path):
     # Given a run of one real prompt, then 20,000 more in flight on 1,000 simulated workers (more than
-    # a round of the audit reads the heartbeats of: `audit_slice.HEARTBEATS`), and among
+    # a round of the audit reads the heartbeats of: `FLEET_AUDIT_HEARTBEATS`), and among
     # the run's prompts 30 whose message is lost (no entry), 10 named to a live worker that does
     # not hold them (stale names: lost too) and 10 named to a worker silent for a moment (in passing)
     _, url = fleet.standin("--output-len-max", "40")
@@ -169,7 +170,7 @@ def test_the_audit_finds_lost_messages_among_twenty_thousand_in_flight_with_boun
             rounds.append(0)
         elif args[0].lower() == "mget" and args[1].startswith(WORKER_PREFIX):
             rounds[-1] += arguments(args) - 1
-    assert len(rounds) > 3 and max(rounds) <= HEARTBEATS + PAGE, max(rounds)
+    assert len(rounds) > 3 and max(rounds) <= Settings().audit_heartbeats + PAGE, max(rounds)
 
 
 def arguments(args: list[str]) -> int:

@@ -97,9 +97,14 @@ class Settings(SharedSettings):
     audit_max_queue: int = Field(10_000, description="The audit runs only while the queue is at most this long (it "
                                     "lists the queue).")
     audit_slice: int = Field(5_000, ge=1, description=(
-        "Pending prompts of a run the lost-message audit looks at per round (a cursor over the run's "
-        "prompts, so a pass takes pending / slice rounds): the round's cost is bounded by it, not by "
-        "the fleet or what is in flight."))
+        "Pending prompts of a run the lost-message audit looks at per round at most (a cursor over the "
+        "run's prompts, so a pass takes at least pending / slice rounds): with "
+        "`FLEET_AUDIT_HEARTBEATS` it bounds a round's cost, whatever the fleet or what is in flight."))
+    audit_heartbeats: int = Field(500, ge=1, description=(
+        "Workers whose heartbeats one round of the lost-message audit reads, about (it stops at the "
+        "page of 100 pending prompts that reaches it). The trade: a round's Redis cost (~1.8 us a "
+        "heartbeat read) against a pass's length, since where the fleet is larger, a round looks at "
+        "fewer prompts than a slice (about 700 at 1,000 workers with 500) and a pass takes more rounds."))
     failover_check_interval: float = Field(
         1.0, gt=0, description="Seconds between a worker's questions to the Sentinels (sentinel:// only) "
         "of where the primary is: after a failover it moves to the new primary, and asserts there what "
@@ -117,7 +122,12 @@ class Settings(SharedSettings):
                                          "the dead letters.")
 
     task_events: bool = Field(True, description="Celery task events per task (Flower's task pages, "
-                               "`celery events`), sent in batches once a second (`workers/reporting/events.py`).")
+                               "`celery events`), sent in batches (`FLEET_TASK_EVENTS_INTERVAL`, "
+                               "`workers/reporting/events.py`).")
+    task_events_interval: float = Field(5.0, gt=0, description=(
+        "Seconds between two flushes of a worker's task events, one Redis PUBLISH each: Flower's task "
+        "pages lag the work by up to this (each event keeps the time it happened). Shorter costs Redis "
+        "one round trip more per worker per flush (at 1 s, one per 2 samples of a node at 2 a second)."))
     # Off by default: at hundreds of prompts a second these lines' logging lock cost a busy worker ~7% of its CPU.
     task_log: bool = Field(False, description="Celery's own two INFO lines per task (\"received\", \"succeeded "
                              "in\"); the worker logs every dead letter, give-back and failure itself either way.")

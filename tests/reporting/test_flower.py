@@ -151,7 +151,7 @@ def test_task_arguments_show_the_prompt_id_and_size_not_token_ids(fleet, tmp_pat
     # Given Flower (basic auth) and 4 prompts generated while it watched
     auth = ("admin", "pw-" + secrets.token_hex(8))
     url, _, records = fleet_with_flower(fleet, tmp_path, 4, FLOWER_BASIC_AUTH=":".join(auth))
-    # (a worker sends its task events once a second: the last may trail the samples stored)
+    # (a worker sends its task events in batches, FLEET_TASK_EVENTS_INTERVAL: the last may trail the samples stored)
     wait_for(lambda: [t["state"] for t in httpx.get(f"{url}/api/tasks", auth=auth, timeout=10).json().values()]
              == ["SUCCESS"] * 4, 30, "4 tasks succeeded in flower")
 

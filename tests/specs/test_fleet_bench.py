@@ -1,7 +1,7 @@
 """The fleet-size bench's projection: n nodes cost n times a node's work, plus the audit once.
 
 A node at `rate` samples a second pays `rate` samples, its periodic work per
-second, and its task-event flushes (at most one a FLUSH_INTERVAL, fewer when it
+second, and its task-event flushes (at most one a FLEET_TASK_EVENTS_INTERVAL, fewer when it
 stores fewer); the audit runs once per interval for the whole fleet, whatever n.
 At node rate a node batches what its rate lets it: a group commit holds the
 samples stored while its oldest waited, and kombu's next take as many.
@@ -15,7 +15,6 @@ import redis
 from bench.fleet_figures import project, project_node_rate, projections
 from bench.fleet_nodes import _first_command, node_shape
 from bench.fleet_size import FleetOptions
-from workers.reporting.events import FLUSH_INTERVAL
 
 
 def measured(per_sample_us: float, per_worker_s_us: float, event_us: float, audit_ms: float) -> dict:
@@ -26,12 +25,11 @@ def measured(per_sample_us: float, per_worker_s_us: float, event_us: float, audi
 
 
 def test_nodes_cost_their_samples_periodic_work_and_events_and_the_audit_once():
-    # Given 100 us a sample, 50 us a worker-second, 30 us an event flush and a 30 ms audit round
+    # Given 100 us a sample, 50 us a worker-second, 30 us an event flush (one each 2 s), a 30 ms audit round
     opts = FleetOptions(rate=2.0, nodes=[100, 5000])
-    p = project(measured(100.0, 50.0, 30.0, 30.0), opts, SimpleNamespace(audit_interval=30.0))
-    # Then a node costs 2 x 100 + 50 + its flushes, and the audit 1 ms a second for all
-    flushes = min(1 / FLUSH_INTERVAL, 3 * 2.0)
-    assert p["per_node_us_per_s"] == 2 * 100 + 50 + flushes * 30
+    p = project(measured(100.0, 50.0, 30.0, 30.0), opts, SimpleNamespace(audit_interval=30.0, task_events_interval=2.0))
+    # Then a node costs 2 x 100 + 50 + half a flush, and the audit 1 ms a second for all
+    assert p["per_node_us_per_s"] == 2 * 100 + 50 + 0.5 * 30
     assert p["audit_us_per_s"] == 1000.0
     assert p["nodes"][5000]["cores"] == (5000 * p["per_node_us_per_s"] + 1000.0) / 1e6
     # and connections and prompts in flight scale with the nodes
@@ -61,7 +59,8 @@ def test_at_node_rate_a_node_costs_its_samples_with_their_events_inside_and_its_
 
 def test_both_projections_are_kept_and_the_node_rate_one_is_judged():
     # Given a real worker's sample at 1,000 us (amortized differently) and a node-rate one at 110 us
-    p = projections(at_node_rate(110.0, 2.5, 30.0, 30.0), FleetOptions(), SimpleNamespace(audit_interval=30.0))
+    p = projections(at_node_rate(110.0, 2.5, 30.0, 30.0), FleetOptions(),
+                    SimpleNamespace(audit_interval=30.0, task_events_interval=5.0))
     # Then both are there, differing, and the node-rate one is the one judged against the goal
     assert p["judged"] == "node rate"
     assert p["real worker"]["nodes"][5000]["cores"] > p["node rate"]["nodes"][5000]["cores"]

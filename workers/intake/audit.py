@@ -24,7 +24,7 @@ queue is found as the queue drains.
 Every read is a bounded slice (a page of HSCAN of 100 prompts, of LRANGE of 200
 messages, of HMGET of 500 fields, of MGET of 50 heartbeats), so no command of
 the audit blocks Redis for long, and a round reads at most a slice of prompts
-and about `audit_slice.HEARTBEATS` (500) heartbeats, whatever the fleet's size
+and about `FLEET_AUDIT_HEARTBEATS` (500) heartbeats, whatever the fleet's size
 or what is in flight (`audit_slice.py`: a round stops early where its prompts
 name that many workers, and the next goes on from there). A pass takes
 pending / slice rounds where the prompts name few workers, about pending / 700
@@ -114,7 +114,7 @@ class LostMessageAudit(bootsteps.StartStopStep):
         restoring = restores_pending(client, CLOCK.now(client), s.lease_seconds)
         looked = Slice(client, run, _task_ids(kombu_redis.queued_messages(client, queue)))
         looked.add(sorted(suspects))  # first: the next sighting of a suspect is never put off
-        cursor = looked.extend(ledger, cursor, s.audit_slice)
+        cursor = looked.extend(ledger, cursor, s.audit_slice, s.audit_heartbeats)
         window = s.lease_seconds + s.restore_interval + 2 * s.audit_interval
         held = accounted_for(client, run, looked.named, window, restoring)
         unaccounted = [p for p in looked.candidates if p not in held]

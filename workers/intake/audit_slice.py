@@ -1,5 +1,5 @@
 """A round of the audit looks at a bounded slice of a run: at most `FLEET_AUDIT_SLICE` pending
-prompts, and about `HEARTBEATS` heartbeats, whatever the fleet's size.
+prompts, and about `FLEET_AUDIT_HEARTBEATS` heartbeats, whatever the fleet's size.
 
 The audit judges a prompt that is not in its queue by the heartbeats of the
 workers its deliveries entry names (`accounted.py`), one read per worker named.
@@ -7,14 +7,14 @@ A slice of pending prompts comes in hash order, so it names about as many
 workers as it holds prompts, up to the whole fleet: a round that read a whole
 slice read up to one heartbeat per worker. So a round reads pending prompts
 from the pass's cursor a batch at a time, each batch with its entries, and stops
-once it has read a slice of prompts or their entries name `HEARTBEATS` workers;
+once it has read a slice of prompts or their entries name `FLEET_AUDIT_HEARTBEATS` workers;
 the cursor (kept in Redis, `audit.AuditState`) stays where it stopped and the
 next round goes on from there. Nothing is skipped: every prompt the cursor
 passes was judged in its round, so a pass still looks at every prompt pending
 throughout it, and a prompt missing at one round is looked at again at the
 next (the suspects come first, and their workers count toward the bound). The
 round stops at the page of `PAGE` prompts that reaches the bound, so it reads at
-most `HEARTBEATS` heartbeats plus those of the workers one page names (an entry
+most `FLEET_AUDIT_HEARTBEATS` heartbeats plus those of the workers one page names (an entry
 names 1 to `FLEET_MAX_DELIVERIES` workers, most of them one).
 
 Why a bound on heartbeat reads rather than a cheaper read of each
@@ -28,8 +28,9 @@ record inside Redis anyway; the held prompts as a set per worker (SMISMEMBER,
 every worker. Read whole, a heartbeat is cheap; only their number had to stop
 growing with the fleet.
 
-The price: where the fleet is larger than `HEARTBEATS`, a round looks at fewer
-prompts than a slice (about 700 at 1,000 workers), so a pass takes more rounds.
+The price: where the fleet is larger than the bound, a round looks at fewer
+prompts than a slice (about 700 at 1,000 workers and the default 500), so a pass
+takes more rounds: the setting trades a round's cost for a pass's length.
 """
 from __future__ import annotations
 
@@ -42,7 +43,6 @@ from contract.ledger import Ledger
 
 from .accounted import entries
 
-HEARTBEATS = 500  # workers whose heartbeats a round reads, about: 0.9 ms of Redis at 3.4 KB each
 # Pending prompts per HSCAN step: the step reads each prompt's packed ids inside Redis (Redis 7.0
 # has no NOVALUES) to return the names alone; 500 took 2-17 ms of Redis at 1-4 KB of ids a prompt
 # (2 shared cores), 100 under about one.
@@ -63,16 +63,16 @@ class Slice:
         """Judge these too, those of them not in their queue."""
         self._take(prompt_ids, self._entries(prompt_ids))
 
-    def extend(self, ledger: Ledger, cursor: int, size: int, heartbeats: int | None = None) -> int:
+    def extend(self, ledger: Ledger, cursor: int, size: int, heartbeats: int) -> int:
         """Judge pending prompts from `cursor` on, a page at a time, until `size` were read or the
-        workers named reach `heartbeats` (`HEARTBEATS`); the cursor to go on from (0: the pass is
+        workers named reach `heartbeats` (`FLEET_AUDIT_HEARTBEATS`); the cursor to go on from (0: the pass is
         over). The pages come in batches whose entries are read together, in order of id (as a
         whole slice's were: a third less Redis for HMGET at 100 workers in the bench, whose
         entries were written in that order, as a run's often are): the whole slice at once
         where the registry has fewer workers than the bound, else as many prompts as named the
         workers still to read so far. A batch's pages after the one that reached the bound are
         left to the next round."""
-        bound = HEARTBEATS if heartbeats is None else heartbeats
+        bound = heartbeats
         few = self.client.zcard(WORKERS) < bound - len(self.workers)  # the registry names nearly every worker
         read = 0
         while read < size and len(self.workers) < bound:

@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 
 import redis
 
-from contract import heartbeats
 from contract.clock import CLOCK
 from contract.connections import redact_url
 from contract.shard_home import home
@@ -23,6 +22,7 @@ from ..reporting import metrics
 from ..output import turns
 from ..servers.affinity import Affinity
 from ..servers.cpu_bound import CpuWatch, rule_for
+from . import health_beat
 from .deliveries import STARTED
 from ..servers.health import HealthMonitor
 from ..servers.auth import ServerCredentials
@@ -99,10 +99,8 @@ def _build(s: Settings, worker: str) -> Runtime:
         ttl = 3 * s.health_interval + s.health_timeout
         try:
             started[:] = started or [CLOCK.now(client)]
-            pool.shared_by(sharers.count(client, worker, [b.url for b in pool.bindings if b.usable], ttl))
-            heartbeats.publish(client, worker, pool.snapshot(), ttl=ttl,
-                               holding=STARTED.holding, storage=shards.storage.snapshot(),
-                               cache_hits=cache_hits.WINDOW.snapshot(), cpu=cpu.snapshot(), started=started[0])
+            health_beat.beat(client, worker, pool, ttl, holding=STARTED.holding, storage=shards.storage.snapshot(),
+                             cache_hits=cache_hits.WINDOW.snapshot(), cpu=cpu.snapshot(), started=started[0])
         except Exception as exc:
             if not writes.failed(exc):
                 raise  # not a refusal: the health thread logs it as the heartbeat's trouble

@@ -1,4 +1,4 @@
-"""A round of the audit reads a bounded slice: a slice of pending prompts, and about `HEARTBEATS`
+"""A round of the audit reads a bounded slice: a slice of pending prompts, and about `FLEET_AUDIT_HEARTBEATS`
 workers' heartbeats, however many workers the run's prompts name.
 
 Given a run's pending prompts, each named in its deliveries entry to one of many
@@ -17,7 +17,6 @@ from contract import heartbeats
 from contract.clock import CLOCK
 from contract.keys import RunKeys, task_id
 from contract.ledger import Ledger
-from workers.intake import audit_slice
 from workers.intake.audit import AuditState, LostMessageAudit
 from workers.intake.audit_slice import PAGE, Slice
 from workers.settings import Settings
@@ -98,7 +97,7 @@ class Audit(LostMessageAudit):
         return len(confirmed)
 
 
-def test_rounds_bounded_on_workers_find_every_lost_prompt_within_a_pass_and_republish_no_held_one(client, monkeypatch):
+def test_rounds_bounded_on_workers_find_every_lost_prompt_within_a_pass_and_republish_no_held_one(client):
     # Given 400 live workers (started long ago) holding 5 prompts each and listing them in their
     # heartbeats, and 10 lost prompts: 5 with no entry, 5 named to a live worker that does not list them
     holding = held_fleet(client, 400, 5)
@@ -110,10 +109,9 @@ def test_rounds_bounded_on_workers_find_every_lost_prompt_within_a_pass_and_repu
     for worker, pids in holding.items():
         heartbeats.publish(client, worker, [], ttl=600, holding=lambda pids=pids: {RUN: pids}, started=started)
     # When the audit's rounds, a slice of 1,000 and at most 50 heartbeats each, run over two passes
-    monkeypatch.setattr(audit_slice, "HEARTBEATS", 50)
     found: set[str] = set()
     audit, state = Audit(found), AuditState(client, RUN, fresh=1e9)
-    rt = type("Runtime", (), {"redis": client, "settings": Settings(audit_slice=1000)})()
+    rt = type("Runtime", (), {"redis": client, "settings": Settings(audit_slice=1000, audit_heartbeats=50)})()
     passes = rounds = 0
     while passes < 2:
         audit.audit_run(None, rt, RUN, QUEUE, state)
@@ -121,3 +119,6 @@ def test_rounds_bounded_on_workers_find_every_lost_prompt_within_a_pass_and_repu
         passes += state.read()[0] == 0
     # Then every lost prompt was confirmed, and no held one
     assert found == set(lost + stale), (rounds, sorted(found)[:5])
+    # and each round stopped at the heartbeats' bound, well before its slice: a pass of its 2,010
+    # prompts took more than the 3 rounds whole slices take (the bound as the audit read it)
+    assert rounds > 2 * 4, rounds

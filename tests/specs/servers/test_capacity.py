@@ -12,6 +12,7 @@ from contextlib import ExitStack
 
 import pytest
 
+from contract.clock import CLOCK
 from contract.keys import SHARERS_PREFIX
 from contract.names import ServerState
 from workers.servers import sharers
@@ -264,15 +265,22 @@ def test_a_load_report_on_a_data_parallel_server_comes_only_from_its_own_route()
     assert binding.target == 1024  # its fresh target (1,024 + 128 waiting, within the bound of 1,024)
 
 
+def count(client, worker: str, urls: list[str], ttl: float) -> dict[str, int]:
+    """One health round's sharer stamps, alone in their pipeline."""
+    with client.pipeline(transaction=False) as pipe:
+        counts = sharers.stamp(pipe, worker, urls, ttl, CLOCK.now(client))
+        return counts(pipe.execute())
+
+
 def test_the_workers_sharing_a_server_are_counted_in_redis_and_a_silent_or_stopped_one_drops_out(client):
     # Given three workers stamping themselves on one gateway each health round, one also on another server
-    assert sharers.count(client, "w1", ["http://gw:30000"], ttl=10) == {"http://gw:30000": 1}
-    sharers.count(client, "w2", ["http://gw:30000"], ttl=10)
-    found = sharers.count(client, "w3", ["http://gw:30000", "http://other:30000"], ttl=10)
+    assert count(client, "w1", ["http://gw:30000"], ttl=10) == {"http://gw:30000": 1}
+    count(client, "w2", ["http://gw:30000"], ttl=10)
+    found = count(client, "w3", ["http://gw:30000", "http://other:30000"], ttl=10)
     # Then each server counts the live workers bound to it, the one asking included
     assert found == {"http://gw:30000": 3, "http://other:30000": 1}
     # When one stops and another's stamp is older than a heartbeat's life
     sharers.leave(client, "w3", ["http://gw:30000", "http://other:30000"])
     client.zadd(SHARERS_PREFIX + "http://gw:30000", {"w2": 0})
     # Then neither counts any more
-    assert sharers.count(client, "w1", ["http://gw:30000"], ttl=10) == {"http://gw:30000": 1}
+    assert count(client, "w1", ["http://gw:30000"], ttl=10) == {"http://gw:30000": 1}

@@ -115,7 +115,11 @@ class Settings(SharedSettings):
     shard_max_rows: int = Field(1000, description="Group commit of a shard: written when it holds this many samples "
                                   "(or half the worker's threads, if fewer: a thread waiting for its shard starts no "
                                   "prompt) or its oldest sample has waited `FLEET_SHARD_MAX_WAIT`.")
-    shard_max_wait: float = Field(2.0, description="Group commit of a shard: written at the latest when its oldest "
+    # 5 s, not 2: a node finishing 2 long samples a second commits ~11 a group, not ~5, so its
+    # shards are twice as large and Redis sees half the round trips per sample (the group's take,
+    # intakes, writing entries and done marks are a round trip each): 0.66 against 1.16 a sample in
+    # `python -m bench --parts fleet` (2026-12-05). A sample is durable at most 5 s after it ends.
+    shard_max_wait: float = Field(5.0, description="Group commit of a shard: written at the latest when its oldest "
                                   "sample has waited this long.")
     shard_commit_timeout: float = Field(300.0, description="The longest a finished sample waits for its shard "
                                          "(storage failing, say) before its prompt goes back to the queue, never to "

@@ -6,13 +6,15 @@ tasks start within moments of each other, each with its intake (`Ledger.intake`:
 one script that reads the prompt's ids and notes its delivery). A round trip
 costs Redis far more than that script (~60 us of CPU against ~20 on the bench
 machine: `python -m bench --parts fleet`), so the intakes asked together go
-in one round trip: the first waits `LINGER` for the tasks its take started
-with it (kombu hands a take's messages to the task threads one after another,
-a fraction of a millisecond apart), then carries every intake asked by then;
-those asked while it is on its way wait, and the next round trip carries them.
-A lone intake is late by `LINGER`, against a generation of seconds. One
-batcher per client (`for_client`): a worker's tasks share its one client, so a
-batch holds only its own worker's intakes.
+in one round trip. Those asked while one is on its way wait, and the next
+round trip carries them all (a busy worker's batches form so, and go at once).
+An intake that finds none waiting beside it waits up to `LINGER` for the
+tasks its take started with it (kombu hands a take's messages to the task
+threads one after another, a fraction of a millisecond apart: at a node's two
+samples a second, the five of a group commit's take), then carries every
+intake asked by then: late by `LINGER` at most, against a generation of
+seconds. One batcher per client (`for_client`): a worker's tasks share its one
+client, so a batch holds only its own worker's intakes.
 
 Nothing about one intake changes. Its task lists the prompt as held before it
 asks (`STARTED.taking`), so its note is still written after that; it gets its
@@ -36,7 +38,7 @@ import redis
 from contract.ledger import Intake, Ledger
 from contract.replication import confirmed, expected
 
-LINGER = 0.002  # seconds the first intake of a batch waits for the ones its take started with it
+LINGER = 0.005  # seconds an intake with none beside it waits for the ones its take started with it
 
 
 @dataclass
@@ -70,9 +72,10 @@ class GroupIntake:
             batch = None
             if not ask.done:  # no round trip on its way: this one carries every intake asked
                 self._sending = True
-                deadline = time.monotonic() + LINGER
-                while (left := deadline - time.monotonic()) > 0:
-                    self._cond.wait(left)  # the lock is free meanwhile: others add their asks
+                if len(self._asked) == 1:  # alone: the tasks its take started with it ask in a moment
+                    deadline = time.monotonic() + LINGER
+                    while (left := deadline - time.monotonic()) > 0:
+                        self._cond.wait(left)  # the lock is free meanwhile: others add their asks
                 batch, self._asked = self._asked, []
         if batch is not None:
             try:

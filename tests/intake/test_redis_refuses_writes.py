@@ -14,6 +14,8 @@ import time
 import pytest
 import redis
 
+from contract import retries
+from contract.connections import client_for
 from contract.keys import RunKeys
 from contract.ledger import Ledger
 from producer.local import free_port
@@ -86,11 +88,14 @@ def test_enqueue_into_a_redis_that_refuses_writes_stops_with_one_line_and_publis
 
 
 def test_enqueue_running_into_maxmemory_midway_publishes_only_what_it_recorded(fleet, tmp_path):
-    # Given Redis with room for only part of a large prompt file
+    # Given Redis with room for only part of a large prompt file, beyond the fleet's Lua scripts
+    # (~80 KB, which the fleet's clients load when they connect: a producer's first connection
+    # would otherwise take them from the room)
     client = redis.Redis.from_url(fleet.redis_url)
+    client_for(fleet.redis_url, retry=retries.shared()).ping()
     records = varied_prompts(3000)
     prompts = write_prompts(tmp_path / "p.jsonl", records)
-    client.config_set("maxmemory", client.info("memory")["used_memory"] + 600_000)
+    client.config_set("maxmemory", client.info("memory")["used_memory"] + 800_000)
 
     # When it is enqueued
     result = fleet.producer("enqueue", str(prompts), check=False)

@@ -82,6 +82,9 @@ class GroupIntake:
                 _send(client, batch)
             finally:
                 with self._cond:
+                    for cut in batch:  # only where the sending thread itself was cut short
+                        if not cut.done:
+                            cut.error, cut.done = RuntimeError("the intake's batch was cut short"), True
                     self._sending = False
                     self._cond.notify_all()
         if ask.error is not None:

@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 import redis
 
+from bench.fleet_nodes import CountedConnection, counting_for
 from contract import replication
 from contract.codec import pack_ids
 from contract.connections import BlockingPool
@@ -15,16 +16,7 @@ from contract.ledger import Ledger
 from workers.intake import deliveries
 from workers.intake.group_intake import for_client
 
-SENT: Counter = Counter()
-
-
-class Counted(redis.Connection):
-    """Counts each request (a command, or a pipeline's commands at once) by its first command."""
-
-    def send_packed_command(self, command, check_health=True):
-        head = bytes((command[0] if isinstance(command, (list, tuple)) else command)[:64]).split(b"\r\n")
-        SENT[head[2].decode().lower() if len(head) > 2 else "?"] += 1
-        return super().send_packed_command(command, check_health)
+SENT: Counter = Counter()  # requests sent, by first command (every thread of a spec counts here)
 
 
 @pytest.fixture(autouse=True)
@@ -34,12 +26,15 @@ def plain_redis(monkeypatch):
         monkeypatch.setattr(replication, name, {})
     monkeypatch.setattr(replication, "_last_replicas", [0])
     SENT.clear()
+    counting_for(SENT)
 
 
 @pytest.fixture
 def fleet_client(server, client):
-    """A worker's kind of client (scripts loaded on connect), its requests counted."""
-    return redis.Redis(connection_pool=BlockingPool.from_url(server, connection_class=Counted, max_connections=2))
+    """A worker's kind of client (scripts loaded on connect), its requests counted (the bench's
+    counted connection)."""
+    return redis.Redis(connection_pool=BlockingPool.from_url(server, connection_class=CountedConnection,
+                                                              max_connections=2))
 
 
 def _queued(client: redis.Redis, run: str, *prompt_ids: str) -> None:
@@ -52,6 +47,7 @@ def _ask_at_once(client: redis.Redis, asks: list[tuple[str, str]], worker: str =
     got, start = {}, threading.Barrier(len(asks))
 
     def one(run: str, prompt_id: str) -> None:
+        counting_for(SENT)
         start.wait()
         try:
             got[(run, prompt_id)] = for_client(client).take(client, run, prompt_id, worker, 5)

@@ -5,7 +5,7 @@ from 5,000 connections, each node batching only what two samples a second let
 it batch. One fast worker storing ~200 samples a second is not that: its take
 and its group commit each carry 50 to 250 samples, and Redis, idle between its
 requests, pays a wakeup for each. Redis's cost is mostly per round trip (a
-wakeup and its socket calls, ~40 us of Redis CPU on the bench's machine, nearly
+wakeup and its socket calls, 60-110 us of Redis CPU on the bench's machine, nearly
 whatever the round trip carries), so what a sample costs depends on how many
 round trips it shares, which is the node's rate, not the bench's.
 
@@ -22,7 +22,7 @@ work through the project's own functions, shaped as a node at `rate` shapes it
 - the group commit's ledger steps (`ShardBook.writing` before the shard write,
   `ShardBook.mark` after: the done marks, the deliveries cleared and the messages
   acknowledged, `kombu_take.forget`, each with its replication barrier);
-- the task-event flushes of the group's seconds (one PUBLISH a FLUSH_INTERVAL,
+- the task-event flushes of the group's seconds (one PUBLISH a `FLEET_TASK_EVENTS_INTERVAL`,
   `workers/reporting/events.py`, 3 events a sample) to the subscribed listener.
 
 The messages are the run's real ones (`fleet_size._message`), queued with
@@ -83,8 +83,6 @@ def node_shape_of(rate: float, settings) -> NodeShape:
 # --- the clients' count of what they send ------------------------------------------------
 
 _LOCAL = threading.local()
-
-
 _COUNTING = threading.Lock()
 
 

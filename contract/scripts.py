@@ -15,7 +15,7 @@ again by redis-py where Redis answers NOSCRIPT.
 **In a pipeline, no question first.** redis-py asks Redis whether a pipeline's
 scripts exist (`SCRIPT EXISTS`) before every pipeline that holds one: a round
 trip more for each group commit, and, behind replicas, for each intake. On
-this machine a round trip costs Redis ~40 us of CPU whatever it carries
+this machine a round trip costs Redis 60-110 us of CPU whatever it carries
 (`python -m bench --parts fleet`), so a client of the fleet's own pools
 (`connections.py`) loads every script this process defines on each connection
 it opens (`load_all`, a connect callback: a new server after a failover or a

@@ -48,7 +48,7 @@ import threading
 
 from celery import bootsteps
 
-from contract import deliveries, heartbeats, kombu_redis
+from contract import heartbeats, kombu_redis
 from contract.clock import CLOCK
 from contract.codec import count_ids
 from contract.keys import AUDIT_LOCK, AUDIT_PREFIX, RunKeys
@@ -57,7 +57,7 @@ from contract.publish import publish_prompts
 from contract.spec import run_queues
 
 from ..output import turns
-from .accounted import accounted_for, restores_pending
+from .accounted import accounted_for, entries, restores_pending
 from .audit_slice import PAGE, Slice
 from .runtime import get_runtime
 from .specs import cached_spec
@@ -155,9 +155,7 @@ class LostMessageAudit(bootsteps.StartStopStep):
 def last_chance(client, run: str, prompt_ids: set[str], most: int) -> bool:
     """Whether one of these prompts is on its last allowed delivery (`deliveries.py`): that one
     waits in its worker, listed in its heartbeat but not yet noted, to run alone."""
-    ordered = sorted(prompt_ids)
-    return any(len(deliveries.names(raw)) >= most for start in range(0, len(ordered), 500)
-               for raw in client.hmget(RunKeys(run).deliveries, ordered[start:start + 500]))
+    return any(len(names) >= most for names in entries(client, run, sorted(prompt_ids)))
 
 
 class AuditState:

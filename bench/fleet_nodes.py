@@ -132,12 +132,13 @@ class Node:
     def __init__(self, drive: Drive, worker: str):
         from contract.connections import BlockingPool
         from contract.kombu_redis import queue_lists
+        from contract.worker_lease import Holder
         from workers.intake.reconcile import ShardBook
 
         # the worker's own kind of pool (`contract.connections`: scripts loaded on connect), counted
         pool = BlockingPool.from_url(drive.url, connection_class=CountedConnection, max_connections=2)
         self.client, self.drive, self.worker = redis.Redis(connection_pool=pool), drive, worker
-        self.lists = queue_lists(drive.queue)
+        self.lists, self.holder = queue_lists(drive.queue), Holder.draw()
         self.book, self.row, self.seq, self.credit = ShardBook(self.client), _row(worker), 0, 0.0
         self.events = _task_events(worker, drive.shape.events)
         self.counter: Counter = Counter()  # its requests, from its own thread and its task threads
@@ -155,7 +156,8 @@ class Node:
         if popped is None:
             return 0
         first = loads(popped[1].decode())
-        more = kombu_take.take(self.client, self.lists, first, self.drive.shape.group - 1, CLOCK.now(self.client))
+        more = kombu_take.take(self.client, self.lists, first, self.drive.shape.group - 1, CLOCK.now(self.client),
+                               self.holder)
         messages = [first, *(t.payload for t in more)]
         prompt_ids = [message["headers"]["id"].split(":", 1)[1] for message in messages]
         # each message's task takes its prompt in on its own thread, all starting together, as a

@@ -3,8 +3,9 @@
 For each N, in a flushed Redis:
 - **state**: N simulated workers, each holding `in_flight` prompts (256) as a
   real worker would leave them: the run's ledger entries (`Ledger.enqueue`),
-  kombu's unacknowledged message and lease for each (a real message of the
-  run, taken from the queue, under a tag of its own), the prompt's deliveries
+  kombu's unacknowledged message for each (a real message of the run, taken
+  from the queue, under a tag of its own) held under the worker's lease
+  (`contract.worker_lease`), the prompt's deliveries
   entry naming its worker, and the worker's heartbeat listing them
   (`heartbeats.publish`). One client listens to the event channel as Flower
   does, so the events' PUBLISH pays for a subscriber.
@@ -12,9 +13,9 @@ For each N, in a flushed Redis:
   functions, one round trip per worker as a worker sends it: the health
   round's heartbeat and sharer stamp in one pipeline (`health_beat.beat`,
   every `health_interval`), the lease round (`lease.Leases.round`, every
-  quarter lease: its 256 leases all renewed; the prompts are being generated,
-  so their states are not read, and the round that reads them all is measured
-  beside), kombu's
+  quarter lease: the worker's one lease renewed, whatever it holds; the
+  prompts are being generated, so their states are not read, and the round
+  that reads a slice of them is measured beside), kombu's
   restore sweep (mutex, one page of lapsed leases, every restore interval) and
   Celery's worker-heartbeat event (every HEART_INTERVAL, 10 s). Redis CPU (INFO cpu) per
   worker-second is the sum over these, each per round over its interval.
@@ -109,7 +110,7 @@ def _size(lab: Lab, n: int, settings, opts: FleetOptions, log) -> dict:
     with _Listener(lab.redis_url), Longest(lab.client) as longest:
         d = {"workers": n, "in_flight": n * opts.in_flight, **_rounds(lab, state, settings, opts)}
         d["audit"] = _audit(lab, state, settings, opts)
-        _renew(lab, state)  # live workers' leases: kombu's sweep must not restore them meanwhile
+        _renew(lab, state, settings)  # live workers' leases: kombu's sweep must not restore them meanwhile
         d["samples"] = _samples(lab, opts, log)
         node_rate(lab, state, settings, opts, lambda m: log(f"{m} (SLOWLOG on: for the longest command)"),
                   groups=max(1, opts.node_groups // 4))
@@ -148,13 +149,15 @@ class FleetState:
     message_bytes: int
     template: dict                     # the run's real message, which every simulated one copies
     ids: bytes                         # the packed token ids every simulated prompt has
+    holders: dict                      # worker -> its lease holder (`contract.worker_lease`)
 
 
 def _fill(lab: Lab, n: int, opts: FleetOptions) -> FleetState:
     from contract import heartbeats, kombu_redis
     from contract.clock import CLOCK
-    from contract.keys import RunKeys
+    from contract.keys import LEASES, RunKeys
     from contract.ledger import Ledger
+    from contract.worker_lease import Holder
 
     client = lab.client
     path = write_jsonl(lab.root / "prompts" / "fleet-one.jsonl", [("template", repeated(1)[0][1])])
@@ -171,27 +174,29 @@ def _fill(lab: Lab, n: int, opts: FleetOptions) -> FleetState:
     for start in range(0, len(everyone), 5000):
         ledger.enqueue([(pid, ids) for pid in everyone[start:start + 5000]], call="bench")
     now, tags = CLOCK.now(client), {}
+    holders = {worker: Holder.draw() for worker in holding}
     for worker, pids in holding.items():
         tags[worker] = [str(uuid.uuid4()) for _ in pids]
         with client.pipeline(transaction=False) as pipe:
             for pid, tag in zip(pids, tags[worker]):
                 message = _message(template, pid, tag)
                 pipe.hset(kombu_redis.UNACKED, tag, json.dumps([message, "", queue]))
-            pipe.zadd(kombu_redis.UNACKED_INDEX, dict.fromkeys(tags[worker], now))
+            pipe.zadd(LEASES, {holders[worker].name: now})
+            pipe.zadd(kombu_redis.UNACKED_INDEX, dict.fromkeys(tags[worker], holders[worker].score))
             pipe.hset(RunKeys(RUN).deliveries, mapping=dict.fromkeys(pids, worker))
             pipe.execute()
         heartbeats.publish(client, worker, [], ttl=LIVE, holding=lambda pids=pids: {RUN: pids},
                            started=now - 86_400)
-    return FleetState(holding, tags, lost, queue, message_bytes, template, ids)
+    return FleetState(holding, tags, lost, queue, message_bytes, template, ids, holders)
 
 
-def _renew(lab: Lab, state: FleetState) -> None:
-    from contract import kombu_redis
+def _renew(lab: Lab, state: FleetState, settings) -> None:
+    from contract import worker_lease
     from contract.clock import CLOCK
 
     now = CLOCK.now(lab.client)
-    for tags in state.tags.values():
-        kombu_redis.renew(lab.client, tags, now)
+    for holder in state.holders.values():
+        worker_lease.renew(lab.client, holder, now, settings.lease_seconds)
 
 
 def _queue_of(client) -> str:
@@ -230,11 +235,12 @@ def _rounds(lab: Lab, state: FleetState, settings, opts: FleetOptions) -> dict:
 
     held = {worker: {tag: Delivery(tag, None, RUN, pid) for tag, pid in zip(state.tags[worker], pids)}
             for worker, pids in state.holding.items()}
-    keepers = {generating: lease.Leases(client, lease.hold_limit(settings), running=lambda d, g=generating: g)
-               for generating in (True, False)}
+    keepers = {(worker, generating): lease.Leases(client, lease.hold_limit(settings), settings.lease_seconds,
+                                                  running=lambda d, g=generating: g, holder=state.holders[worker])
+               for worker in state.holding for generating in (True, False)}
 
     def leases(worker: str, generating: bool = True) -> None:
-        keepers[generating].round(held[worker])
+        keepers[worker, generating].round(held[worker])
 
     def sweep(worker: str) -> None:
         if client.set("unacked_mutex", worker, nx=True, ex=60):
@@ -245,9 +251,9 @@ def _rounds(lab: Lab, state: FleetState, settings, opts: FleetOptions) -> dict:
     def heart(worker: str) -> None:
         client.publish(f"{EVENTS}/worker.heartbeat", event)
 
-    # Every round renews every held lease. The simulated prompts are in flight, so being generated:
+    # Every round renews the worker's lease. The simulated prompts are in flight, so being generated:
     # their states are not read (`Leases.round`); the same round for prompts none of which is
-    # generated (each state read) is measured beside, not counted in the figure a second.
+    # generated (a slice of states read) is measured beside, not counted in the figure a second.
     period = lease.round_period(settings.lease_seconds)
     kinds = {"health": (health, settings.health_interval), "lease": (leases, period),
              "restore sweep": (sweep, settings.restore_interval), "worker-heartbeat event": (heart, HEART_INTERVAL)}

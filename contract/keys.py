@@ -15,6 +15,7 @@ AUDIT_LOCK = "fleet:audit:lock"      # string: the worker running the lost-messa
 AUDIT_PREFIX = "fleet:audit:run:"
 REPLICATED = "fleet:replicated"      # counter: a write whose replication confirms every earlier one (replication.py)
 WORKERS = "fleet:workers"            # sorted set: worker -> time of its last heartbeat
+LEASES = "fleet:leases"              # sorted set: lease holder (a worker process's number) -> its last lease round (worker_lease.py)
 SHARERS_PREFIX = "fleet:sharers:"    # sorted set per server URL (redacted): worker -> its last health round there
 TASK_NAME = "fleet.generate"         # the one Celery task
 DEFAULT_QUEUE = "fleet.generate"     # queue prefix (FLEET_QUEUE_PREFIX)

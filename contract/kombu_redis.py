@@ -40,13 +40,17 @@ queue cycle rotated, one message delivered), `QoS.append`, `QoS.ack` and
 where one differs, kombu's own are kept), and `QoS.can_consume_max_estimate`
 (the prefetch count's room).
 
-Lease scores are times: `QoS.append` scores a delivery with the module's
-`time()` and `QoS.restore_visible` restores what scores older than `time() -
-visibility_timeout`, each on the clock of the worker that runs it. Workers
-whose clocks disagree would restore each other's fresh deliveries (or keep a
-dead worker's for as long as its clock ran ahead), so `use_clock` points that
-`time` at Redis's clock (`contract/clock.py`), and the lease keeper renews on
-it too: every score is written and compared on one clock.
+Lease scores are times in kombu: `QoS.append` scores a delivery with the
+module's `time()` and `QoS.restore_visible` restores what scores from 0 up to
+`time() - visibility_timeout`, each on the clock of the worker that runs it.
+Workers whose clocks disagree would restore each other's fresh deliveries (or
+keep a dead worker's for as long as its clock ran ahead), so `use_clock`
+points that `time` at Redis's clock (`contract/clock.py`), and the lease
+keeper renews on it too: every score is written and compared on one clock.
+Where `batch_takes` is installed, a delivery is scored instead with its
+worker's lease holder, below 0 and so outside the sweep, until its worker's
+lease lapses (`worker_lease.py`); where kombu's own take is kept, each
+delivery's time score is renewed as kombu has it.
 """
 from __future__ import annotations
 
@@ -325,6 +329,14 @@ REPLACED = {"Channel._brpop_read": "c42518699709f2df", "QoS.append": "35c655f6ec
             "QoS.ack": "1bc15a4ddf541af6", "QoS.reject": "747a02434344d1a6"}
 
 
+def takes_batched() -> bool:
+    """Whether `batch_takes` is installed: deliveries are scored by their worker's lease holder
+    (`worker_lease`), not by time."""
+    from kombu.transport import redis as kredis
+
+    return patches.is_replaced(kredis.Channel._brpop_read)
+
+
 def batch_takes() -> bool:
     """kombu's take and acknowledgement in few Redis commands (`kombu_take` says how and why).
 
@@ -339,8 +351,10 @@ def batch_takes() -> bool:
     from kombu.transport import redis as kredis
     from kombu.transport.virtual import base as virtual
 
+    from . import worker_lease
+
     channel, qos = kredis.Channel, kredis.QoS
-    if patches.is_replaced(channel._brpop_read):  # only this replaces it
+    if takes_batched():  # only this replaces it
         return True
     moved = [name for name, expected in REPLACED.items()
              if _source_hash(getattr(getattr(kredis, name.split(".")[0]), name.split(".")[1], None)) != expected]
@@ -355,7 +369,9 @@ def batch_takes() -> bool:
             if recorded and delivery_tag in recorded:
                 recorded.discard(delivery_tag)
                 return virtual.QoS.append(self, message, delivery_tag)
-            return append(self, message, delivery_tag)
+            append(self, message, delivery_tag)  # one the take could not read: kombu's record, by time
+            with self.channel.conn_or_acquire() as client:  # then under this worker's lease, as taken ones
+                worker_lease.hold(client, worker_lease.HOLDER, kredis.time(), [delivery_tag])
         return _append
 
     def settled_ack(ack):
@@ -396,7 +412,7 @@ def _read_and_take(self, options: dict) -> bool:
     from kombu.utils.encoding import bytes_to_str
     from kombu.utils.json import loads
 
-    from . import kombu_take
+    from . import kombu_take, worker_lease
 
     try:
         dest__item = self.client.parse_response(self.client.connection, "BRPOP", **options)
@@ -415,7 +431,8 @@ def _read_and_take(self, options: dict) -> bool:
     room = self.qos.can_consume_max_estimate()
     with self.conn_or_acquire() as client:
         taken = kombu_take.take(client, lists, first if readable else None,
-                                kombu_take.MOST_PER_TAKE if room is None else room - 1, kredis.time())
+                                kombu_take.MOST_PER_TAKE if room is None else room - 1, kredis.time(),
+                                worker_lease.HOLDER)
     recorded = self.qos.__dict__.setdefault("fleet_recorded", set())
     if readable:
         recorded.add(first["properties"]["delivery_tag"])
@@ -506,6 +523,13 @@ def _kombu_redis_problems() -> list[str]:
         problems.append("kombu.transport.redis.SentinelChannel._sentinel_managed_pool is gone")
     if not hasattr(kredis.QoS, "restore_at_shutdown"):
         problems.append("kombu.transport.redis.QoS.restore_at_shutdown is gone")
+    sweep = patches.library_own(getattr(kredis.QoS, "restore_visible", None))
+    try:  # a delivery scored below 0 (`worker_lease`) must stay outside the sweep's range
+        reads_from_zero = "unacked_index_key, ceil, 0," in " ".join(inspect.getsource(sweep).split())
+    except (TypeError, OSError):
+        reads_from_zero = False
+    if not reads_from_zero:
+        problems.append("kombu.transport.redis.QoS.restore_visible no longer restores scores from 0 up to its cut-off")
     for name in ("append", "restore_visible"):  # lease scores read the module's `time` (`use_clock`)
         found = getattr(kredis.QoS, name, None)
         code = getattr(patches.library_own(found), "__code__", None)

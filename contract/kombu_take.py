@@ -14,6 +14,9 @@ they were read) and changes only how many commands carry them:
   given them (priority, then queue), recording each in the same atomic step:
   a message taken by the script is never off its queue without being
   unacknowledged, and its body never crosses the network back to Redis.
+  Each is scored with the taking worker's lease holder, not the time
+  (`worker_lease` says why), and the holder's lease is renewed in the same
+  step, so a delivery never names a holder without a lease.
   `most` is what the channel's prefetch count still allows
   (`QoS.can_consume_max_estimate`), at most `MOST_PER_TAKE`, so one script
   stays short on Redis's one thread. A message the script cannot read as a
@@ -32,25 +35,28 @@ from typing import NamedTuple
 
 from kombu.utils.json import dumps, loads
 
+from .keys import LEASES
 from .kombu_redis import UNACKED, UNACKED_INDEX
 from .scripts import Lua
+from .worker_lease import Holder
 
 MOST_PER_TAKE = 100  # messages one TAKE may take besides BRPOP's (~1 ms of Redis at most)
 
-# KEYS: the unacked hash, its index, then the lists in BRPOP's order. ARGV: the lease score
-# (kombu's `time()`), the most to take, and the message BRPOP took (its tag and unacked entry;
-# '' when none). Returns, per message taken here, its list, the message, and 1 if recorded.
+# KEYS: the unacked hash, its index, the leases, then the lists in BRPOP's order. ARGV: the time
+# (kombu's `time()`), the holder and its score, the most to take, and the message BRPOP took (its
+# tag and unacked entry; '' when none). Returns, per message taken here, its list, the message,
+# and 1 if recorded.
 TAKE = Lua("""
 local scores, entries, out = {}, {}, {}
 local function record(tag, entry)
-  scores[#scores + 1] = a.now
+  scores[#scores + 1] = a.score
   scores[#scores + 1] = tag
   entries[#entries + 1] = tag
   entries[#entries + 1] = entry
 end
 if a.tag ~= '' then record(a.tag, a.entry) end
 local left = tonumber(a.most)
-for i = 3, #KEYS do
+for i = 4, #KEYS do
   if left <= 0 then break end
   local taken = redis.call('RPOP', KEYS[i], left)
   if taken then
@@ -69,11 +75,12 @@ for i = 3, #KEYS do
   end
 end
 if #scores > 0 then
+  redis.call('ZADD', KEYS[3], a.now, a.holder)
   redis.call('ZADD', KEYS[2], unpack(scores))
   redis.call('HSET', KEYS[1], unpack(entries))
 end
 return out
-""", head=("now", "most", "tag", "entry"))
+""", head=("now", "holder", "score", "most", "tag", "entry"))
 
 
 class Taken(NamedTuple):
@@ -90,13 +97,14 @@ def unacked_entry(payload: dict) -> str:
     return dumps([payload, info["exchange"], info["routing_key"]])
 
 
-def take(client, lists: list[str], first: dict | None, most: int, now: float) -> list[Taken]:
-    """Record `first` (the message BRPOP took, if any) as unacknowledged, and take up to `most`
-    more from `lists` (BRPOP's order), each recorded in the same script."""
-    head = {"now": repr(now), "most": max(0, min(most, MOST_PER_TAKE)), "tag": "", "entry": ""}
+def take(client, lists: list[str], first: dict | None, most: int, now: float, holder: Holder) -> list[Taken]:
+    """Record `first` (the message BRPOP took, if any) as unacknowledged under `holder`'s lease,
+    and take up to `most` more from `lists` (BRPOP's order), each recorded in the same script."""
+    head = {"now": repr(now), "holder": holder.name, "score": repr(holder.score),
+            "most": max(0, min(most, MOST_PER_TAKE)), "tag": "", "entry": ""}
     if first is not None:
         head.update(tag=first["properties"]["delivery_tag"], entry=unacked_entry(first))
-    reply = TAKE(client, [UNACKED, UNACKED_INDEX, *lists], head)
+    reply = TAKE(client, [UNACKED, UNACKED_INDEX, LEASES, *lists], head)
     return [Taken(source.decode(), loads(raw.decode()), bool(recorded)) for source, raw, recorded in reply]
 
 

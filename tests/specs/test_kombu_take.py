@@ -7,7 +7,11 @@ import pytest
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
 from contract import kombu_redis, kombu_take
+from contract.keys import LEASES
 from contract.kombu_redis import UNACKED, UNACKED_INDEX
+from contract.worker_lease import Holder
+
+HOLDER = Holder.draw()
 
 
 def _message(tag: str, body: str = "x") -> dict:
@@ -23,17 +27,19 @@ def test_take_records_what_brpop_took_and_takes_more_oldest_first_each_recorded(
     first = _message("brpop")
 
     # When the message BRPOP took is handed over with room for three more
-    taken = kombu_take.take(client, ["q"], first, 3, 1000.5)
+    taken = kombu_take.take(client, ["q"], first, 3, 1000.5, HOLDER)
 
     # Then the three oldest are taken, in order, and two stay queued
     assert [t.payload["properties"]["delivery_tag"] for t in taken] == ["t0", "t1", "t2"]
     assert all(t.recorded and t.source == "q" for t in taken)
     assert client.llen("q") == 2
-    # and each of the four is unacknowledged as kombu records it: [message, exchange, routing key], its lease scored
+    # and each of the four is unacknowledged as kombu records it: [message, exchange, routing key], held
+    # under the taking worker's lease, which the take renewed
     for tag in ("brpop", "t0", "t1", "t2"):
         message, exchange, routing_key = json.loads(client.hget(UNACKED, tag))
         assert message["properties"]["delivery_tag"] == tag and (exchange, routing_key) == ("q", "q")
-        assert client.zscore(UNACKED_INDEX, tag) == 1000.5
+        assert client.zscore(UNACKED_INDEX, tag) == HOLDER.score < 0
+    assert client.zscore(LEASES, HOLDER.name) == 1000.5
 
 
 def test_take_follows_brpops_order_of_lists_and_never_takes_past_its_room(client):
@@ -42,7 +48,7 @@ def test_take_follows_brpops_order_of_lists_and_never_takes_past_its_room(client
     client.lpush("q", *[json.dumps(_message(f"low{i}")) for i in range(3)])
 
     # When there is room for two, none taken by BRPOP
-    taken = kombu_take.take(client, ["q", "q\x06\x163"], None, 2, 1.0)
+    taken = kombu_take.take(client, ["q", "q\x06\x163"], None, 2, 1.0, HOLDER)
 
     # Then the lists are emptied in the order given, two messages in all
     assert [(t.source, t.payload["properties"]["delivery_tag"]) for t in taken] == [("q", "low0"), ("q", "low1")]
@@ -54,7 +60,7 @@ def test_a_message_the_script_cannot_read_is_handed_back_unrecorded_for_kombu_to
     odd = {"body": "x", "properties": {"delivery_tag": "odd"}}
     client.lpush("q", json.dumps(odd), json.dumps(_message("good")))
 
-    taken = kombu_take.take(client, ["q"], None, 10, 1.0)
+    taken = kombu_take.take(client, ["q"], None, 10, 1.0, HOLDER)
 
     assert [(t.payload["properties"]["delivery_tag"], t.recorded) for t in taken] == [("odd", False), ("good", True)]
     assert client.hkeys(UNACKED) == [b"good"]
@@ -62,7 +68,7 @@ def test_a_message_the_script_cannot_read_is_handed_back_unrecorded_for_kombu_to
 
 def test_one_take_is_bounded_whatever_the_room(client):
     client.lpush("q", *[json.dumps(_message(f"m{i}")) for i in range(kombu_take.MOST_PER_TAKE + 50)])
-    assert len(kombu_take.take(client, ["q"], None, 10_000, 1.0)) == kombu_take.MOST_PER_TAKE
+    assert len(kombu_take.take(client, ["q"], None, 10_000, 1.0, HOLDER)) == kombu_take.MOST_PER_TAKE
 
 
 @pytest.fixture

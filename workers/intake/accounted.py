@@ -39,7 +39,7 @@ from typing import Iterable
 
 import redis
 
-from contract import deliveries, heartbeats, kombu_redis
+from contract import deliveries, heartbeats, worker_lease
 from contract.clock import CLOCK
 from contract.keys import RunKeys
 
@@ -47,10 +47,10 @@ PAGE = 500  # fields per HMGET
 
 
 def restores_pending(client: redis.Redis, now: float, lease_seconds: float) -> bool:
-    """Whether kombu's unacknowledged index holds a lease not renewed for half a lease (a live
-    worker renews its leases every quarter lease, `lease.py`): its message is one that kombu's
-    sweep will put back on its queue."""
-    return client.zcount(kombu_redis.UNACKED_INDEX, "-inf", now - lease_seconds / 2) > 0
+    """Whether some lease was not renewed for half a lease (a live worker renews its lease every
+    quarter lease, `lease.py`), or some delivery's lease has lapsed: kombu's sweep will put a
+    message back on its queue (`worker_lease.lapsing`)."""
+    return worker_lease.lapsing(client, now, lease_seconds / 2)
 
 
 def entries(client: redis.Redis, run: str, prompt_ids: list[str]) -> list[list[str]]:

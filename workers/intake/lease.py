@@ -1,25 +1,29 @@
 """Leases: a live worker keeps its prompts; a dead worker's come back quickly; none is held forever.
 
 kombu's Redis transport hands an unacknowledged message to another worker once
-its score in the `unacked_index` sorted set (the time it was fetched) is older
-than `visibility_timeout`. The fleet sets that timeout short (the lease), and
-this step re-scores every delivery the worker still holds well before it runs
-out, so a generation that runs for an hour is never handed to a second worker,
-while a SIGKILLed worker's prompts are restored within one lease.
+its score in the `unacked_index` sorted set is from 0 up to `visibility_timeout`
+ago. The fleet sets that timeout short (the lease) and holds every delivery a
+worker takes under one lease of the worker's own (`contract/worker_lease.py`:
+the delivery is scored with the worker's lease holder, below 0, outside kombu's
+sweep), which this step renews well before it runs out, so a generation that
+runs for an hour is never handed to a second worker, while a SIGKILLed
+worker's prompts are handed back by the next live worker's round once its
+lease has run out, and restored by kombu's sweep.
 
 "Every delivery the worker holds" includes those of channels closed under
 running tasks by a lost broker connection (`consumer.Detached`): their tasks
-still run here, so their leases must not lapse. The keeper's thread therefore
+still run here, so they stay under the same lease. The keeper's thread therefore
 lives from the consumer's first start to its shutdown, across reconnects, and
 renews through the worker's own Redis client.
 
-Rounds come every quarter lease (`round_period`) and renew every held
-delivery, so after a round no lease the worker holds is older than that round,
-and before the next none is more than a quarter lease old: a live worker's
-leases lapse only after three quarters of a lease (90 s at the default 120 s)
-without a round (a broker outage, a stalled process, a partition). Renewing
-only the leases nearly due would save a few us of Redis per worker-second and
-cost that tolerance, so every round renews them all, in one ZADD XX.
+Rounds come every quarter lease (`round_period`), so a live worker's lease
+lapses only after three quarters of a lease (90 s at the default 120 s)
+without a round (a broker outage, a stalled process, a partition). A round's
+Redis work does not grow with what the worker holds: one script renews the
+lease and hands a page of lapsed holders' deliveries to the sweep, and at most
+`CHECKS_PER_ROUND` prompts' states are read. Where kombu's own take is kept
+(`kombu_redis.batch_takes` refused a kombu that moved), deliveries carry kombu's
+time scores, and each round re-scores every one, as kombu has it.
 
 Two things end a lease that would otherwise be renewed forever:
 - a delivery whose prompt the ledger records as done or dead at two checks in
@@ -27,17 +31,22 @@ Two things end a lease that would otherwise be renewed forever:
   connection dropped under it). A delivery is checked only when its prompt is
   not being generated here (`STARTED.holds`): a task still running settles its
   own delivery when it ends, so only one whose task ended (or never began) can
-  be finished without its ack. Reading every held prompt's state was the larger
-  part of a round's Redis work (`python -m bench --parts fleet`);
+  be finished without its ack. Such deliveries are checked a slice a round, in
+  turn, so a round's reads stay bounded;
 - a delivery held longer than `hold_limit` (every request the task may make at
-  its full timeout, and more) is no longer renewed: its task is stuck, so the
-  lease runs out, the prompt goes to another worker, and its delivery count
-  (`deliveries`) records the lost delivery; the worker stops listing the prompt
-  among those it holds (`STARTED.let_go`), so the next worker starts it.
+  its full timeout, and more) is handed back (its lease expired alone, for
+  kombu's sweep to restore): its task is stuck, so the prompt goes to another
+  worker, and its delivery count (`deliveries`) records the lost delivery; the
+  worker stops listing the prompt among those it holds (`STARTED.let_go`), so
+  the next worker starts it.
+
+A worker whose lease was found lapsed while it lived (it froze past the lease)
+takes back, at its next round, those of its deliveries the sweep has not
+restored yet (`worker_lease.reclaim`).
 
 Scores are times on Redis's clock (`contract/clock.py`), as kombu's own are
 (`kombu_redis.use_clock`): each round first measures it again, so a worker
-whose own clock is off renews leases that every other worker reads as fresh.
+whose own clock is off renews a lease that every other worker reads as fresh.
 """
 from __future__ import annotations
 
@@ -48,7 +57,7 @@ from typing import Callable, Iterable
 
 from celery import bootsteps
 
-from contract import kombu_redis
+from contract import kombu_redis, worker_lease
 from contract.clock import CLOCK
 from contract.ledger import Ledger
 from contract.names import PromptState
@@ -61,6 +70,7 @@ from ..settings import Settings
 
 log = logging.getLogger(__name__)
 FINISHED = (PromptState.DONE, PromptState.DEAD)
+CHECKS_PER_ROUND = 64  # held deliveries not running here whose prompt's state one round reads
 
 
 def hold_limit(s: Settings) -> float:
@@ -100,22 +110,31 @@ def round_period(lease_seconds: float) -> float:
 
 
 class Leases:
-    """One round at a time: renew what is held, settle what is finished, drop what is overdue.
-    `decide` is the whole policy, without I/O; `round` reads the ledger and writes the leases."""
+    """One round at a time: renew the lease, settle what is finished, hand back what is overdue.
+    `decide` is the whole policy, without I/O; `round` reads the ledger and writes the lease.
+    `by_holder`: deliveries are held under the worker's lease (`worker_lease`); False where
+    kombu's own take scored each by time, so each is renewed."""
 
-    def __init__(self, client, limit: float, clock: Callable[[], float] = time.monotonic,
-                 running: Callable[[Delivery], bool] = lambda d: STARTED.holds(d.run, d.prompt_id)):
-        self.client, self.limit, self.clock, self.running = client, limit, clock, running
+    def __init__(self, client, limit: float, lease_seconds: float, clock: Callable[[], float] = time.monotonic,
+                 running: Callable[[Delivery], bool] = lambda d: STARTED.holds(d.run, d.prompt_id),
+                 holder: worker_lease.Holder | None = None, by_holder: bool = True):
+        self.client, self.limit, self.lease_seconds = client, limit, lease_seconds
+        self.clock, self.running, self._holder, self.by_holder = clock, running, holder, by_holder
         self._since: dict[str, float] = {}
         self._finished: set[str] = set()
         self._overdue: set[str] = set()
+        self._cursor = ""  # the last tag whose state a round read: the next goes on after it
+
+    @property
+    def holder(self) -> worker_lease.Holder:
+        return self._holder or worker_lease.HOLDER
 
     def decide(self, held: Iterable[str], checked: Iterable[str],
                finished_now: set[str]) -> tuple[set[str], list[str], set[str]]:
-        """(tags to settle, tags to renew, tags newly overdue) for this round, given the tags whose
+        """(tags to settle, tags to keep, tags newly overdue) for this round, given the tags whose
         prompt's state was read (`checked`) and those of them whose prompt is finished now. A tag is
         settled when its prompt was finished at this check and its previous one; it is overdue once
-        held longer than the limit, and then never renewed again; every other held tag is renewed."""
+        held longer than the limit, and then never kept again; every other held tag is kept."""
         now = self.clock()
         held = list(held)
         self._since = {tag: self._since.get(tag, now) for tag in held}
@@ -125,18 +144,36 @@ class Leases:
         newly, self._overdue = overdue - self._overdue, overdue
         return settled, [t for t in held if t not in settled and t not in overdue], newly
 
+    def to_check(self, idle: Iterable[Delivery]) -> list[Delivery]:
+        """At most `CHECKS_PER_ROUND` of the deliveries not running here, in tag order, going on
+        after the last round's, so each is read in turn."""
+        idle = sorted(idle, key=lambda d: d.tag)
+        after = [d for d in idle if d.tag > self._cursor]
+        chosen = (after + [d for d in idle if d.tag <= self._cursor])[:CHECKS_PER_ROUND]
+        self._cursor = chosen[-1].tag if chosen else ""
+        return chosen
+
     def round(self, held: dict[str, Delivery]) -> int:
         at = CLOCK.sync(self.client)
-        checked = [d for d in held.values() if not self.running(d)]
-        settled, live, newly_overdue = self.decide(held, [d.tag for d in checked], finished(self.client, checked))
+        checked = self.to_check(d for d in held.values() if not self.running(d))
+        settled, kept, newly_overdue = self.decide(held, [d.tag for d in checked], finished(self.client, checked))
         settle(self.client, held, settled)
         for tag in sorted(newly_overdue):
-            log.warning("prompt %s of run %s held for over %.0fs: its lease is left to run out",
+            log.warning("prompt %s of run %s held for over %.0fs: handed back to its queue",
                         held[tag].prompt_id, held[tag].run, self.limit)
             STARTED.let_go(held[tag].run, held[tag].prompt_id)
-        if live:
-            kombu_redis.renew(self.client, live, at)
-        return len(live)
+        kombu_redis.expire(self.client, newly_overdue)
+        if not self.by_holder:  # kombu's own take: a lease per delivery
+            kombu_redis.renew(self.client, kept, at)
+            return len(kept)
+        found = worker_lease.renew(self.client, self.holder, at, self.lease_seconds)
+        if found.missing and kept:
+            back = worker_lease.reclaim(self.client, self.holder, at, kept)
+            log.warning("this worker's lease had run out (a stall, or a failover): %d of the %d prompts it "
+                        "holds taken back, the others went back to their queue", back, len(kept))
+        if found.reaped:
+            log.info("%d prompts of workers whose lease ran out handed back to their queues", found.reaped)
+        return len(kept)
 
 
 class LeaseKeeper(bootsteps.StartStopStep):
@@ -163,7 +200,9 @@ class LeaseKeeper(bootsteps.StartStopStep):
 
     def _run(self, c) -> None:
         rt = get_runtime(c.app.fleet_settings, c.hostname)
-        leases, period = Leases(rt.redis, hold_limit(rt.settings)), round_period(rt.settings.lease_seconds)
+        leases = Leases(rt.redis, hold_limit(rt.settings), rt.settings.lease_seconds,
+                        by_holder=kombu_redis.takes_batched())
+        period = round_period(rt.settings.lease_seconds)
         trouble = lifeline.Trouble("lease renewal")
         while True:
             try:

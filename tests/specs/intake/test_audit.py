@@ -19,7 +19,9 @@ prompt's: republished as well, the prompt would be on its queue twice.
 """
 from __future__ import annotations
 
+from contract.keys import LEASES
 from contract.kombu_redis import UNACKED_INDEX, expire
+from contract.worker_lease import Holder
 from workers.intake.accounted import accounts, restores_pending
 from workers.intake.audit import AuditState, Suspects
 
@@ -122,3 +124,14 @@ def test_the_sweep_has_a_message_to_bring_back_once_a_lease_goes_half_a_lease_un
     assert not restores_pending(client, now=1000.0, lease_seconds=120.0)
     expire(client, ["fresh"])
     assert restores_pending(client, now=1000.0, lease_seconds=120.0)
+
+
+def test_the_sweep_has_a_message_to_bring_back_once_a_workers_lease_goes_half_a_lease_unrenewed(client):
+    # Given deliveries held under a worker's lease, renewed a quarter lease ago
+    holder = Holder.draw()
+    client.zadd(LEASES, {holder.name: 1000.0 - 30.0})
+    client.zadd(UNACKED_INDEX, {"held": holder.score})
+    assert not restores_pending(client, now=1000.0, lease_seconds=120.0)
+
+    # When the worker goes half a lease without a round, a live worker will hand its deliveries to the sweep
+    assert restores_pending(client, now=1000.0 + 31.0, lease_seconds=120.0)

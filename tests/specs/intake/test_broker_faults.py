@@ -112,7 +112,7 @@ def test_a_fleet_message_names_its_run_and_prompt():
 
 
 def test_a_held_delivery_is_renewed_until_its_prompt_is_finished_at_two_checks_in_a_row():
-    leases = Leases(None, limit=1000, clock=lambda: 0.0)
+    leases = Leases(None, limit=1000, lease_seconds=120.0, clock=lambda: 0.0)
     ab = ["a", "b"]
     assert leases.decide(ab, ab, set()) == (set(), ["a", "b"], set())
     assert leases.decide(ab, ab, {"a"}) == (set(), ["a", "b"], set())  # its ack may be on its way
@@ -121,7 +121,7 @@ def test_a_held_delivery_is_renewed_until_its_prompt_is_finished_at_two_checks_i
 
 
 def test_a_delivery_finished_at_one_check_and_not_the_next_is_kept():
-    leases = Leases(None, limit=1000, clock=lambda: 0.0)
+    leases = Leases(None, limit=1000, lease_seconds=120.0, clock=lambda: 0.0)
     leases.decide(["a"], ["a"], {"a"})
     assert leases.decide(["a"], ["a"], set()) == (set(), ["a"], set())
     assert leases.decide(["a"], ["a"], {"a"}) == (set(), ["a"], set())
@@ -129,7 +129,7 @@ def test_a_delivery_finished_at_one_check_and_not_the_next_is_kept():
 
 def test_no_lease_is_renewed_past_the_hold_limit():
     now = [0.0]
-    leases = Leases(None, limit=10, clock=lambda: now[0])
+    leases = Leases(None, limit=10, lease_seconds=120.0, clock=lambda: now[0])
     assert leases.decide(["a"], [], set()) == (set(), ["a"], set())
     now[0] = 8.0
     assert leases.decide(["a", "b"], [], set()) == (set(), ["a", "b"], set())
@@ -145,7 +145,7 @@ def test_a_live_workers_lease_lapses_only_after_three_quarters_of_a_lease_withou
     # "b" at 10 s, "c" at 65 s), some running here and some not
     lease_seconds = 120.0
     period = round_period(lease_seconds)
-    leases = Leases(None, limit=1000, clock=lambda: 0.0)
+    leases = Leases(None, limit=1000, lease_seconds=120.0, clock=lambda: 0.0)
     taken = {"a": 0.0, "b": 10.0, "c": 65.0}
     score = dict(taken)
     oldest_before_a_round = 0.0

@@ -12,7 +12,7 @@ from collections import Counter
 import httpx
 import redis
 
-from contract import kombu_redis
+from contract import deliveries, kombu_redis
 from contract.keys import RunKeys
 from contract.ledger import Ledger, locate
 from producer.local import free_port, start_redis
@@ -167,8 +167,7 @@ def test_a_prompt_whose_deliveries_keep_dying_with_their_worker_ends_as_a_poison
     env = {"FLEET_MAX_DELIVERIES": "1", **LEASE}
 
     def holders(pid: str) -> list[str]:
-        raw = client.hget(RUN.deliveries, pid)
-        return raw.decode().split("\n") if raw else []
+        return deliveries.names(client.hget(RUN.deliveries, pid))
 
     # When each worker that starts it is SIGKILLed at once (the first with good prompts in flight beside
     # it), and replaced

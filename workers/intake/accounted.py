@@ -28,10 +28,12 @@ An audit that republished such a prompt put it on its queue twice, once by
 itself and once by the sweep (seen: a worker SIGKILLed after its heartbeats had
 stopped, holding the sweep's lock; its 24 prompts republished, then restored).
 
-Anything else is missing now: a prompt with no entry (its message taken and
-not yet noted, for milliseconds, or lost on its way), or whose workers are
-long gone while it is not in its queue. The audit confirms a loss only when
-its next round finds the prompt missing again (`audit.Suspects`).
+Anything else is missing now: a prompt whose entry names no worker (none yet,
+or only deliveries given back: its message taken and not yet noted, or given
+back and not yet requeued, for milliseconds, or lost on its way), or whose
+workers are long gone while it is not in its queue. The audit confirms a loss
+only when its next round finds the prompt missing again, its entry as stored
+unchanged (`stored_entries`; `audit.Suspects`).
 """
 from __future__ import annotations
 
@@ -54,11 +56,16 @@ def restores_pending(client: redis.Redis, now: float, lease_seconds: float) -> b
 
 
 def entries(client: redis.Redis, run: str, prompt_ids: list[str]) -> list[list[str]]:
-    """The workers each prompt's deliveries entry names (none: no entry), a page of HMGET at a time."""
+    """The workers each prompt's deliveries entry names (none: no entry)."""
+    return [deliveries.names(raw) for raw in stored_entries(client, run, prompt_ids)]
+
+
+def stored_entries(client: redis.Redis, run: str, prompt_ids: list[str]) -> list[str]:
+    """Each prompt's deliveries entry as stored ("": no entry), a page of HMGET at a time."""
     raws: list[bytes | None] = []
     for start in range(0, len(prompt_ids), PAGE):
         raws += client.hmget(RunKeys(run).deliveries, prompt_ids[start:start + PAGE])
-    return [deliveries.names(raw) for raw in raws]
+    return [deliveries.as_text(raw) for raw in raws]
 
 
 def accounted_for(client: redis.Redis, run: str, named: dict[str, list[str]], window: float,

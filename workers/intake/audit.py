@@ -13,10 +13,13 @@ with a silent one while kombu's sweep still has messages to bring back;
 a crash between kombu's take and its record, or a failover, can leave a
 prompt that a live worker generates with no message anywhere: it is not lost,
 and starting it again would generate it twice). A prompt missing from all of
-them in two rounds in a row (the run's suspects are kept in Redis with the
-pass) is republished (one on its last allowed delivery, which waits in its
-worker before its note, once no live worker's heartbeat lists it: the only
-read of every heartbeat, and a rare one). A worker that takes such a prompt while another
+them in two rounds in a row, its deliveries entry unchanged in between (the
+run's suspects are kept in Redis with the pass, each with its entry as read;
+a live worker that keeps taking and giving the prompt back, missing for moments
+at each turn, changes it every time: `Suspects`) is republished (one on its
+last allowed delivery, which waits in its worker before its note, once no live
+worker's heartbeat lists it: the only read of every heartbeat, and a rare
+one). A worker that takes such a prompt while another
 still generates it drops the duplicate (`deliveries.elsewhere`). Only runs
 whose queue is short enough to list are audited, so a lost prompt of a deep
 queue is found as the queue drains.
@@ -106,8 +109,11 @@ class LostMessageAudit(bootsteps.StartStopStep):
 
     def audit_run(self, app, rt, run: str, queue: str, state: "AuditState") -> int:
         """One round of a run. The reads go in the order a message moves (queue, then a worker,
-        then done), so a message taken between two reads is seen in the later one; only one moved
-        back (a lapsed lease restored to the queue) can be seen in neither, once (`Suspects`)."""
+        then done), so a prompt noted between two reads is seen in the later one; one in passing
+        can be seen in neither: taken by kombu and not yet noted, or moved back (given back and
+        not yet requeued, a lapsed lease restored to the queue). That is once, or once a turn
+        for a prompt a live worker keeps taking and giving back, its entry changed at each turn
+        (`Suspects`)."""
         client, s, ledger = rt.redis, rt.settings, Ledger(rt.redis, run)
         cursor, suspects = state.read()
         # before the queue: a message the sweep restores after this read is in the queue, or taken, by then
@@ -118,11 +124,11 @@ class LostMessageAudit(bootsteps.StartStopStep):
         window = s.lease_seconds + s.restore_interval + 2 * s.audit_interval
         held = accounted_for(client, run, looked.named, window, restoring)
         unaccounted = [p for p in looked.candidates if p not in held]
-        missing = {p for p, pending in zip(unaccounted, ledger.pending(unaccounted)) if pending}
+        missing = {p: looked.candidates[p] for p, pending in zip(unaccounted, ledger.pending(unaccounted)) if pending}
         confirmed = Suspects({run: suspects}).confirm(run, missing)
         if last_chance(client, run, confirmed, s.max_deliveries):  # rare: read every live heartbeat
             confirmed -= heartbeats.held(client).get(run, set())
-        state.write(cursor, missing - confirmed)
+        state.write(cursor, {p: entry for p, entry in missing.items() if p not in confirmed})
         return self._republish(app, client, run, queue, confirmed)
 
     def _resume_conversations(self, app, rt, run: str) -> None:
@@ -161,20 +167,21 @@ def last_chance(client, run: str, prompt_ids: set[str], most: int) -> bool:
 class AuditState:
     """A run's audit between rounds, in Redis (whichever worker holds the lock goes on): the
     cursor of its pass over the pending prompts, and the prompts the last round found missing,
-    forgotten when that round is older than `fresh` seconds (two rounds in a row, never longer
-    apart: `Suspects`)."""
+    each with its deliveries entry as read then, forgotten when that round is older than `fresh`
+    seconds (two rounds in a row, never longer apart: `Suspects`)."""
 
     def __init__(self, client, run: str, fresh: float):
         self.client, self.key, self.fresh = client, AUDIT_PREFIX + run, fresh
 
-    def read(self) -> tuple[int, set[str]]:
+    def read(self) -> tuple[int, dict[str, str]]:
         cursor, suspects, at = self.client.hmget(self.key, ["cursor", "suspects", "at"])
         recent = at is not None and CLOCK.now(self.client) - float(at) <= self.fresh
-        return int(cursor or 0), set(json.loads(suspects)) if suspects and recent else set()
+        found = json.loads(suspects) if suspects and recent else {}
+        return int(cursor or 0), found if isinstance(found, dict) else {}  # a list: an older version's, seen afresh
 
-    def write(self, cursor: int, suspects: set[str]) -> None:
+    def write(self, cursor: int, suspects: dict[str, str]) -> None:
         with self.client.pipeline(transaction=False) as pipe:
-            pipe.hset(self.key, mapping={"cursor": cursor, "suspects": json.dumps(sorted(suspects)),
+            pipe.hset(self.key, mapping={"cursor": cursor, "suspects": json.dumps(suspects, sort_keys=True),
                                          "at": CLOCK.now(self.client)})
             pipe.expire(self.key, max(1, int(4 * self.fresh)))
             pipe.execute()
@@ -184,25 +191,41 @@ class AuditState:
 
 
 class Suspects:
-    """Prompts an audit found with no message anywhere, per run, until the run's next audit.
+    """Prompts an audit found with no message anywhere, per run, until the run's next audit,
+    each with its deliveries entry as that audit read it.
 
     A prompt is confirmed lost only when the very next audit of its run still finds it
-    missing: a message in passing (taken from the queue and not yet recorded as
-    unacknowledged, or recorded by a producer and not yet published) is missing once. A run
-    an audit skips (its queue too deep to list, or the run gone) forgets its suspects:
+    missing, its entry unchanged: a message in passing (taken from the queue and not yet
+    recorded as unacknowledged, or recorded by a producer and not yet published) is missing
+    once; a prompt that a live worker keeps taking and giving back (no usable server) is
+    missing for moments twice a turn, between kombu's take and the intake's note and
+    between the give-back's undo and kombu's requeue, and audits as far apart as a turn is
+    long can fall into those moments round after round. Its entry changes at every note and
+    every give-back (`contract/deliveries.py`), so a prompt given back between two sightings
+    is a suspect again, with its entry as now read, not confirmed. A lost message moves
+    nothing: its prompt's entry stays as it was, and the next audit confirms it (one after,
+    where the prompt was taken and given back just before its message was lost).
+    What the entry cannot show is a message requeued and taken again with no note in between:
+    a prompt seen just after a give-back and, a round later, just after kombu's next take,
+    having waited in its queue all that while and been taken within the milliseconds
+    between the audit's read of the queue and of the entries. Republished then, its
+    duplicate is dropped by the worker that takes it (`deliveries.elsewhere`).
+
+    A run an audit skips (its queue too deep to list, or the run gone) forgets its suspects:
     otherwise prompts of a run's first batch, missing while the producer published it, could
     stay suspects while the queue is deep and be confirmed, and started twice, by one passing
     sighting minutes later.
     """
 
-    def __init__(self, by_run: dict[str, set[str]] | None = None) -> None:
-        self._by_run: dict[str, set[str]] = {run: set(found) for run, found in (by_run or {}).items()}
+    def __init__(self, by_run: dict[str, dict[str, str]] | None = None) -> None:
+        self._by_run: dict[str, dict[str, str]] = {run: dict(found) for run, found in (by_run or {}).items()}
 
-    def confirm(self, run: str, missing: set[str]) -> set[str]:
-        """The prompts of `run` missing now and at the run's previous audit; the others
-        missing now are the suspects of the next one."""
-        confirmed = missing & self._by_run.get(run, set())
-        self._by_run[run] = missing - confirmed
+    def confirm(self, run: str, missing: dict[str, str]) -> set[str]:
+        """The prompts of `run` missing now (prompt -> its entry as read now) and at the run's
+        previous audit with the same entry; the others missing now are the suspects of the next one."""
+        earlier = self._by_run.get(run, {})
+        confirmed = {p for p, entry in missing.items() if earlier.get(p) == entry}
+        self._by_run[run] = {p: entry for p, entry in missing.items() if p not in confirmed}
         return confirmed
 
 

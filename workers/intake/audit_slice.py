@@ -38,10 +38,11 @@ from typing import Iterable
 
 import redis
 
+from contract.deliveries import names
 from contract.keys import WORKERS, task_id
 from contract.ledger import Ledger
 
-from .accounted import entries
+from .accounted import stored_entries
 
 # Pending prompts per HSCAN step: the step reads each prompt's packed ids inside Redis (Redis 7.0
 # has no NOVALUES) to return the names alone; 500 took 2-17 ms of Redis at 1-4 KB of ids a prompt
@@ -51,11 +52,12 @@ PAGE = 100
 
 class Slice:
     """What one round of a run judges: the prompts not in their queue (`queued`: their task ids
-    read first), and the workers their entries name."""
+    read first), their deliveries entries as read (what `audit.Suspects` compares between two
+    rounds), and the workers those name."""
 
     def __init__(self, client: redis.Redis, run: str, queued: set[str]):
         self.client, self.run, self.queued = client, run, queued
-        self.candidates: dict[str, None] = {}   # ordered set: every prompt judged this round
+        self.candidates: dict[str, str] = {}    # every prompt judged this round, in order -> its entry as read
         self.named: dict[str, list[str]] = {}   # candidate -> the workers its entry names
         self.workers: set[str] = set()
 
@@ -79,9 +81,9 @@ class Slice:
             per_worker = read / len(self.workers) if read and self.workers else 1.0
             want = size - read if few else min(size - read, max(PAGE, int((bound - len(self.workers)) * per_worker)))
             pages = pending_pages(ledger, cursor, want)
-            names = self._entries(p for _, page in pages for p in page)
+            stored = self._entries(p for _, page in pages for p in page)
             for after, page in pages:
-                self._take(page, names)
+                self._take(page, stored)
                 read, cursor = read + len(page), after
                 if len(self.workers) >= bound:
                     break
@@ -89,18 +91,18 @@ class Slice:
                 break
         return cursor
 
-    def _entries(self, prompt_ids: Iterable[str]) -> dict[str, list[str]]:
-        """The workers named in the entries of these prompts not judged yet and not in their queue."""
+    def _entries(self, prompt_ids: Iterable[str]) -> dict[str, str]:
+        """The entries of these prompts not judged yet and not in their queue."""
         fresh = sorted({p for p in prompt_ids if p not in self.candidates and task_id(self.run, p) not in self.queued})
-        return dict(zip(fresh, entries(self.client, self.run, fresh)))
+        return dict(zip(fresh, stored_entries(self.client, self.run, fresh)))
 
-    def _take(self, prompt_ids: Iterable[str], names: dict[str, list[str]]) -> None:
+    def _take(self, prompt_ids: Iterable[str], stored: dict[str, str]) -> None:
         for prompt_id in prompt_ids:
-            if prompt_id in names and prompt_id not in self.candidates:
-                self.candidates[prompt_id] = None
-                if names[prompt_id]:
-                    self.named[prompt_id] = names[prompt_id]
-                    self.workers.update(names[prompt_id])
+            if prompt_id in stored and prompt_id not in self.candidates:
+                self.candidates[prompt_id] = stored[prompt_id]
+                if workers := names(stored[prompt_id]):
+                    self.named[prompt_id] = workers
+                    self.workers.update(workers)
 
 
 def pending_pages(ledger: Ledger, cursor: int, size: int) -> list[tuple[int, list[str]]]:

@@ -21,9 +21,12 @@ A delivery that ends without its worker dying is taken back (`undo`): no
 healthy server (the task gives the prompt back), a SIGTERM hand-back, and an
 unexpected error, which `FLEET_MAX_CRASHES` counts instead. So a server outage
 or a rolling restart never poisons a good prompt, and what is left counted is
-deliveries whose worker died holding them. A finished prompt's record is
+deliveries whose worker died holding them. A delivery taken back leaves a
+count of those taken back in the entry, which no poison count reads: the
+audit tells by it a prompt given back between two of its rounds from one
+whose message is lost (`audit.Suspects`). A finished prompt's record is
 dropped (`clear`; a stored one's by its group commit), so Redis keeps one
-only for prompts in flight, and a requeued dead letter starts afresh.
+only for prompts in flight or given back, and a requeued dead letter starts afresh.
 
 A delivery is taken back only by the process that counted it, and at most once
 (`Started`): a worker restarted under the same name must not erase the record

@@ -1,11 +1,14 @@
-"""The audit's rule for a lost message: missing at two audits of its run in a row, never longer apart.
+"""The audit's rule for a lost message: missing at two audits of its run in a row, never longer apart,
+its deliveries entry unchanged in between.
 
 A prompt whose message is in passing (taken from the queue and not yet
 recorded as unacknowledged, or recorded by a producer and not yet published)
 is missing from every list once; a prompt missing twice in a row lost its
-message. Given what successive audits of a run find missing, then the
-prompts confirmed lost are exactly those missing at the run's previous audit
-and now, and an audit that skipped the run (its queue too deep to list), or
+message, unless it was noted or given back in between (its entry changed: a
+live worker is cycling it, `test_audit_cycle.py`). Given what successive
+audits of a run find missing, then the prompts confirmed lost are exactly
+those missing at the run's previous audit and now with the same entry, and
+an audit that skipped the run (its queue too deep to list), or
 came longer after the one before than two rounds apart, ends every earlier
 sighting of it. The suspects and the pass's cursor are kept in Redis
 (`AuditState`), so the next round confirms whichever worker holds the lock.
@@ -19,10 +22,11 @@ prompt's: republished as well, the prompt would be on its queue twice.
 """
 from __future__ import annotations
 
-from contract.keys import LEASES
+from contract.keys import LEASES, RunKeys
 from contract.kombu_redis import UNACKED_INDEX, expire
 from contract.worker_lease import Holder
-from workers.intake.accounted import accounts, restores_pending
+from workers.intake.accounted import accounts, entries, restores_pending, stored_entries
+from workers.intake.deliveries import clear, note, undo
 from workers.intake.audit import AuditState, Suspects
 
 from waiting import wait_until
@@ -32,51 +36,70 @@ def test_a_prompt_missing_once_is_not_republished():
     # Given a first audit that finds p-1 missing
     suspects = Suspects()
     # When it is the first sighting, then nothing is confirmed
-    assert suspects.confirm("run", {"p-1"}) == set()
+    assert suspects.confirm("run", {"p-1": ""}) == set()
     # and when the next audit finds it again (its message came in the meantime), still nothing
-    assert suspects.confirm("run", set()) == set()
-    assert suspects.confirm("run", {"p-1"}) == set()
+    assert suspects.confirm("run", {}) == set()
+    assert suspects.confirm("run", {"p-1": ""}) == set()
 
 
 def test_a_prompt_missing_at_two_audits_in_a_row_is_confirmed_once():
     # Given p-1 and p-2 missing at one audit
     suspects = Suspects()
-    suspects.confirm("run", {"p-1", "p-2"})
+    suspects.confirm("run", {"p-1": "", "p-2": ""})
     # When the next audit finds p-1 (and a new p-3) missing
-    confirmed = suspects.confirm("run", {"p-1", "p-3"})
+    confirmed = suspects.confirm("run", {"p-1": "", "p-3": ""})
     # Then p-1 is confirmed lost, p-3 is a suspect, p-2 is forgotten
     assert confirmed == {"p-1"}
-    assert suspects.confirm("run", {"p-2", "p-3"}) == {"p-3"}
+    assert suspects.confirm("run", {"p-2": "", "p-3": ""}) == {"p-3"}
     # and a confirmed prompt (republished) starts over: one more sighting does not confirm it
-    assert suspects.confirm("run", {"p-1"}) == set()
+    assert suspects.confirm("run", {"p-1": ""}) == set()
+
+
+def test_a_prompt_noted_and_given_back_between_two_audits_is_a_suspect_again(client):
+    # Given p-1 missing at one audit, its deliveries entry as read then (none yet)
+    seen = lambda: stored_entries(client, "run", ["p-1"])[0]
+    suspects = Suspects()
+    suspects.confirm("run", {"p-1": seen()})
+    # When a live worker notes it and gives it back before the next audit finds it missing again
+    note(client, "run", "p-1", "w1@node")
+    undo(client, "run", "p-1", "w1@node")
+    # Then its entry names no worker, as before, yet it moved: not confirmed, but a suspect with
+    # its entry as read now, confirmed if it stays so
+    assert entries(client, "run", ["p-1"]) == [[]]
+    assert suspects.confirm("run", {"p-1": seen()}) == set()
+    assert suspects.confirm("run", {"p-1": seen()}) == {"p-1"}
+    # and once the prompt is finished its entry goes, and a late undo does not bring it back
+    clear(client, "run", "p-1")
+    undo(client, "run", "p-1", "w1@node")
+    assert not client.hexists(RunKeys("run").deliveries, "p-1")
 
 
 def test_a_skipped_audit_ends_the_runs_earlier_sightings(client):
     # Given p-1 of run a and p-9 of run b missing at one round, kept in Redis with each run's pass
     a, b = AuditState(client, "a", fresh=60), AuditState(client, "b", fresh=60)
-    a.write(7, {"p-1"})
-    b.write(3, {"p-9"})
+    a.write(7, {"p-1": ""})
+    b.write(3, {"p-9": "w1@node"})
     # When the next round skips run a (its queue too deep to list) and audits run b
     a.forget()
     # Then a later sighting of p-1 is its first again, while run b's confirmation stands
     cursor, suspects = b.read()
-    assert cursor == 3 and Suspects({"b": suspects}).confirm("b", {"p-9"}) == {"p-9"}
-    assert a.read() == (0, set())
+    assert cursor == 3 and Suspects({"b": suspects}).confirm("b", {"p-9": "w1@node"}) == {"p-9"}
+    assert a.read() == (0, {})
 
 
 def test_sightings_further_apart_than_two_rounds_do_not_confirm(client):
     # Given p-1 missing at a round that is now older than the state stays fresh
     state = AuditState(client, "a", fresh=0.2)
-    state.write(5, {"p-1"})
-    wait_until(lambda: state.read()[1] == set(), 10, "the round to age")
+    state.write(5, {"p-1": ""})
+    wait_until(lambda: state.read()[1] == {}, 10, "the round to age")
     # Then the pass goes on where it was, but p-1's next sighting is its first
-    assert state.read() == (5, set())
+    assert state.read() == (5, {})
 
 
 def test_runs_do_not_confirm_each_others_prompts():
     suspects = Suspects()
-    suspects.confirm("a", {"p-1"})
-    assert suspects.confirm("b", {"p-1"}) == set()
+    suspects.confirm("a", {"p-1": ""})
+    assert suspects.confirm("b", {"p-1": ""}) == set()
 
 
 WINDOW = 150.0

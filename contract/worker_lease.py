@@ -112,14 +112,14 @@ return {missing, reaped}
 RECLAIM = Lua("""
 redis.call('ZADD', KEYS[1], a.now, a.holder)
 local taken = 0
-for _, p in ipairs(prompts) do
-  if tonumber(redis.call('ZSCORE', KEYS[2], p.tag)) == 0 then
-    redis.call('ZADD', KEYS[2], 'XX', a.score, p.tag)
+for _, held in ipairs(deliveries) do
+  if tonumber(redis.call('ZSCORE', KEYS[2], held.tag)) == 0 then
+    redis.call('ZADD', KEYS[2], 'XX', a.score, held.tag)
     taken = taken + 1
   end
 end
 return taken
-""", head=("holder", "now", "score"), each=("tag",))
+""", head=("holder", "now", "score"), each=("tag",), records="deliveries")
 
 
 class Round(NamedTuple):

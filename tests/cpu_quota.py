@@ -20,7 +20,7 @@ import pytest
 
 from producer.local import Process, spawn
 
-QUARTER = 0.25
+EIGHTH = 0.125
 PERIOD_US = 100_000
 V1_CPU = Path("/sys/fs/cgroup/cpu")
 

@@ -134,7 +134,7 @@ def remedy_for(limit: CoreLimit) -> str:
     group shares it); otherwise the number of worker processes on the node."""
     if limit.quota_file is None:
         return REMEDY
-    return (f"raise this worker's CPU quota ({limit.cores:.2g} core(s), {limit.quota_file}; the container's CPU "
+    return (f"raise this worker's CPU quota ({limit.cores:.3g} core(s), {limit.quota_file}; the container's CPU "
             "limit) to at least 1 core: another worker process in the same cgroup shares the same quota")
 
 
@@ -172,11 +172,11 @@ class CpuWatch:
         r = self.last
         assert r is not None
         if self.rule.bound:
-            log.warning("worker CPU-bound: this process used %.0f%% of the %.2g core(s) it can use over %.0fs while "
+            log.warning("worker CPU-bound: this process used %.0f%% of the %.3g core(s) it can use over %.0fs while "
                         "its servers had %d of %d slots free; %s%s", 100 * r.share, self.cores, self.rule.window,
                         r.free_slots, r.slots, self.remedy, busy_node_note(r.idle, self.cores))
         else:
-            log.warning("worker no longer CPU-bound: %.0f%% of its %.2g core(s), servers %d of %d slots free",
+            log.warning("worker no longer CPU-bound: %.0f%% of its %.3g core(s), servers %d of %d slots free",
                         100 * r.share, self.cores, r.free_slots, r.slots)
 
     def snapshot(self) -> dict:

@@ -83,7 +83,8 @@ def _size_figures(part: str, r: dict, pinned: str) -> list:
         Figure(part, "Redis CPU per worker-second", r["redis_us_per_worker_s"], "{:.1f}", "us",
                note=f"periodic work of each simulated worker: {rounds}"),
         Figure(part, "Redis connections of one worker", s["connections"], "{:.0f}", goal="<= 4",
-               met=at_most(s["connections"], 4), note="CLIENT LIST, most seen while it stored samples"),
+               met=at_most(s["connections"], 4), note="CLIENT LIST, most seen while it stored samples: each one's last command "
+                    + ", ".join(s.get("connections_seen", []))),
         Figure(part, "audit: Redis CPU per round", a["redis_ms_per_round"], "{:.2f}", "ms",
                note=f"{a['commands_per_round']:.0f} commands a round, slice {a['slice']:,}; "
                     f"{a['rounds']} rounds found {a['found']}/{a['lost']} lost prompts, {a['false']} others"),

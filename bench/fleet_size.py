@@ -330,10 +330,14 @@ def _samples(lab: Lab, opts: FleetOptions, log) -> dict:
             stats = _by_command(lab.client)
         finally:
             worker.signal(signal.SIGCONT)
-        most = [0]
-        lab.wait_finished("fleet-cost", opts.samples, opts.timeout, watch, interval=0.1,
-                          on_poll=lambda: most.__setitem__(0, max(most[0], len(
-                              redis_connections_of(lab.client, worker.popen.pid)))))
+        most: list[dict] = []  # the worker's connections when it held the most
+
+        def count_connections() -> None:
+            now = redis_connections_of(lab.client, worker.popen.pid)
+            if len(now) > len(most):
+                most[:] = now
+
+        lab.wait_finished("fleet-cost", opts.samples, opts.timeout, watch, interval=0.1, on_poll=count_connections)
         cpu, calls = _redis_cpu(lab.client) - before[0], _calls(lab.client) - before[1]
         after = _by_command(lab.client)
     finally:
@@ -344,7 +348,8 @@ def _samples(lab: Lab, opts: FleetOptions, log) -> dict:
     by_command = per_sample(stats, after, opts.samples)
     log(f"fleet: real worker stored {opts.samples} samples, {calls / opts.samples:.1f} commands each")
     return {"samples": opts.samples, "redis_us_per_sample": cpu / opts.samples * 1e6,
-            "commands_per_sample": calls / opts.samples, "connections": most[0], "by_command": by_command}
+            "commands_per_sample": calls / opts.samples, "connections": len(most), "by_command": by_command,
+            "connections_seen": [f"{c.get('cmd')} (age {c.get('age')} s)" for c in most]}
 
 
 # --- Redis's own counters ------------------------------------------------------------------

@@ -243,11 +243,15 @@ def share_client(client: Callable[[], Any]) -> None:
     its retries wait out an outage, except on the event loop's thread, whose calls
     fail fast as kombu's own clients did: `contract/retries.py`).
     The asynchronous clients (BRPOP, the remote-control subscription: the
-    event loop's) are kombu's as before, but the connection a new channel
-    opens on their pool to check Redis (`Channel.__init__` pings) is closed
-    after the check: a channel that only publishes (events, the producer
-    pool) never uses it again, and one that fetches or subscribes opens its
-    own when it starts. Idempotent."""
+    event loop's) are kombu's as before, but a new channel's check of Redis
+    (`Channel.__init__` pings its asynchronous client) goes through the shared
+    client too: kombu opens a channel whenever a thread publishes while the
+    producer pool's are busy, and a connection opened for the check, however
+    briefly, was a fifth connection for a moment (`python -m bench --parts
+    fleet` once saw 5). A channel that fetches or subscribes opens its own
+    when it starts. kombu's pool is still built (it opens nothing): building it
+    sets the database in the fanout topics events and remote-control replies
+    go to. Idempotent."""
     from kombu.transport import redis as kredis
 
     def shared(built):
@@ -257,14 +261,21 @@ def share_client(client: Callable[[], Any]) -> None:
             return client()
         return _create_client
 
-    def check_closed(init):
+    def check_shared(init):
         def __init__(self, *args, **kwargs):
-            init(self, *args, **kwargs)
-            self.async_pool.disconnect(inuse_connections=False)
+            self.client = client()  # kombu's `client` is a cached property: this is what the check pings
+            try:
+                init(self, *args, **kwargs)
+            finally:
+                del self.client  # BRPOP's own client is built when the channel first fetches
+            # kombu's pool for its own clients, built (no connection): building it is also what puts
+            # the database into the fanout topics (`/{db}.` -> `/0.`), which a channel that only
+            # publishes through the shared client would otherwise send events and replies to
+            self.async_pool
         return __init__
 
     patches.replace(kredis.Channel, "_create_client", shared)
-    patches.replace(kredis.Channel, "__init__", check_closed)
+    patches.replace(kredis.Channel, "__init__", check_shared)
 
 
 def on_ack(callback: Callable[[str], None]) -> None:

@@ -2,11 +2,14 @@
 message names. The real-process tests are tests/intake/test_broker_faults.py."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from types import SimpleNamespace
 
 import pytest
+import redis
+from kombu import Connection, Consumer, Exchange, Producer, Queue
 from kombu.transport import redis as kombu_redis_transport
 from kombu.transport.virtual import base
 
@@ -165,7 +168,7 @@ def test_a_live_workers_lease_lapses_only_after_three_quarters_of_a_lease_withou
 
 def test_every_channel_hands_out_the_workers_shared_client_for_its_short_calls():
     # Given kombu's Redis channels with the worker's shared client (no connection is opened)
-    original = kombu_redis_transport.Channel._create_client
+    original = kombu_redis_transport.Channel.__init__, kombu_redis_transport.Channel._create_client
     shared = SimpleNamespace(name="the worker's client")
     try:
         kombu_redis.share_client(lambda: shared)
@@ -187,4 +190,40 @@ def test_every_channel_hands_out_the_workers_shared_client_for_its_short_calls()
         assert all(client is shared for client in short)
         assert blocking is not shared and built == [True]
     finally:
-        kombu_redis_transport.Channel._create_client = original
+        kombu_redis_transport.Channel.__init__, kombu_redis_transport.Channel._create_client = original
+
+
+
+def test_a_new_channel_checks_redis_on_the_shared_client_and_opens_no_connection_for_it(server):
+    # Given the worker's shared client, connected, and kombu's channels handing it out
+    shared, observer = redis.Redis.from_url(server), redis.Redis.from_url(server)
+    shared.ping(), observer.ping()
+    original = kombu_redis_transport.Channel.__init__, kombu_redis_transport.Channel._create_client
+    try:
+        kombu_redis.share_client(lambda: shared)
+        with Connection(server) as connection:
+            connection.connect()
+            received = observer.info("stats")["total_connections_received"]
+
+            # When threads that publish open channels (kombu's producer pool, its channels busy)
+            channels = [connection.channel() for _ in range(3)]
+
+            # Then Redis saw no new connection for their checks of it (a fifth, for a moment, before)
+            assert observer.info("stats")["total_connections_received"] == received
+            # and an event one of them publishes reaches a subscriber (the same fanout topic, `/0.`)
+            events = Exchange("events", type="fanout")
+            heard: list = []
+            with Connection(server) as listening:
+                consumer = Consumer(listening.channel(), [Queue("flower", events, auto_delete=True)],
+                                    callbacks=[lambda body, message: heard.append(body)], accept=["json"])
+                with consumer:
+                    with contextlib.suppress(TimeoutError):  # the subscription starts with the first poll
+                        listening.drain_events(timeout=0.2)
+                    Producer(channels[0], exchange=events).publish({"type": "worker-online"}, serializer="json")
+                    with contextlib.suppress(TimeoutError):
+                        listening.drain_events(timeout=5)
+            assert heard == [{"type": "worker-online"}]
+            # and each channel's blocking client is still its own, for BRPOP
+            assert all(channel.client is not shared for channel in channels)
+    finally:
+        kombu_redis_transport.Channel.__init__, kombu_redis_transport.Channel._create_client = original

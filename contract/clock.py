@@ -12,40 +12,99 @@ clock keeps the offset between Redis's time and this process's monotonic clock
 and reads `now()` from it without I/O. `sync` measures again; the lease keeper
 calls it every round, so the monotonic clock's own drift never accumulates.
 The first reading of a process that never synced measures once.
+
+**Its error is bounded, and known.** Redis answered somewhere within the call,
+so a midpoint is off by at most half the round trip. A call that met an outage
+takes seconds: the shared client's retries wait out a failover, and a frozen
+primary answers when it thaws (12 s in `tests/test_sentinel_failover.py`).
+Taken as is, such a reading set the clock seconds ahead, for the 30 s until the
+next round: the heartbeats written meanwhile were dated after a second
+worker's check had begun though they were taken before it, and both workers
+generated a prompt (`workers/intake/deliveries.elsewhere`). So `sync` reads
+again, up to `READINGS` times, until a round trip is short (`SHORT_S`), keeps
+the shortest, and adopts it only where it is more accurate than what the clock
+has (its reading's half round trip, plus `DRIFT` of the time since). `earliest`
+and `latest` are the bounds: what one process dates and another compares with
+takes them, so a comparison that says "after" holds whatever the two errors.
 """
 from __future__ import annotations
 
 import threading
 import time
+from typing import NamedTuple
 
 import redis
+
+READINGS = 3       # TIME calls one sync makes at most
+SHORT_S = 0.01     # a round trip this short ends a sync's readings: its midpoint is within 5 ms
+DRIFT = 5e-4       # how fast this process's monotonic clock may part from Redis's (NTP slews at most 500 ppm)
+
+
+class Reading(NamedTuple):
+    """Redis's time, and this process's monotonic time at the call's midpoint, within `error`."""
+    redis_s: float
+    monotonic_s: float
+    error: float  # half the call's round trip
+
+    def error_at(self, monotonic_s: float) -> float:
+        return self.error + DRIFT * abs(monotonic_s - self.monotonic_s)
+
+
+def read(client: redis.Redis) -> Reading:
+    """One `TIME` call, read at its midpoint."""
+    before = time.monotonic()
+    seconds, micros = client.time()
+    after = time.monotonic()
+    return Reading(seconds + micros / 1e6, (before + after) / 2, (after - before) / 2)
 
 
 class RedisClock:
     def __init__(self) -> None:
-        self._base: tuple[float, float] | None = None  # (Redis seconds, monotonic seconds) at one instant
+        self._base: Reading | None = None
         self._lock = threading.Lock()
 
     def sync(self, client: redis.Redis) -> float:
-        """Measure Redis's time now (one `TIME`); returns it."""
-        before = time.monotonic()
-        seconds, micros = client.time()
-        after = time.monotonic()
+        """Measure Redis's time again (one `TIME` call, a few where the first met a slow Redis);
+        returns it."""
+        best = read(client)
+        for _ in range(READINGS - 1):
+            if best.error <= SHORT_S / 2:
+                break
+            best = min(best, read(client), key=lambda r: r.error)
         with self._lock:
-            self._base = (seconds + micros / 1e6, (before + after) / 2)
+            base = self._base
+            if base is None or best.error <= base.error_at(best.monotonic_s):
+                self._base = best
         return self.now()
 
     def now(self, client: redis.Redis | None = None) -> float:
         """Redis's time, in seconds since the epoch. Needs `client` only before the first sync."""
+        base = self._base_or_sync(client)
+        return base.redis_s + (time.monotonic() - base.monotonic_s)
+
+    def error(self, client: redis.Redis | None = None) -> float:
+        """How far `now()` may be from Redis's time, at most."""
+        return self._base_or_sync(client).error_at(time.monotonic())
+
+    def earliest(self, client: redis.Redis | None = None) -> float:
+        """The earliest Redis's clock can read now: a time another process will compare as "after"."""
+        return self.now(client) - self.error()
+
+    def latest(self, client: redis.Redis | None = None) -> float:
+        """The latest Redis's clock can read now: a time to compare another's dates with."""
+        return self.now(client) + self.error()
+
+    def synced(self) -> bool:
+        return self._base is not None
+
+    def _base_or_sync(self, client: redis.Redis | None) -> Reading:
         base = self._base
         if base is None:
             if client is None:
                 raise RuntimeError("Redis's clock was never read: pass a client")
-            return self.sync(client)
-        return base[0] + (time.monotonic() - base[1])
-
-    def synced(self) -> bool:
-        return self._base is not None
+            self.sync(client)
+            base = self._base
+        return base
 
 
 CLOCK = RedisClock()  # one Redis per process: the producer's, or the worker's broker

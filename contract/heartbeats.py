@@ -10,9 +10,10 @@ the keyspace, so its cost does not grow with the number of keys.
 A heartbeat also lists the prompts its worker holds (`holding`: run -> ids),
 which the lost-message audit counts as held and a second delivery of one of
 them finds (`workers/intake/deliveries.py`). Its time `at` is Redis's clock
-(`clock.py`), read before the list is taken, so a heartbeat newer than a
-moment lists every prompt its worker had begun taking by then; whoever ages a
-heartbeat reads Redis's clock too.
+(`clock.py`: the earliest it can read, within the clock's error), read
+before the list is taken, so a heartbeat newer than the latest another
+process's clock read at a moment lists every prompt its worker had begun
+taking by then; whoever ages a heartbeat reads Redis's clock too.
 
 `cache_hits` is the worker's prefix-cache tally of its last minutes, per server
 (`contract/cache_hits.py`: sums, so `status` adds those of all workers).
@@ -39,7 +40,7 @@ def publish(client: redis.Redis, worker: str, servers: list[dict], ttl: float,
     """`servers`: each bound server's snapshot; `holding`: the prompts the worker holds, read
     after the heartbeat's time; `extra`: more of the worker's own state. With `pipe`, the
     heartbeat is queued there, sent when its owner executes it (one round trip with the rest)."""
-    at = CLOCK.now(client)
+    at = CLOCK.earliest(client)  # compared as "after" by another process: never later than it is
     record = {"worker": worker, "host": socket.gethostname(), "pid": os.getpid(),
               "at": at, "servers": servers, "holding": holding() if holding else {}, **extra}
     if pipe is not None:

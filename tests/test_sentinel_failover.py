@@ -242,7 +242,7 @@ def _through_faults(case: str, sfleet, topology: Topology, tokenizer, tmp_path: 
     # ...status caught up with the shards within seconds, not a lease...
     assert lag <= RECOVERY_S, f"status said finished {lag:.0f}s after the shards held every prompt"
     # ...and the stand-in generated again only what it was generating when a fault began
-    _nothing_generated_again(watch)
+    _nothing_generated_again(watch, sfleet)
 
 
 def test_a_switchover_during_conversations_loses_no_turn_and_generates_none_twice(
@@ -276,15 +276,26 @@ def test_a_switchover_during_conversations_loses_no_turn_and_generates_none_twic
     lag = watch.status_lag(set(expected))
     _figures("switchover, conversations", 1, watch, set(expected), set(), lag)
     assert lag <= RECOVERY_S, f"status said finished {lag:.0f}s after the shards held every turn"
-    _nothing_generated_again(watch)
+    _nothing_generated_again(watch, sfleet)
 
 
-def _nothing_generated_again(watch: Watch) -> None:
+def _nothing_generated_again(watch: Watch, fleet: SentinelFleet) -> None:
     """The stand-in generated again only what it was generating when a fault began: a switchover
     too, though the old primary takes writes until each worker's watch sees the new one (a prompt
-    taken there in that second is generated only once a replica has its note)."""
+    taken there in that second is generated only once a replica has its note). When it fails, it
+    says what the workers logged of those prompts and of the failovers."""
     again = sorted(watch.generated_again())
-    assert not again, f"generated again: {again}"
+    assert not again, f"generated again: {again}\n" + _logged(fleet, again)
+
+
+def _logged(fleet: SentinelFleet, prompt_ids: list[str]) -> str:
+    """The workers' log lines that name one of `prompt_ids` or tell of a failover."""
+    marks = (*prompt_ids, "primary", "failover", "lease")
+    lines = []
+    for log in sorted(fleet.logs.glob("w*.log")):
+        lines += [f"{log.stem}: {line}" for line in log.read_text(errors="replace").splitlines()
+                  if any(mark in line for mark in marks)]
+    return "\n".join(lines[-80:])
 
 
 @pytest.mark.parametrize("fault", ["switchover", "freeze"])

@@ -147,6 +147,12 @@ class Settings(SharedSettings):
         return max(value, 2.0)
 
     @property
+    def heartbeat_ttl(self) -> float:
+        """Seconds a heartbeat lives: three health rounds and one more round's deadline, so a
+        worker that stops writing is gone from `status` and the audit a few rounds later."""
+        return 3 * self.health_interval + self.health_timeout
+
+    @property
     def server_urls(self) -> list[str]:
         return [u.strip().rstrip("/") for u in self.sglang_urls.split(",") if u.strip()]
 

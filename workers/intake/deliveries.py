@@ -216,21 +216,29 @@ def elsewhere(client: redis.Redis, run: str, prompt_id: str, worker: str, held_b
     `held_by`: the names its note held before this delivery's (`Ledger.intake`). Only a
     worker named there can be generating it, and it is, if its heartbeat lists the prompt.
     A live worker named there whose heartbeat does not list it may have written that
-    heartbeat before its own intake: its next heartbeat tells (waited for up to
-    `patience` seconds; one written after this call began lists every prompt whose note
-    came before this one). A name that is this worker's is a predecessor's (a restart
-    under the same name: a second message of a prompt this process holds is found before its
-    intake, with `STARTED.holds`)."""
+    heartbeat before its own intake: its next heartbeat tells (one dated after this call
+    began lists every prompt whose note came before this one; both dates are bounds on
+    Redis's clock, `clock.py`). That heartbeat is waited for until the worker's present
+    one expires (`patience`: a heartbeat's time to live): a heartbeat late by a
+    failover's retries is still a live worker's, and going ahead without it would
+    generate the prompt twice; a worker that writes none before then is dead. A name that is this
+    worker's is a predecessor's (a restart under the same name: a second message of a
+    prompt this process holds is found before its intake, with `STARTED.holds`)."""
     others = [name for name in dict.fromkeys(held_by) if name != worker]
     if not others:
         return None
-    since = CLOCK.now(client)
+    since = CLOCK.latest(client)
     deadline = time.monotonic() + patience
     while True:
         records = [r for r in heartbeats.read(client, others) if r is not None]
         for record in records:
             if prompt_id in (record.get("holding") or {}).get(run, ()):
                 return record["worker"]
-        if all(r["at"] > since for r in records) or time.monotonic() > deadline:
+        fresh = all(r["at"] > since for r in records)
+        if fresh or time.monotonic() > deadline:
+            why = ("no heartbeat left" if not records else "a newer heartbeat does not list it" if fresh
+                   else f"no newer heartbeat within {patience:.0f}s")
+            log.info("prompt %s of run %s was delivered to %s before, not generating it now (%s): generated here",
+                     prompt_id, run, ", ".join(others), why)
             return None
         time.sleep(0.2)

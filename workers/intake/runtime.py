@@ -96,10 +96,10 @@ def _build(s: Settings, worker: str) -> Runtime:
 
     def heartbeat() -> None:  # also the probe of whether Redis takes writes (workers/intake/redis_writes.py)
         cpu.observe(*pool.free_slots())  # once a round: the CPU-bound signal's interval
-        ttl = 3 * s.health_interval + s.health_timeout
         try:
             started[:] = started or [CLOCK.now(client)]
-            health_beat.beat(client, worker, pool, ttl, holding=STARTED.holding, storage=shards.storage.snapshot(),
+            health_beat.beat(client, worker, pool, s.heartbeat_ttl, holding=STARTED.holding,
+                             storage=shards.storage.snapshot(),
                              cache_hits=cache_hits.WINDOW.snapshot(), cpu=cpu.snapshot(), started=started[0])
         except Exception as exc:
             if not writes.failed(exc):

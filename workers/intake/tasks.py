@@ -89,8 +89,10 @@ def _generate(self, run: str, prompt_id: str, max_new_tokens: int | None) -> str
         with STARTED.taking(run, prompt_id):  # listed as held from before its note
             intake = confirmed_intake.take(rt.redis, run, prompt_id, rt.worker, rt.settings.max_deliveries)
             if intake.noted and (other := deliveries.elsewhere(
-                    rt.redis, run, prompt_id, rt.worker, intake.held_by, 3 * rt.settings.health_interval)):
+                    rt.redis, run, prompt_id, rt.worker, intake.held_by, rt.settings.heartbeat_ttl)):
                 deliveries.undo(rt.redis, run, prompt_id, rt.worker)  # not a delivery: a duplicate message
+                log.info("prompt %s of run %s: a second message, acknowledged (%s generates it)", prompt_id, run,
+                         other)
                 return f"nothing to do: prompt is generating on {other}"
             if intake.noted:  # the common case: ids read and this delivery noted, one round trip
                 STARTED.counted(run, prompt_id)

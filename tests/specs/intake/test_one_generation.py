@@ -3,14 +3,16 @@ and Redis's clock as every process reads it."""
 from __future__ import annotations
 
 import threading
+import time
 
 from contract import heartbeats
 from contract.clock import RedisClock
 from workers.intake.deliveries import Started, elsewhere
+from workers.settings import Settings
 
 
-def _beat(client, worker: str, holding: dict[str, list[str]]) -> None:
-    heartbeats.publish(client, worker, [], ttl=30, holding=lambda: holding)
+def _beat(client, worker: str, holding: dict[str, list[str]], ttl: float = 30) -> None:
+    heartbeats.publish(client, worker, [], ttl=ttl, holding=lambda: holding)
 
 
 def test_a_prompt_is_listed_as_held_from_before_its_intake_until_it_is_settled_or_let_go():
@@ -47,6 +49,27 @@ def test_a_live_worker_that_does_not_list_the_prompt_is_asked_again_by_its_next_
     # and when the next heartbeat does not list it either, the delivery goes ahead
     threading.Timer(0.3, lambda: _beat(client, "w2", {"r": ["p1"]})).start()
     assert elsewhere(client, "r", "p2", "w1", ["w2"], patience=10) is None
+
+
+def test_a_heartbeat_late_by_more_than_three_rounds_is_waited_for_while_the_last_one_lives(client):
+    # Given w2's heartbeat, written before w2's intake of p1, living a heartbeat's time to live
+    settings = Settings(sglang_urls="http://a", health_interval=1)
+    _beat(client, "w2", {"r": []}, ttl=settings.heartbeat_ttl)
+    # When w2's next heartbeat, listing p1, comes 3.5 s later (its health thread waited out a
+    # failover's retries), past three health rounds
+    threading.Timer(3.5, lambda: _beat(client, "w2", {"r": ["p1"]}, ttl=settings.heartbeat_ttl)).start()
+    # Then w1, waiting as its task does (a heartbeat's time to live), finds p1 generating on w2
+    assert elsewhere(client, "r", "p1", "w1", ["w2"], patience=settings.heartbeat_ttl) == "w2"
+
+
+def test_a_worker_that_writes_no_heartbeat_before_its_last_expires_is_not_generating(client):
+    # Given w2's heartbeat, not listing p1, that lives 2 s
+    _beat(client, "w2", {"r": []}, ttl=2)
+    # When w2 writes no other
+    started = time.monotonic()
+    # Then w1 goes ahead with p1 once that heartbeat has expired, without waiting out its patience
+    assert elsewhere(client, "r", "p1", "w1", ["w2"], patience=30) is None
+    assert 1.0 <= time.monotonic() - started < 10
 
 
 def test_heartbeats_are_timed_and_aged_on_redis_clock(client):

@@ -79,32 +79,37 @@ class RedisClock:
 
     def now(self, client: redis.Redis | None = None) -> float:
         """Redis's time, in seconds since the epoch. Needs `client` only before the first sync."""
-        base = self._base_or_sync(client)
-        return base.redis_s + (time.monotonic() - base.monotonic_s)
+        return self._estimate(client)[0]
 
     def error(self, client: redis.Redis | None = None) -> float:
         """How far `now()` may be from Redis's time, at most."""
-        return self._base_or_sync(client).error_at(time.monotonic())
+        return self._estimate(client)[1]
 
     def earliest(self, client: redis.Redis | None = None) -> float:
         """The earliest Redis's clock can read now: a time another process will compare as "after"."""
-        return self.now(client) - self.error()
+        at, error = self._estimate(client)
+        return at - error
 
     def latest(self, client: redis.Redis | None = None) -> float:
         """The latest Redis's clock can read now: a time to compare another's dates with."""
-        return self.now(client) + self.error()
+        at, error = self._estimate(client)
+        return at + error
 
     def synced(self) -> bool:
         return self._base is not None
 
-    def _base_or_sync(self, client: redis.Redis | None) -> Reading:
+    def _estimate(self, client: redis.Redis | None) -> tuple[float, float]:
+        """Redis's time now and its error, both from one base and one monotonic instant (a
+        `sync` in another thread between two reads would pair one base's time with another's
+        error)."""
         base = self._base
         if base is None:
             if client is None:
                 raise RuntimeError("Redis's clock was never read: pass a client")
             self.sync(client)
             base = self._base
-        return base
+        at = time.monotonic()
+        return base.redis_s + (at - base.monotonic_s), base.error_at(at)
 
 
 CLOCK = RedisClock()  # one Redis per process: the producer's, or the worker's broker

@@ -33,3 +33,18 @@ if [ ! -f "$router_stamp" ]; then
   rm -f .venv-router/.installed-*
   touch "$router_stamp"
 fi
+# The real SGLang server on its CPU engine (tests/real_sglang.py): the package from the index without its
+# CUDA-only dependencies, in an environment of its own, built once into a cache folder outside the clone
+# that later runs and fresh clones reuse (~6 GB, ~4 minutes the first time). FLEET_SGLANG_VENV moves it.
+SGLANG_VERSION=0.5.23
+SGLANG_VENV="${FLEET_SGLANG_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/reasoning-fleet/sglang-$SGLANG_VERSION}"
+sglang_stamp="$SGLANG_VENV/.installed-$(sha256sum scripts/sglang-cpu-requirements.txt | cut -c1-16)"
+if [ ! -f "$sglang_stamp" ]; then
+  echo "setup: building SGLang $SGLANG_VERSION's CPU environment in $SGLANG_VENV (once, a few minutes)" >&2
+  [ -d "$SGLANG_VENV" ] || "$PYTHON" -m venv "$SGLANG_VENV"
+  "$SGLANG_VENV/bin/python" -m pip install --quiet --upgrade pip
+  "$SGLANG_VENV/bin/python" -m pip install --quiet --no-deps "sglang==$SGLANG_VERSION"
+  "$SGLANG_VENV/bin/python" -m pip install --quiet -r scripts/sglang-cpu-requirements.txt
+  rm -f "$SGLANG_VENV"/.installed-*
+  touch "$sglang_stamp"
+fi

@@ -66,6 +66,7 @@ class Fleet:
         self.redis_url = redis_url
         self.output_dir = tmp / "shards"
         self.processes: list[Process] = []
+        self.servers: list = []  # real SGLang servers (tests/real_sglang.py), each a process group
 
     def env(self, **extra: str) -> dict[str, str]:
         base = {"REDIS_URL": self.redis_url, "OUTPUT_DIR": str(self.output_dir),
@@ -78,6 +79,14 @@ class Fleet:
                                      launch=zygote().spawn)
         self.processes.append(process)
         return process, url
+
+    def sglang(self, model: Path, *options: str, port: int | None = None, wait_healthy: bool = True):
+        """The real SGLang server (tests/real_sglang.py) serving `model`, stopped with the test."""
+        from real_sglang import start_sglang
+
+        server = start_sglang(self.logs, model, *options, port=port, wait_healthy=wait_healthy)
+        self.servers.append(server)
+        return server
 
     def worker(self, name: str, servers: list[str], **extra: str) -> Process:
         env = self.env(SGLANG_URLS=",".join(servers), **extra)
@@ -133,6 +142,8 @@ class Fleet:
     def stop(self) -> None:
         for process in reversed(self.processes):
             process.stop(timeout=20)
+        for server in self.servers:
+            server.stop()
 
 
 CHROMIUM = "/usr/bin/chromium"
@@ -184,6 +195,15 @@ def tokenizer():
     from contract.bundled import bundled_tokenizer_dir
 
     return AutoTokenizer.from_pretrained(str(bundled_tokenizer_dir()))
+
+
+@pytest.fixture(scope="session")
+def sglang_models(tokenizer) -> dict[str, Path]:
+    """The real server's tiny checkpoints (tests/real_sglang.py), built once into the cache."""
+    from contract.bundled import bundled_tokenizer_dir
+    from real_sglang import checkpoint
+
+    return {kind: checkpoint(kind, bundled_tokenizer_dir(), tokenizer) for kind in ("random", "trace")}
 
 
 def render(tokenizer, messages: list[dict]) -> list[int]:

@@ -17,6 +17,7 @@ REPLICATED = "fleet:replicated"      # counter: a write whose replication confir
 WORKERS = "fleet:workers"            # sorted set: worker -> time of its last heartbeat
 LEASES = "fleet:leases"              # sorted set: lease holder (a worker process's number) -> its last lease round (worker_lease.py)
 SHARERS_PREFIX = "fleet:sharers:"    # sorted set per server URL (redacted): worker -> its last health round there
+SOLO_PREFIX = "fleet:solo:"          # string per server URL (redacted): the worker sending a crash suspect alone there
 TASK_NAME = "fleet.generate"         # the one Celery task
 DEFAULT_QUEUE = "fleet.generate"     # queue prefix (FLEET_QUEUE_PREFIX)
 # A run's prompt states are spread over this many hashes (`RunKeys.state_bucket`): few
@@ -53,6 +54,8 @@ class RunKeys:
         # (dead letters by reason), and the conversations' counts (conversation_ledger.py)
         self.counters = f"{base}:counters"
         self.crashes = f"{base}:crashes"    # hash: prompt id -> unexpected task failures
+        # hash: prompt id -> JSON list of the server crashes it was in flight at ({server, at}; server_crashes.py)
+        self.server_crashes = f"{base}:server-crashes"
         # hash: prompt id -> the workers it was delivered to, one name a line, while unfinished
         self.deliveries = f"{base}:deliveries"
         self.minutes = f"{base}:minutes"    # hash: "<minute>:samples|tokens" -> count, for rates

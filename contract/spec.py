@@ -69,6 +69,9 @@ class RunSpec:
     # whether the template renders earlier turns' reasoning; if not, a conversation keeps only
     # its answers' content for later turns (ChatTokenizer.renders_history_reasoning)
     history_reasoning: bool = True
+    # the tokenizer probe (contract/tokenizer_probe.py): texts and the run's ids for them, which a
+    # server's own tokenizer must give before any prompt of the run goes there (None: an older spec)
+    probe: dict | None = None
     created_at: float = field(default_factory=time.time)
     layout: int = LAYOUT  # the layout of the run's keys (`keys.LAYOUT`); 0 in a spec written before the field
 

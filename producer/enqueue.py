@@ -52,6 +52,7 @@ from contract.names import PromptState, Thinking
 from contract.publish import publish_prompts
 from contract.replication import replicated
 from contract.spec import RunSpec, load_spec, save_spec
+from contract.tokenizer_probe import make_probe
 
 from contract.chat import ChatTokenizer
 from .prompts import MAX_LINE_BYTES, BadLine, Prompt, read_prompts
@@ -143,6 +144,7 @@ def new_spec(chat: ChatTokenizer, name: str, tokenizer: str, max_new_tokens: int
         stop_ids=chat.stop_ids(), served_model=served_model, disabled_rules=sorted(disabled_rules),
         vocab_size=len(chat.tok), turns=turns, trust_remote_code=trust_remote_code,
         history_reasoning=turns == ALL and chat.renders_history_reasoning(),
+        probe=make_probe(chat.tok).to_dict(),
     )
 
 

@@ -49,7 +49,8 @@ def render_status(report: dict) -> Group:
         servers.add_column(column, overflow="fold")
     for worker in report["workers"]:
         for server in worker["servers"]:
-            note = server.get("refusal") or server.get("last_error") or ""
+            runs = "; ".join(f"refuses run {run}: {why}" for run, why in (server.get("refused_runs") or {}).items())
+            note = server.get("refusal") or runs or server.get("last_error") or ""
             target = f" / {server['target']}" if server.get("target") else ""  # older workers: no target
             servers.add_row(cell(worker["worker"]), f"{worker['seen_s_ago']:.0f}s ago", cell(server["url"]),
                             cell(server["state"]), f"{server['in_flight']:,}{target}",

@@ -70,11 +70,14 @@ def expected_trace(tokenizer, thinking: bool) -> list[int]:
     return chains[0 if thinking else 1]["emit"]
 
 
-def checkpoint(kind: str, tokenizer_dir: Path, tokenizer=None) -> Path:
-    """The `random` or `trace` checkpoint, written once into the cache (one writer at a time)."""
+def checkpoint(kind: str, tokenizer_dir: Path, tokenizer=None, vocab: int | None = None) -> Path:
+    """The `random` or `trace` checkpoint, written once into the cache (one writer at a time); `vocab`
+    gives a random model fewer ids than its tokenizer (the ids above kill the engine)."""
     chains = json.dumps(trace_chains(tokenizer)) if kind == "trace" else ""
     builder = (KERNEL / "make_model.py").read_bytes()
-    digest = hashlib.sha256(builder + chains.encode() + str(tokenizer_dir).encode()).hexdigest()[:12]
+    files = b"".join((tokenizer_dir / name).read_bytes() for name in ("tokenizer.json", "tokenizer_config.json")
+                     if (tokenizer_dir / name).exists())
+    digest = hashlib.sha256(builder + chains.encode() + files + str(vocab).encode()).hexdigest()[:12]
     target = CACHE / "sglang-models" / f"{kind}-{digest}"
     target.parent.mkdir(parents=True, exist_ok=True)
     with open(target.parent / ".lock", "w") as lock:
@@ -82,12 +85,25 @@ def checkpoint(kind: str, tokenizer_dir: Path, tokenizer=None) -> Path:
         if not (target / "config.json").exists():
             argv = [sglang_python(), str(KERNEL / "make_model.py"), str(target), "--tokenizer", str(tokenizer_dir),
                     "--context", str(CONTEXT)]
+            if vocab:
+                argv += ["--vocab", str(vocab)]
             if chains:
                 spec = target.parent / f"{target.name}.chains.json"
                 spec.write_text(chains)
                 argv += ["--trace", str(spec)]
             subprocess.run(argv, check=True, capture_output=True, timeout=300)
     return target
+
+
+def tokenizer_with_added_tokens(base, folder: Path, tokens: list[str]) -> Path:
+    """`base` (a transformers tokenizer) with `tokens` added after its vocabulary, saved to `folder`:
+    what a run enqueued with a fine-tuned model's tokenizer sends to a server of the base model."""
+    import copy
+
+    extended = copy.deepcopy(base)
+    extended.add_tokens(tokens, special_tokens=True)
+    extended.save_pretrained(str(folder))
+    return folder
 
 
 @dataclass

@@ -14,7 +14,11 @@ direction, scaled so that the chosen token's logit is ~80 above every other
 `after -> emit[0] -> emit[1] -> ... -> EOS` then makes every prompt whose last
 token is `after` answer exactly `emit`. No training: the weights are written.
 
-    python make_model.py OUT --tokenizer DIR [--trace CHAINS.json] [--context 4096]
+    python make_model.py OUT --tokenizer DIR [--trace CHAINS.json] [--context 4096] [--vocab N]
+
+`--vocab N` gives the model fewer ids than its tokenizer has (a tokenizer with
+added tokens the model was never resized for): the server's `/tokenize` then
+gives those ids, and the engine dies on them.
 
 CHAINS.json: {"chains": [{"after": [id, ...], "emit": [id, ..., eos]}, ...]}.
 A token named by no chain follows the first chain, as if it were an `after`.
@@ -78,11 +82,12 @@ def main() -> None:
     parser.add_argument("--tokenizer", type=Path, required=True)
     parser.add_argument("--trace", type=Path)
     parser.add_argument("--context", type=int, default=4096)
+    parser.add_argument("--vocab", type=int, help="the model's vocabulary size (default: the tokenizer's length)")
     args = parser.parse_args()
     from transformers import AutoTokenizer
     tokenizer = AutoTokenizer.from_pretrained(str(args.tokenizer))
     torch.manual_seed(0)
-    cfg = config(len(tokenizer), args.context, tokenizer.eos_token_id, tokenizer.bos_token_id, tied=not args.trace)
+    cfg = config(args.vocab or len(tokenizer), args.context, tokenizer.eos_token_id, tokenizer.bos_token_id, tied=not args.trace)
     model = LlamaForCausalLM(cfg)
     if args.trace:
         write_trace(model, json.loads(args.trace.read_text())["chains"])

@@ -38,10 +38,11 @@ from ..servers.answers import BadOutput, answer_cap, id_bound
 from ..servers.preflight import credentials_refusal
 from .runtime import Runtime
 from ..servers.bindings import NoServer, ServerBinding
+from . import server_crashes
 from .specs import cached_spec
 from ..output.shards import BadSample, StorageUnavailable
-from ..servers.sglang_client import (GatewayOutage, Generation, ServerCut, ServerRefused, ServerRejected,
-                            ServerUnavailable, TransientError, generate)
+from ..servers.sglang_client import (GatewayOutage, Generation, ServerCut, ServerDropped, ServerRefused,
+                                     ServerRejected, ServerUnavailable, TransientError, generate)
 from ..output.turns import turn_columns
 from ..output.verify import Verdict, think_positions, verify
 
@@ -64,6 +65,9 @@ class Attempts:
     cut: int = 0  # requests ended because their server was marked down: not attempts
     last_bad_output: dict | None = None  # the excerpt, when the last failure was a bad answer
     resampled: bool = False
+    crashes: list[dict] = field(default_factory=list)  # server crashes it was in flight at (server_crashes.py)
+    probed: bool = False  # sent alone as a one-token probe since its last crash note, and answered
+    alone: bool = False   # the request in flight is a crash suspect's, sent alone
     servers: list[str] = field(default_factory=list)
     last_error: str = ""
     started_at: float = field(default_factory=time.time)
@@ -81,7 +85,11 @@ def process_prompt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[
     sampling = dict(spec.sampling)
     if max_new_tokens:
         sampling["max_new_tokens"] = max_new_tokens
-    tries = Attempts()
+    tries = Attempts(crashes=server_crashes.notes(rt.redis, spec.name, prompt_id))
+    if spec.vocab_size and prompt_ids and max(prompt_ids) >= spec.vocab_size:  # never sent: it may kill a server
+        return bury(rt, _dead(rt, spec, prompt_id, prompt_ids, sampling, tries, Reason.WORKER_ERROR,
+                              f"prompt id {max(prompt_ids)} is not a token id of the run's tokenizer "
+                              f"({spec.vocab_size} ids); not sent"))
     route = rt.affinity.route(rt.redis, spec.name, spec.turns == "all", prompt_id, prompt_ids)
     try:
         while True:
@@ -240,8 +248,11 @@ def _generation(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int
     s = rt.settings
     while True:
         avoid = tries.servers[-1] if tries.servers else None
+        tries.alone = False
+        taking = rt.tokenizers.taking(spec, rt.pool.usable(spec.served_model))
         try:
-            with rt.pool.acquire(spec.served_model, s.server_wait, avoid=avoid, prefer=route.prefer) as binding:
+            with rt.pool.acquire(spec.served_model, s.server_wait, avoid=avoid, prefer=route.prefer,
+                                 only=taking) as binding:
                 rt.affinity.sent(route, binding.url, rt.pool.spilled(route.prefer, binding, spec.served_model))
                 too_long = prompt_too_long(len(prompt_ids), binding.max_model_len, binding.max_input_len)
                 if too_long:
@@ -249,15 +260,19 @@ def _generation(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int
                                       f"{too_long} of {binding.url}"))
                 tries.servers.append(binding.url)
                 sent = fit_context(sampling, len(prompt_ids), binding.max_model_len)
-                with metrics.LATENCY.labels(binding.url).time():
-                    generation = generate(rt.http, binding.url, prompt_ids, sent, prompt_id,
-                                          timeout=s.request_timeout,
-                                          max_bytes=answer_cap(sent.get("max_new_tokens"), s.max_answer_bytes),
-                                          id_bound=id_bound(spec.vocab_size, binding.vocab_size))
+                if tries.crashes and not tries.probed:  # a suspect: a one-token probe alone first
+                    _alone(rt, binding, tries, lambda: _send(rt, spec, binding, prompt_id, prompt_ids,
+                                                              {**sent, "max_new_tokens": 1}))
+                    tries.probed = True
+                    log.info("prompt %s of run %s: its one-token probe on %s came back; sent as usual now",
+                             prompt_id, spec.name, binding.url)
+                send = lambda: _send(rt, spec, binding, prompt_id, prompt_ids, sent)  # noqa: E731
+                alone = len(tries.crashes) >= server_crashes.WHOLE_ALONE
+                generation = _alone(rt, binding, tries, send) if alone else send()
                 rt.pool.observe_answer(binding, generation.meta_info)  # the server's load, for its tuner
                 cache_hits.observe(binding.url, len(prompt_ids), generation.cached_tokens)
                 return generation
-        except NoServer as exc:
+        except (NoServer, server_crashes.SoloBusy) as exc:
             raise GiveBack(str(exc)) from exc
         except ServerRejected as exc:
             raise Unfit(_dead(rt, spec, prompt_id, prompt_ids, sampling, tries, Reason.SERVER_REJECTED,
@@ -269,6 +284,8 @@ def _generation(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int
         except GatewayOutage as exc:
             _outage(rt, spec, binding, exc, tries)
         except ServerUnavailable as exc:
+            if isinstance(exc, ServerDropped):
+                _dropped(rt, spec, binding, prompt_id, prompt_ids, sampling, tries, time.monotonic())
             rt.monitor.suspect(binding, str(exc))
             tries.last_bad_output = None
             if not _pause(tries, str(exc), 0.5, 5.0, transient=False, limit=s.max_unavailable):
@@ -280,6 +297,48 @@ def _generation(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int
             if not _pause(tries, error, s.retry_backoff, s.retry_backoff_max, transient=True,
                           limit=s.max_attempts):
                 raise Unfit(_server_error(rt, spec, prompt_id, prompt_ids, sampling, tries)) from exc
+
+
+def _send(rt: Runtime, spec: RunSpec, binding: ServerBinding, prompt_id: str, prompt_ids: list[int],
+          sent: dict) -> Generation:
+    s = rt.settings
+    with metrics.LATENCY.labels(binding.url).time():
+        return generate(rt.http, binding.url, prompt_ids, sent, prompt_id, timeout=s.request_timeout,
+                        max_bytes=answer_cap(sent.get("max_new_tokens"), s.max_answer_bytes),
+                        id_bound=id_bound(spec.vocab_size, binding.vocab_size))
+
+
+def _alone(rt: Runtime, binding: ServerBinding, tries: Attempts, send: Callable[[], Generation]) -> Generation:
+    """A crash suspect's request, sent while it holds its server's solo slot (server_crashes.py)."""
+    with server_crashes.solo(rt.redis, binding.url, rt.worker, rt.settings.server_wait):
+        tries.alone = True  # read (and reset) by `_dropped` if the server dies of it, else by the next request
+        generation = send()
+    tries.alone = False
+    return generation
+
+
+def _dropped(rt: Runtime, spec: RunSpec, binding: ServerBinding, prompt_id: str, prompt_ids: list[int],
+             sampling: dict, tries: Attempts, dropped: float) -> None:
+    """The server closed this prompt's connection with no answer: if it died, the prompt is noted at
+    the crash, and a suspect sent alone is the crash's cause (`Unfit`, server_crash)."""
+    alone, tries.alone = tries.alone, False
+    at = rt.crash_watch.crashed(binding.url, dropped) if binding.gateway_workers is None else None
+    if at is None:
+        return
+    tries.crashes = server_crashes.note(rt.redis, spec.name, prompt_id, tries.crashes, binding.url, at)
+    tries.probed = False
+    when = datetime.fromtimestamp(at, timezone.utc)
+    if alone:
+        crashes = ", ".join(f"{c['server']} at {datetime.fromtimestamp(c['at'], timezone.utc):%H:%M:%S} UTC"
+                            for c in tries.crashes)
+        letter = _dead(rt, spec, prompt_id, prompt_ids, sampling, tries, Reason.SERVER_CRASH,
+                       f"its server died each time it was in flight, the last time sent there alone ({crashes}); "
+                       f"never sent again", excerpt={"crashes": tries.crashes})
+        letter.servers = sorted({c["server"] for c in tries.crashes})
+        raise Unfit(letter)
+    log.warning("prompt %s of run %s was in flight on %s when it died at %s UTC (crash %d of this prompt); "
+                "it goes alone next time, to see whether it kills its server", prompt_id, spec.name, binding.url,
+                f"{when:%H:%M:%S}", len(tries.crashes))
 
 
 def _refused(rt: Runtime, spec: RunSpec, binding: ServerBinding, exc: ServerRefused,

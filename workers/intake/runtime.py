@@ -32,6 +32,8 @@ from .redis_writes import RedisWrites
 from ..servers.bindings import ServerPool
 from ..settings import Settings
 from ..servers.sglang_client import Client, make_client
+from ..servers.tokenizers import TokenizerChecks
+from ..servers.crashes import CrashWatch
 from ..output.shards import ShardWriter
 
 log = logging.getLogger(__name__)
@@ -49,7 +51,8 @@ class Runtime:
     writes: RedisWrites = field(default_factory=RedisWrites)
     affinity: Affinity = field(default_factory=Affinity)
     cpu: CpuWatch = field(default_factory=CpuWatch)
-
+    tokenizers: TokenizerChecks | None = None  # whether each server's tokenizer is a run's
+    crash_watch: CrashWatch | None = None  # whether a server that dropped a request died
     def close(self) -> None:
         self.monitor.stop()
         try:
@@ -112,7 +115,8 @@ def _build(s: Settings, worker: str) -> Runtime:
     monitor = HealthMonitor(pool, s, headers, after_round=heartbeat,
                             cut=lambda binding, why: http.cut(binding.url, why))
     runtime = Runtime(settings=s, worker=worker, pool=pool, monitor=monitor, http=http, redis=client,
-                      shards=shards, writes=writes, affinity=Affinity(s.affinity), cpu=cpu)
+                      shards=shards, writes=writes, affinity=Affinity(s.affinity), cpu=cpu,
+                      tokenizers=TokenizerChecks(monitor.client), crash_watch=CrashWatch(monitor.client))
     monitor.client.auth = ServerCredentials(s.server_urls)  # bindings hold redacted URLs
     log.info("worker %s bound to %s; broker %s; shards to %s; %d threads, at most %d in flight per server",
                 worker, ", ".join(b.url for b in pool.bindings), redact_url(s.redis_url), s.output_dir,

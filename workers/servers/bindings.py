@@ -68,6 +68,8 @@ class ServerBinding:
     last_error: str | None = None
     checked_at: float = 0.0
     preflighted: bool = False
+    preflights: int = 0  # preflights passed: a new one is a (re)started server, whose verdicts are asked again
+    refused_runs: dict[str, str] = field(default_factory=dict)  # run -> why its tokenizer is not the server's
     sent: int = field(default=0)
     tuner: Tuner = field(default_factory=lambda: Tuner(bound=1024))
     gateway_workers: list[str] | None = None  # a model gateway: the workers it routes to
@@ -114,6 +116,8 @@ class ServerBinding:
         found = {k: getattr(self, k) for k in keep}
         if self.gateway_workers is not None:
             found["gateway_workers"] = len(self.gateway_workers)
+        if self.refused_runs:
+            found["refused_runs"] = dict(self.refused_runs)
         return found
 
 
@@ -137,8 +141,9 @@ class ServerPool:
         self._conds = {key: threading.Condition(self._lock) for key in [None, *(b.url for b in self.bindings)]}
         self._waiting = dict.fromkeys(self._conds, 0)
 
-    def usable(self, model: str | None = None) -> list[ServerBinding]:
-        return [b for b in self.bindings if b.usable and b.serves(model)]
+    def usable(self, model: str | None = None, only: frozenset[str] | None = None) -> list[ServerBinding]:
+        """The usable servers of `model` (and, where `only` is given, among those URLs)."""
+        return [b for b in self.bindings if b.usable and b.serves(model) and (only is None or b.url in only)]
 
     def healthy_models(self) -> set[str]:
         return set().union(*(b.models() for b in self.bindings if b.usable))
@@ -152,18 +157,20 @@ class ServerPool:
 
     @contextmanager
     def acquire(self, model: str | None, wait: float, avoid: str | None = None,
-                prefer: str | None = None) -> Iterator[ServerBinding]:
+                prefer: str | None = None, only: frozenset[str] | None = None) -> Iterator[ServerBinding]:
         """Hold a slot on the preferred server while the load guard allows it, else on the
-        least-loaded usable server, waiting up to `wait` seconds."""
+        least-loaded usable server (among `only`, where given), waiting up to `wait` seconds."""
         deadline = time.monotonic() + wait
         with self._lock:
             while True:
-                chosen, hold_for = self._pick(model, avoid, prefer)
+                chosen, hold_for = self._pick(model, avoid, prefer, only)
                 if chosen:
                     break
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    raise NoServer(f"no healthy server for model {model or 'any'} within {wait:.0f}s")
+                    refusing = len(self.usable(model)) - len(self.usable(model, only)) if only is not None else 0
+                    why = f" ({refusing} refuse the run: see the log)" if refusing else ""
+                    raise NoServer(f"no healthy server for model {model or 'any'}{why} within {wait:.0f}s")
                 # Every change that can free a slot notifies (a release, a new target, each health
                 # round): no timed re-check, which at 2,048 in flight woke ~500 waiters a second.
                 self._waiting[hold_for] += 1
@@ -180,10 +187,12 @@ class ServerPool:
                 chosen.in_flight -= 1
                 self._wake(chosen)
 
-    def _pick(self, model: str | None, avoid: str | None,
-              prefer: str | None) -> tuple[ServerBinding | None, str | None]:
+    def _pick(self, model: str | None, avoid: str | None, prefer: str | None,
+              only: frozenset[str] | None = None) -> tuple[ServerBinding | None, str | None]:
         """(the server to take now, or None and the server whose slot to wait for: None for any)."""
-        candidates = self.usable(model)
+        candidates = self.usable(model, only)
+        if only is not None and prefer not in only:
+            prefer = None
         if prefer is not None and prefer != avoid and self._pending(prefer):
             return None, prefer
         held = affinity.sticky(prefer, candidates, self.margin, avoid)

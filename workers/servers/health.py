@@ -229,6 +229,8 @@ class HealthMonitor:
             return
         self.pool.reset_capacity(binding, capacity)
         binding.preflighted = True
+        binding.preflights += 1  # its runs' tokenizers are asked again (workers/servers/tokenizers.py)
+        binding.refused_runs.clear()
         if binding.refusal:
             if binding.state != REFUSED:
                 log.error("server %s REFUSED: %s", binding.url, binding.refusal)

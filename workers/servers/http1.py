@@ -38,6 +38,10 @@ class ProtocolError(OSError):
     """The server broke HTTP/1.1 or closed the connection mid-answer (an `OSError`, like a reset)."""
 
 
+class NoAnswer(ProtocolError):
+    """The server closed the connection before the first byte of an answer (a crash, or an idle close)."""
+
+
 @dataclass
 class Exchange:
     status: int
@@ -171,7 +175,16 @@ def _head(conn: Connection, deadline: float) -> tuple[bytes, str, int, dict[str,
         while end < 0:
             if len(data) > MAX_HEAD:
                 raise ProtocolError(f"answer head longer than {MAX_HEAD} bytes")
-            data += _recv(conn, deadline, 0)
+            try:
+                data += _recv(conn, deadline, 0)
+            except ConnectionResetError as exc:
+                if data:
+                    raise
+                raise NoAnswer(f"the server reset the connection before any answer ({exc})") from exc
+            except ProtocolError as exc:
+                if data:
+                    raise
+                raise NoAnswer("the server closed the connection before any answer") from exc
             end = data.find(b"\r\n\r\n")
         lines = data[:end].decode("latin-1").split("\r\n")
         data = data[end + 4:]

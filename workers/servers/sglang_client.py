@@ -4,6 +4,9 @@ Failures fall in six classes, each handled differently by the task:
 - `ServerUnavailable`: the server could not be reached or died mid-request.
   Not the prompt's fault: another server (or the queue) takes it, and it does
   not spend the prompt's retry budget.
+- `ServerDropped`: the server closed the connection with no answer after the
+  request went out. Like `ServerUnavailable`, and the request loop asks
+  whether the server died of it (`workers/servers/crashes.py`).
 - `ServerCut`: the health monitor marked the server down (a wedged engine)
   while the request waited there, and `Client.cut` ended it. Not an attempt
   at all: another server (or the queue) takes the prompt at once.
@@ -74,6 +77,11 @@ class ServerUnavailable(GenerateError):
 
 class ServerCut(ServerUnavailable):
     pass
+
+
+class ServerDropped(ServerUnavailable):
+    """The request reached the server, which closed the connection without a byte of answer: the server
+    may have died of it (`workers/servers/crashes.py` tells), or closed an idle connection as it came."""
 
 
 class ServerRefused(GenerateError):
@@ -218,6 +226,8 @@ def send(client: Client, url: str, payload: bytes, *, timeout: float, max_bytes:
                              f"({exc.size} bytes so far; FLEET_REQUEST_TIMEOUT)") from None
     except TimeoutError as exc:  # one read outlasted the read timeout (or the connect timeout)
         raise _late(url, timeout, watch) or TransientError(f"{url}: no answer in time ({exc})") from exc
+    except http1.NoAnswer as exc:
+        raise _late(url, timeout, watch) or ServerDropped(f"{url}: {exc}") from exc
     except OSError as exc:  # refused, reset, cut off, TLS; or shut by the watchdog
         raise _late(url, timeout, watch) or ServerUnavailable(f"{url}: {exc.__class__.__name__}: {exc}") from exc
     finally:

@@ -1,0 +1,69 @@
+"""A prompt that kills its server is caught: against the real SGLang server, whose every process exits on an
+input id its model lacks, restarted each time it dies as a supervisor would (workers/intake/server_crashes.py)."""
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+
+from conftest import write_prompts
+from real_sglang import checkpoint, restart, tokenizer_with_added_tokens
+
+pytestmark = pytest.mark.xdist_group("real-sglang")
+
+ADDED = ["<tool_a>", "<tool_b>", "<tool_c>", "<tool_d>"]
+
+
+class Supervisor:
+    """Starts the server again on its port each time it dies (as Kubernetes or systemd would), and counts."""
+
+    def __init__(self, fleet, server):
+        self.fleet, self.server, self.deaths = fleet, server, []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.5):
+            if not self.server.process.alive():
+                self.deaths.append(time.time())
+                self.server = restart(self.fleet.logs, self.server, wait_healthy=False)
+                self.fleet.servers.append(self.server)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+
+def test_a_prompt_that_kills_its_server_is_dead_lettered_and_its_neighbours_are_stored(fleet, tmp_path, tokenizer):
+    # Given a model resized for none of its tokenizer's four added tokens (its server's /tokenize gives their
+    # ids, which the engine cannot embed), served by the real server under a supervisor, and a worker
+    extended = tokenizer_with_added_tokens(tokenizer, tmp_path / "extended-tokenizer", ADDED)
+    model = checkpoint("random", extended, vocab=len(tokenizer))
+    supervisor = Supervisor(fleet, fleet.sglang(model))
+    worker = fleet.worker("w1", [supervisor.server.url])
+
+    # When a run of eight prompts, one of which uses an added token, is enqueued with that tokenizer
+    records = [{"id": f"p{i}", "prompt": f"Question {i}: count to {i + 3}."} for i in range(8)]
+    records[5]["prompt"] = f"Call {ADDED[2]} now."
+    fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", records)), "--tokenizer", str(extended),
+                   "--max-new-tokens", "48", "--thinking", "off", "--disable-rule", "truncated")
+
+    # Then the killer ends as a server_crash dead letter, its record listing its two crashes (server and time)
+    try:
+        states = fleet.wait_finished(timeout=480)
+    finally:
+        supervisor.stop()
+    letters = fleet.dead_letters()
+    assert [(d["id"], d["reason"]) for d in letters] == [("p5", "server_crash")], fleet.logs_tail(60)
+    crashes = letters[0]["excerpt"]["crashes"]
+    assert len(crashes) == 2 and {c["server"] for c in crashes} == {supervisor.server.url}
+    assert all(abs(c["at"] - died) < 30 for c, died in zip(crashes, supervisor.deaths))
+    # and its seven neighbours, in flight beside it at the first crash, are stored, none blamed
+    assert states == {"done": 7, "dead": 1}
+    assert sorted(row["id"] for row in fleet.rows()) == [f"p{i}" for i in range(8) if i != 5]
+    # and the server died twice: once among the others, once when the killer was sent alone
+    assert len(supervisor.deaths) == 2
+    # and the worker's log named the prompt at the first crash, at once
+    assert "prompt p5 of run default was in flight on" in worker.log.read_text()

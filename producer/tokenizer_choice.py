@@ -69,8 +69,11 @@ def _may_be_hub_id(name: str) -> bool:
 
 def load_chat(choice: TokenizerChoice, trust_remote_code: bool, think_start: str, think_end: str):
     """The run's `ChatTokenizer`, or `TokenizerUnavailable` saying in one line why not."""
+    from huggingface_hub.utils import logging as hub_logging
+
     from contract.chat import ChatTokenizer
 
+    hub_logging.set_verbosity_error()  # no line per retry when the hub is unreachable: the failure says it
     try:
         return ChatTokenizer(choice.name, trust_remote_code, think_start, think_end)
     except (OSError, ValueError) as exc:

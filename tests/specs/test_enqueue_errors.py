@@ -1,5 +1,7 @@
 """What a newcomer's first `enqueue` mistakes print: one line and an exit status, never a
-traceback; and which tokenizer a run used, said in the summary (against a real redis-server)."""
+traceback; and which tokenizer a run used, said in the summary (against a real redis-server).
+A hub id the offline cache lacks is tests/test_commands.py's: huggingface_hub reads
+HF_HUB_OFFLINE once, when imported, so it needs a process started with it."""
 from __future__ import annotations
 
 import time
@@ -45,17 +47,6 @@ def test_a_tokenizer_path_that_is_not_there_is_one_line_at_once_without_the_hub(
     assert result.exit_code == 2 and time.monotonic() - started < 5
     assert line.startswith(f"tokenizer {given!r} not found: no such folder, and not a hub id") and WHAT_TO_PASS in line
     assert "Traceback" not in result.output and client.scard(RUNS) == 0
-
-
-def test_a_hub_id_the_offline_cache_lacks_is_one_line(server, client, prompts):
-    # When enqueue is given a hub id that no cache holds, offline
-    result = enqueue(server, str(prompts), "--tokenizer", "no-such-org/no-such-model", HF_HUB_OFFLINE="1")
-
-    # Then one line says it is neither a folder nor a model of the hub's cache, and what to pass (exit 2)
-    line = one_line(result.output)
-    assert result.exit_code == 2 and client.scard(RUNS) == 0
-    assert line.startswith("tokenizer 'no-such-org/no-such-model' not found: no such folder here, nor a model in "
-                           "the hub's local cache (HF_HUB_OFFLINE is set)") and WHAT_TO_PASS in line
 
 
 def test_a_folder_without_a_tokenizer_is_one_line(server, prompts, tmp_path):

@@ -19,8 +19,8 @@ from rich.table import Table
 from contract.conversations import ALL, LAST
 from contract.names import VERIFY_RULES, Thinking
 
-from .cli_common import (choice, connect, err, fail, json_option, load_run, out, print_shown, publisher,
-                         reading, redis_option, run_name, run_option, shards_of)
+from .cli_common import (check_has_prompts, choice, connect, err, fail, json_option, load_run, out, print_shown,
+                         no_prompts, publisher, reading, redis_option, run_name, run_option, shards_of)
 from .cli_dead import dead_app
 from .prompts import MAX_LINE_BYTES
 from .visible import visible
@@ -56,8 +56,9 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
 @app.command(short_help="Tokenize a JSONL file of prompts and queue them.")
 def enqueue(
     prompts: Path = typer.Argument(..., exists=True, dir_okay=False, metavar="FILE", help="JSONL prompt file."),
-    tokenizer: str = typer.Option("bundled", metavar="NAME",
-                                  help="Tokenizer path or hub id ('bundled': DeepSeek-R1 style)."),
+    tokenizer: Optional[str] = typer.Option(None, metavar="NAME",
+                                            help="Tokenizer folder or hub id (org/name); left out or 'bundled': "
+                                                 "the bundled DeepSeek one (R1-style template), said in the summary."),
     served_model: Optional[str] = typer.Option(None, metavar="MODEL",
                                                help="Only servers whose /model_info names this model get the run."),
     max_new_tokens: int = typer.Option(8192, min=1, metavar="N", help="The generation budget of each prompt."),
@@ -91,17 +92,29 @@ def enqueue(
     lone surrogate, a line over --max-line-bytes, a content part other than
     text) or a prompt the chat template refuses is reported with its line number
     and reason and skipped; the others are published, and the exit status is 1.
+    A file with no prompt at all (empty, or blank lines only) fails (exit 1), as
+    does a tokenizer that is neither a folder nor a hub id (exit 2), each in one
+    line; the summary names the tokenizer used.
     """
+    from .tokenizer_choice import TokenizerUnavailable, choose, load_chat
+
     name = run_name(run)
+    try:
+        chosen = choose(tokenizer)
+    except TokenizerUnavailable as exc:
+        raise fail(str(exc))
+    check_has_prompts(prompts)
     settings, client = connect(redis_url)
-    from contract.chat import ChatTokenizer
     from contract.replication import FailedOver
     from contract.spec import OlderLayout
 
     from .enqueue import RunMismatch, enqueue_file, new_spec, prepare_run
 
-    chat = ChatTokenizer(tokenizer, trust_remote_code, think_start, think_end)
-    spec = new_spec(chat, name, tokenizer, max_new_tokens, temperature, top_p, thinking,
+    try:
+        chat = load_chat(chosen, trust_remote_code, think_start, think_end)
+    except TokenizerUnavailable as exc:
+        raise fail(str(exc))
+    spec = new_spec(chat, name, chosen.name, max_new_tokens, temperature, top_p, thinking,
                     served_model, disable_rule, turns, trust_remote_code)
     try:
         spec = prepare_run(client, spec)
@@ -122,6 +135,9 @@ def enqueue(
                       "what the new primary lacks")
             raise typer.Exit(3)
     _print_enqueue_summary(summary, spec.thinking)
+    out.print(chosen.summary_line(), highlight=False, soft_wrap=True)
+    if not (summary.published or summary.rejected_count or summary.skipped):  # a pipe that gave nothing
+        raise no_prompts(prompts)
     if summary.rejected:
         raise typer.Exit(1)
 

@@ -7,8 +7,10 @@ importing this module reads nothing.
 """
 from __future__ import annotations
 
+import stat
 import sys
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Iterator, Sequence
 
 import typer
@@ -49,6 +51,25 @@ def fail(message: str, code: int = 2) -> typer.Exit:
     """Print `message` (plain text, shown as is) as one red line on stderr; the exit to raise."""
     err.print(f"[red]{escape(message)}[/red]", highlight=False)
     return typer.Exit(code)
+
+
+def check_has_prompts(path: Path) -> None:
+    """Exit 1 naming the file when a regular file holds nothing but whitespace (empty, or blank
+    lines only), before a run is recorded: a silent "published 0" reads as success. Reads only
+    up to the first byte that is not whitespace; a pipe is left unread (`no_prompts` then)."""
+    if not stat.S_ISREG(path.stat().st_mode):
+        return
+    with open(path, "rb") as handle:
+        while chunk := handle.read(1 << 16):
+            if chunk.strip():  # the whitespace `read_prompts` skips as a blank line
+                return
+    raise no_prompts(path)
+
+
+def no_prompts(path: Path) -> typer.Exit:
+    """The exit for a prompt file with no line to read (exit 1)."""
+    return fail(f"no prompts in {path}: the file is empty or holds only blank lines (each line is one JSON "
+                f"prompt, e.g. {{\"id\": \"1\", \"prompt\": \"...\"}})", 1)
 
 
 def connect(redis_url: str | None):

@@ -65,7 +65,7 @@ from contract.storage import store_for
 
 from . import formats
 from .export_bucket import Uploader, is_bucket, previous_parts, publish
-from .export_folder import ExportRefused, check_replaceable, swap_into_place, write_manifest
+from .export_folder import ExportRefused, check_replaceable, fresh_folder, swap_into_place, write_manifest
 from .export_writer import RollingWriter
 
 BATCH_ROWS = 2048           # rows read (and looked up in the ledger) at a time
@@ -92,7 +92,7 @@ def export_run(spec: RunSpec, client: redis.Redis, output_dir: str, dest: Path |
     dest = Path(dest).resolve()  # a symlinked DEST: its target is replaced, the link stays
     check_replaceable(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=f".{dest.name}.export-", dir=dest.parent))
+    staging = fresh_folder(dest.parent, f".{dest.name}.export-")  # DEST once swapped: the umask's mode
     try:
         rows = staging if format == formats.PARQUET else staging / ".rows"
         rows.mkdir(exist_ok=True)
@@ -115,7 +115,7 @@ def _export_to_bucket(spec: RunSpec, client: redis.Redis, output_dir: str, dest:
         raise ExportRefused(f"--format {format} is written to a folder; export to a folder, then copy it")
     previous = previous_parts(dest)
     uploader = Uploader(dest, count=not index_only)
-    staging = Path(tempfile.mkdtemp(prefix=".export-"))
+    staging = Path(tempfile.mkdtemp(prefix=".export-"))  # private scratch, uploaded and removed
     try:
         manifest = _write_export(spec, client, output_dir, staging, rows_per_file, on_progress, 1, None,
                                  index_only, complete_only, on_file=uploader)

@@ -18,6 +18,7 @@ import ctypes
 import errno
 import json
 import os
+import secrets
 from pathlib import Path
 
 from contract.durable import fsync_folder
@@ -29,6 +30,19 @@ MANIFEST = "manifest.json"
 
 class ExportRefused(Exception):
     """DEST holds something that is not a previous export: it is left alone."""
+
+
+def fresh_folder(parent: Path, prefix: str) -> Path:
+    """A new folder `parent/<prefix><random>`, made with the permissions the umask gives any
+    folder (0777 & ~umask), unlike `tempfile.mkdtemp`'s 0700: it becomes DEST, which a trainer
+    running as another user must be able to read."""
+    while True:
+        folder = parent / f"{prefix}{secrets.token_hex(4)}"
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            continue
 
 
 def check_replaceable(dest: Path) -> None:

@@ -257,8 +257,9 @@ def reasons_markdown() -> str:
     missing = [r.value for r in Reason if r not in MEANINGS]
     if missing:
         raise ValueError(f"reason codes without a meaning in contract.names.MEANINGS: {', '.join(missing)}")
-    rows = [[code(r.value), MEANINGS[r], "yes" if r in VERIFY_RULES else "no"] for r in Reason]
-    return table(["reason", "meaning", "`--disable-rule`"], rows)
+    rows = [[code(r.value), MEANINGS[r], "yes" if r in VERIFY_RULES else "no",
+             f"[troubleshooting](../operate/troubleshooting.md#{r.value})"] for r in Reason]
+    return table(["reason", "meaning", "`--disable-rule`", "what to do"], rows)
 
 
 # --- Redis keys -----------------------------------------------------------------------------

@@ -156,6 +156,31 @@ def test_values_outside_an_options_set_are_refused_and_nothing_is_recorded(fleet
     assert missing.returncode == 2 and "runs there: default" in missing.stderr
 
 
+def test_a_newcomers_first_mistakes_are_one_line_each_never_a_traceback(fleet, tmp_path):
+    # Given a prompt file, an empty one, and a Redis
+    prompts = write_prompts(tmp_path / "p.jsonl", varied_prompts(2))
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n\n")
+
+    # When `python -m producer enqueue` is given a tokenizer that is nowhere, offline and online, or no prompts
+    missing_folder = fleet.producer("enqueue", str(prompts), "--tokenizer", "./no-such-dir", check=False,
+                                    HF_HUB_OFFLINE="0")
+    # (not forked from the zygote: it imported huggingface_hub, which reads HF_HUB_OFFLINE once, at import)
+    missing_id = subprocess.run([sys.executable, "-m", "producer", "enqueue", str(prompts), "--tokenizer",
+                                 "no-such-org/no-such-model"], env=fleet.env(HF_HUB_OFFLINE="1"), cwd=ROOT,
+                                capture_output=True, text=True, timeout=120)
+    nothing = fleet.producer("enqueue", str(empty), check=False)
+
+    # Then each prints one line on stderr, nothing on stdout, and exits 2 (what was asked) or 1 (no prompts)
+    for result, code, start in ((missing_folder, 2, "tokenizer './no-such-dir' not found"),
+                                (missing_id, 2, "tokenizer 'no-such-org/no-such-model' not found"),
+                                (nothing, 1, f"no prompts in {empty}")):
+        assert result.returncode == code, result.stderr
+        assert result.stderr.count("\n") == 1 and result.stderr.startswith(start) and result.stdout == "", result
+    # and no run was recorded
+    assert json.loads(fleet.producer("runs", "--json").stdout) == []
+
+
 HOSTILE = ["\x1b]0;PWNED\x07", "\x1b[2J", "\x9b31m", "\u202e"]
 
 

@@ -30,6 +30,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.specs.image_pins import why_unpinned
+
 try:
     import yaml
 except ImportError:  # the tool with JSON output still works without it
@@ -310,6 +312,17 @@ def test_every_service_has_an_image_or_a_build(file):
     """Given every service of every profile, then Compose knows how to get its image."""
     for name, service in render(file, "gpu", "example").all_services.items():
         assert service.get("image") or service.get("build"), name
+
+
+@files
+@env_cases
+def test_every_image_is_pinned_to_a_tested_version(file, env_case):
+    """Given every service of every profile, then its image is never :latest or untagged, and
+    SGLang's and the fleet's are the versions the fleet is tested with (tests/specs/image_pins.py)."""
+    images = {name: service["image"] for name, service in render(file, "gpu", env_case).all_services.items()
+              if service.get("image")}
+    assert {"sglang", "worker"} <= set(images)
+    assert [why for why in map(why_unpinned, images.values()) if why] == []
 
 
 @files

@@ -45,6 +45,23 @@ def test_every_page_under_docs_is_in_the_navigation_and_every_entry_exists():
     assert len(nav) == len(set(nav))
 
 
+def test_troubleshooting_says_what_to_do_about_every_reason_code_and_every_wait():
+    from contract.names import Reason
+
+    # Given the troubleshooting page, linked from the home page and the reason-code reference
+    text = (DOCS / "operate" / "troubleshooting.md").read_text()
+    assert "operate/troubleshooting.md" in (DOCS / "index.md").read_text()
+    assert "../operate/troubleshooting.md" in (DOCS / "reference" / "reason-codes.md").read_text()
+    # then each reason code has its own section (the reference's table links to it by the code)
+    sections = re.findall(r"^### `(\w+)` \{#(\w+)\}$", text, re.M)
+    assert sorted(code for code, anchor in sections if code == anchor) == sorted(r.value for r in Reason)
+    # and so do the waits a newcomer meets, the demo's planted dead letters among them
+    for heading in ("A worker that waits forever", "No healthy server", "A refused server", "Redis warnings",
+                    "A run that stalls"):
+        assert f"\n## {heading}\n" in text, heading
+    assert "11 `missing_think_end`" in text and "--fault-missing-think-end" in text
+
+
 def test_the_readme_is_short_and_its_links_lead_to_pages_that_exist():
     readme = (ROOT / "README.md").read_text()
     # Given the README, then a newcomer reads it in a few minutes

@@ -32,6 +32,7 @@ import pytest
 import yaml
 
 from contract.keys import DEFAULT_QUEUE, queue_for
+from tests.specs.image_pins import images_in, project_version, sglang_version, why_unpinned
 from workers.settings import Settings
 from workers.intake.shutdown import HAND_BACK_SECONDS, SETTLE_SECONDS
 
@@ -157,6 +158,26 @@ def test_every_rendered_object_validates_against_its_schema(overlay):
             validate(obj)
         except Exception as exc:
             raise AssertionError(f"{overlay.name}: {obj['kind']}/{obj['metadata']['name']}: {exc}") from None
+
+
+@needs_kubectl
+@pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
+def test_every_image_is_pinned_to_a_tested_version(overlay):
+    # Given an overlay rendered by kubectl kustomize
+    images = sorted({image for obj in rendered(overlay) for image in images_in(obj)})
+
+    # Then it names images, none :latest or untagged, SGLang's and the fleet's at their tested versions
+    assert any("reasoning-fleet" in image for image in images), images
+    assert [why for why in map(why_unpinned, images) if why] == []
+
+
+def test_an_unpinned_image_is_told_apart():
+    assert why_unpinned("lmsysorg/sglang:latest") and why_unpinned("reasoning-fleet") \
+        and why_unpinned("registry:5000/reasoning-fleet") and why_unpinned("lmsysorg/sglang:v0.5.2-cu126") \
+        and why_unpinned("reasoning-fleet:0.0.9")
+    assert not why_unpinned(f"lmsysorg/sglang:v{sglang_version()}-cu126") and not why_unpinned("redis:7") \
+        and not why_unpinned(f"registry:5000/team/reasoning-fleet:{project_version()}") \
+        and not why_unpinned("redis@sha256:" + "0" * 64)
 
 
 def test_a_typo_fails_validation():

@@ -2,8 +2,10 @@
 
 Polls `GET /health` by status code on an interval; on the way to healthy (and
 each time a server comes back) runs the preflight. State changes are logged
-once, not on every poll. A server goes down after `health_failures` failed
-probes in a row and comes back after `health_successes` good ones, so one slow
+once, not on every poll; a server that stays unusable is said again now and then,
+with how long and what it may mean (`waiting.py`: connection refused for long vs
+503 while warming). A server goes down after `health_failures` failed probes in
+a row and comes back after `health_successes` good ones, so one slow
 answer neither drops a busy server nor readmits a flapping one; `observe` is
 that state machine, apart from the HTTP that feeds it. A refused server (by
 the preflight, or by `refuse` when `/generate` rejects the worker's
@@ -59,6 +61,7 @@ from .preflight import preflight as preflight_server
 from .load import gateway_load, gateway_workers, server_load
 from .sglang_client import error_message
 from .bindings import DOWN, HEALTHY, LOADING, REFUSED, WARMING, ServerBinding, ServerPool
+from .waiting import WaitNotes
 from ..settings import Settings
 
 Preflight = Callable[[httpx.Client, ServerBinding], "int | None"]  # returns the server's capacity
@@ -70,7 +73,7 @@ log = logging.getLogger(__name__)
 class HealthMonitor:
     def __init__(self, pool: ServerPool, settings: Settings, headers: dict[str, str],
                  after_round: Callable[[], None] | None = None, preflight: Preflight = preflight_server,
-                 cut: Cut | None = None):
+                 cut: Cut | None = None, waits: WaitNotes | None = None):
         self.pool = pool
         self.after_round = after_round
         self.preflight = preflight
@@ -85,6 +88,7 @@ class HealthMonitor:
                                        name="fleet-load", daemon=True)
         self._heartbeat = lifeline.Trouble("heartbeat to Redis")
         self._load_reads: dict[str, lifeline.Trouble] = {}
+        self._waits = waits or WaitNotes()
 
     def start(self) -> None:
         self._thread.start()
@@ -155,6 +159,9 @@ class HealthMonitor:
         observed, detail = self._probe(binding)
         binding.checked_at = time.time()
         self.observe(binding, observed, detail)
+        still = self._waits.note(binding.url, binding.state, binding.last_error or detail)
+        if still:  # a long wait says why again (`waiting.py`): a wrong port vs a model still loading
+            log.warning("%s", still)
         if binding.usable and observed == HEALTHY:  # a failing server's load read would only wait too
             self._read_load(binding)
         elif binding.state == REFUSED and observed == HEALTHY and binding.gateway_workers is not None:
@@ -255,7 +262,8 @@ class HealthMonitor:
             if response is None or response.status_code not in (200, 503):  # not a gateway (SGLang: 404,
                 response = self.client.get(f"{url}/health")  # or 401 without its key), or an old router
         except httpx.ConnectError as exc:
-            return LOADING, f"connection refused ({exc.__class__.__name__}): loading or dead"
+            return LOADING, (f"connection refused ({exc.__class__.__name__}): loading its model, or nothing "
+                             "listens there")
         except httpx.TimeoutException:
             return DOWN, f"/health did not answer in full within {self.settings.health_timeout:.0f}s"
         except httpx.HTTPError as exc:

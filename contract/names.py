@@ -34,7 +34,7 @@ class Reason(_Name):
     PROMPT_TOO_LONG = "prompt_too_long"
     WORKER_ERROR = "worker_error"
     POISON = "poison"   # delivered FLEET_MAX_DELIVERIES times, and each worker died holding it
-    SERVER_CRASH = "server_crash"  # its server died with it in flight twice, the second time sent there alone
+    SERVER_CRASH = "server_crash"  # its server died with it in flight, then twice when it was sent there alone
 
 
 THINK_RULES = (Reason.THINK_START_IN_OUTPUT, Reason.MISSING_THINK_START, Reason.MISSING_THINK_END,
@@ -71,12 +71,13 @@ MEANINGS: dict[Reason, str] = {
     Reason.POISON: "the prompt's workers died holding it (OOM, a native crash) more than `FLEET_MAX_DELIVERIES` "
                    "times, the last time alone in its worker (the workers are in `excerpt.held_by`)",
     Reason.SERVER_CRASH: "the prompt was in flight when its server died (the connection closed with no answer, "
-                         "then the server unreachable), and died again when the prompt was sent there alone: "
-                         "never sent again (`excerpt.crashes` lists the servers and times); check the servers' "
-                         "logs, and that the run's tokenizer is the served model's",
+                         "then the server unreachable), and the server died twice more when the prompt was sent "
+                         "there alone: never sent again (`excerpt.crashes` lists the servers and times); check the "
+                         "servers' logs, and that the run's tokenizer is the served model's",
     Reason.WORKER_ERROR: "the task failed unexpectedly `FLEET_MAX_CRASHES` times (traceback kept); also a "
-                         "prompt Redis forgot (evicted, flushed), and a conversation's next turn that cannot "
-                         "be rendered",
+                         "prompt Redis forgot (evicted, flushed), a conversation's next turn that cannot "
+                         "be rendered, and a prompt holding an id outside the run's tokenizer (never sent: it "
+                         "could kill the server)",
 }
 
 

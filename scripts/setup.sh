@@ -35,7 +35,7 @@ if [ ! -f "$router_stamp" ]; then
 fi
 # The real SGLang server on its CPU engine (tests/real_sglang.py): the package from the index without its
 # CUDA-only dependencies, in an environment of its own, built once into a cache folder outside the clone
-# that later runs and fresh clones reuse (~6 GB, ~4 minutes the first time). FLEET_SGLANG_VENV moves it.
+# that later runs and fresh clones reuse (~6 GB, under 2 minutes the first time here). FLEET_SGLANG_VENV moves it.
 SGLANG_VERSION=0.5.23
 SGLANG_VENV="${FLEET_SGLANG_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/reasoning-fleet/sglang-$SGLANG_VERSION}"
 sglang_stamp="$SGLANG_VENV/.installed-$(sha256sum scripts/sglang-cpu-requirements.txt | cut -c1-16)"

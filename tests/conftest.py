@@ -56,6 +56,8 @@ def zygote() -> Zygote:
 def pytest_sessionfinish() -> None:
     for started in _zygote:
         started.close()
+    for server in _shared_servers.values():
+        server.stop()
 
 
 class Fleet:
@@ -204,6 +206,25 @@ def sglang_models(tokenizer) -> dict[str, Path]:
     from real_sglang import checkpoint
 
     return {kind: checkpoint(kind, bundled_tokenizer_dir(), tokenizer) for kind in ("random", "trace")}
+
+
+_shared_servers: dict = {}
+
+
+@pytest.fixture
+def shared_sglang(sglang_models, tmp_path_factory):
+    """The real server of a checkpoint (`random` or `trace`), started once per pytest worker and shared by
+    the tests that leave it running (tests/real/ runs in one xdist group, so they share it); started again
+    if a test left it dead. Each start is ~30-60 s of a 2-core machine."""
+    from real_sglang import start_sglang
+
+    def get(kind: str):
+        server = _shared_servers.get(kind)
+        if server is None or not server.process.alive():
+            server = _shared_servers[kind] = start_sglang(tmp_path_factory.mktemp(f"sglang-{kind}"),
+                                                          sglang_models[kind])
+        return server
+    return get
 
 
 def render(tokenizer, messages: list[dict]) -> list[int]:

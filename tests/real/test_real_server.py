@@ -1,18 +1,23 @@
-"""A worker bound to the real SGLang server (its CPU engine, tests/real_sglang.py): samples equal to
-the server's own answers, token for token, and the think check through the real engine."""
+"""A worker bound to the real SGLang server (its CPU engine, tests/real_sglang.py): samples equal to the
+server's own answers, token for token, and the think check, shards and exports through the real engine,
+for a reasoning template and one without thinking."""
 from __future__ import annotations
+
+import json
+import shutil
 
 import pytest
 
-from conftest import render, varied_prompts, write_prompts
-from real_sglang import expected_trace
+from conftest import varied_prompts, write_prompts
+from contract.bundled import bundled_tokenizer_dir
+from real_sglang import ASSISTANT, THINK_END, expected_trace
 
 pytestmark = pytest.mark.xdist_group("real-sglang")  # one real server at a time beside the suite
 
 
-def test_every_sample_is_the_real_servers_own_answer_to_its_ids(fleet, tmp_path, tokenizer, sglang_models):
+def test_every_sample_is_the_real_servers_own_answer_to_its_ids(fleet, tmp_path, shared_sglang):
     # Given the real server with a random model, and a worker bound to it
-    server = fleet.sglang(sglang_models["random"])
+    server = shared_sglang("random")
     fleet.worker("w1", [server.url])
 
     # When a run of 12 prompts is enqueued at temperature 0 (random weights stop only at the budget)
@@ -33,21 +38,61 @@ def test_every_sample_is_the_real_servers_own_answer_to_its_ids(fleet, tmp_path,
         assert row["finish_reason"] == "length" and row["output_len"] == 24
 
 
-def test_a_reasoning_trace_through_the_real_engine_is_verified_and_stored(fleet, tmp_path, tokenizer,
-                                                                          sglang_models):
-    # Given the real server with the trace model (it reasons after <think>, then answers and stops)
-    server = fleet.sglang(sglang_models["trace"])
+def _plain_template_tokenizer(folder):
+    """The bundled tokenizer with a template whose generation prompt opens no reasoning."""
+    shutil.copytree(bundled_tokenizer_dir(), folder)
+    template = (folder / "chat_template.jinja").read_text()
+    (folder / "chat_template.jinja").write_text(template.replace("'<｜Assistant｜><think>'", "'<｜Assistant｜>'"))
+    return folder
+
+
+def test_a_reasoning_trace_through_the_real_engine_is_verified_stored_and_exported(fleet, tmp_path, tokenizer,
+                                                                                   shared_sglang):
+    # Given the real server with the trace model (after <think> it reasons, closes, answers and stops)
+    server = shared_sglang("trace")
     fleet.worker("w1", [server.url])
 
-    # When prompts are enqueued with the bundled reasoning template
+    # When prompts are enqueued with the bundled reasoning template (it appends <think>)
     n = 8
     fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(n))), "--tokenizer", "bundled",
                    "--max-new-tokens", "64")
 
-    # Then each is stored with its think-end where the trace put it, and nothing is dead-lettered
+    # Then each is stored as the model answered it, with its think-end where the trace put it
     assert fleet.wait_finished(timeout=300) == {"done": n}
-    trace = expected_trace(tokenizer, thinking=True)
-    for row in fleet.rows():
+    trace, rows = expected_trace(tokenizer, thinking=True), fleet.rows()
+    for row in rows:
+        assert row["input_ids"][row["prompt_len"] - 1] == 128821  # the template's <think>
         assert row["input_ids"][row["prompt_len"]:] == trace
-        assert row["think_end_index"] == row["prompt_len"] + trace.index(128822)
+        assert row["think_end_index"] == row["prompt_len"] + trace.index(THINK_END)
         assert row["finish_reason"] == "stop"
+    # and the export a drafter trainer reads holds the same ids, masked to exactly the generated tokens
+    fleet.producer("export", str(tmp_path / "specforge"), "--format", "specforge")
+    exported = [json.loads(line) for line in (tmp_path / "specforge" / "specforge.jsonl").read_text().splitlines()]
+    stored = {row["id"]: row for row in rows}
+    assert sorted(r["id"] for r in exported) == sorted(stored)
+    for record in exported:
+        row = stored[record["id"]]
+        assert record["input_ids"] == row["input_ids"]
+        assert record["loss_mask"] == [0] * row["prompt_len"] + [1] * row["output_len"]
+
+
+def test_a_template_without_thinking_through_the_real_engine(fleet, tmp_path, tokenizer, shared_sglang):
+    # Given the trace model (after the assistant's tag alone, it answers and stops: no reasoning)
+    server = shared_sglang("trace")
+    fleet.worker("w1", [server.url])
+    plain = _plain_template_tokenizer(tmp_path / "plain-tokenizer")
+    prompts = write_prompts(tmp_path / "p.jsonl", varied_prompts(6))
+
+    # When a run with that template is enqueued without thinking, and another expecting the model to think
+    fleet.producer("enqueue", str(prompts), "--tokenizer", str(plain), "--thinking", "off", "--run", "plain")
+    fleet.producer("enqueue", str(prompts), "--tokenizer", str(plain), "--thinking", "output", "--run", "thinks")
+
+    # Then the first stores each answer as the model gave it, with no think-end
+    assert fleet.wait_finished("plain", timeout=300) == {"done": 6}
+    for row in fleet.rows("plain"):
+        assert row["input_ids"][row["prompt_len"] - 1] == ASSISTANT
+        assert row["input_ids"][row["prompt_len"]:] == expected_trace(tokenizer, thinking=False)
+        assert row["think_end_index"] is None
+    # and the second dead-letters every prompt: the model never opened its reasoning
+    assert fleet.wait_finished("thinks", timeout=300) == {"dead": 6}
+    assert {d["reason"] for d in fleet.dead_letters("thinks")} == {"missing_think_start"}

@@ -50,7 +50,8 @@ def test_a_prompt_that_kills_its_server_is_dead_lettered_and_its_neighbours_are_
     fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", records)), "--tokenizer", str(extended),
                    "--max-new-tokens", "48", "--thinking", "off", "--disable-rule", "truncated")
 
-    # Then the killer ends as a server_crash dead letter, its record listing its two crashes (server and time)
+    # Then the killer ends as a server_crash dead letter, its record listing its crashes (server and time):
+    # one among the others, then two sent alone
     try:
         states = fleet.wait_finished(timeout=480)
     finally:
@@ -58,12 +59,13 @@ def test_a_prompt_that_kills_its_server_is_dead_lettered_and_its_neighbours_are_
     letters = fleet.dead_letters()
     assert [(d["id"], d["reason"]) for d in letters] == [("p5", "server_crash")], fleet.logs_tail(60)
     crashes = letters[0]["excerpt"]["crashes"]
-    assert len(crashes) == 2 and {c["server"] for c in crashes} == {supervisor.server.url}
+    assert [c["alone"] for c in crashes] == [False, True, True]
+    assert {c["server"] for c in crashes} == {supervisor.server.url}
     assert all(abs(c["at"] - died) < 30 for c, died in zip(crashes, supervisor.deaths))
     # and its seven neighbours, in flight beside it at the first crash, are stored, none blamed
     assert states == {"done": 7, "dead": 1}
     assert sorted(row["id"] for row in fleet.rows()) == [f"p{i}" for i in range(8) if i != 5]
-    # and the server died twice: once among the others, once when the killer was sent alone
-    assert len(supervisor.deaths) == 2
+    # and the server died three times: once among the others, twice when the killer was sent alone
+    assert len(supervisor.deaths) == 3
     # and the worker's log named the prompt at the first crash, at once
     assert "prompt p5 of run default was in flight on" in worker.log.read_text()

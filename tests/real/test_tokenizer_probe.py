@@ -29,11 +29,11 @@ def _status(fleet, run: str) -> dict:
 
 
 def test_a_run_tokenized_for_another_model_is_refused_by_the_server_and_never_sent(
-        fleet, tmp_path, tokenizer, sglang_models):
+        fleet, tmp_path, tokenizer, shared_sglang):
     from real_sglang import tokenizer_with_added_tokens
 
     # Given the real server of a model with the bundled vocabulary, and a worker bound to it
-    server = fleet.sglang(sglang_models["random"])
+    server = shared_sglang("random")
     worker = fleet.worker("w1", [server.url])
     # and a tokenizer with four tokens the model lacks (ids beyond its vocabulary)
     extended = tokenizer_with_added_tokens(tokenizer, tmp_path / "extended-tokenizer", ADDED)

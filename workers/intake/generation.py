@@ -245,14 +245,26 @@ def _generation(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int
     to the queue. `route` names the server the prompt's prefix is cached on, which it takes
     while the load guard allows (`workers/servers/affinity.py`).
     """
+    key = f"{spec.name}/{prompt_id}"
+    if tries.crashes and not tries.probed:  # noted at a crash (here or by another worker): it probes first
+        rt.pool.suspected(tries.crashes[-1]["server"], key)
+    try:
+        return _requests(rt, spec, prompt_id, prompt_ids, sampling, tries, route)
+    finally:
+        rt.pool.cleared(key)  # no longer a suspect of this worker's
+
+
+def _requests(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], sampling: dict,
+              tries: Attempts, route: Route) -> Generation:
     s = rt.settings
     while True:
         avoid = tries.servers[-1] if tries.servers else None
         tries.alone = False
         taking = rt.tokenizers.taking(spec, rt.pool.usable(spec.served_model))
+        suspect = bool(tries.crashes) and not tries.probed
         try:
             with rt.pool.acquire(spec.served_model, s.server_wait, avoid=avoid, prefer=route.prefer,
-                                 only=taking) as binding:
+                                 only=taking, suspect=suspect) as binding:
                 rt.affinity.sent(route, binding.url, rt.pool.spilled(route.prefer, binding, spec.served_model))
                 too_long = prompt_too_long(len(prompt_ids), binding.max_model_len, binding.max_input_len)
                 if too_long:
@@ -260,10 +272,11 @@ def _generation(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int
                                       f"{too_long} of {binding.url}"))
                 tries.servers.append(binding.url)
                 sent = fit_context(sampling, len(prompt_ids), binding.max_model_len)
-                if tries.crashes and not tries.probed:  # a suspect: a one-token probe alone first
+                if suspect:  # a one-token probe alone first
                     _alone(rt, binding, tries, lambda: _send(rt, spec, binding, prompt_id, prompt_ids,
                                                               {**sent, "max_new_tokens": 1}))
                     tries.probed = True
+                    rt.pool.cleared(f"{spec.name}/{prompt_id}")  # the others may go there now
                     log.info("prompt %s of run %s: its one-token probe on %s came back; sent as usual now",
                              prompt_id, spec.name, binding.url)
                 send = lambda: _send(rt, spec, binding, prompt_id, prompt_ids, sent)  # noqa: E731
@@ -320,25 +333,28 @@ def _alone(rt: Runtime, binding: ServerBinding, tries: Attempts, send: Callable[
 def _dropped(rt: Runtime, spec: RunSpec, binding: ServerBinding, prompt_id: str, prompt_ids: list[int],
              sampling: dict, tries: Attempts, dropped: float) -> None:
     """The server closed this prompt's connection with no answer: if it died, the prompt is noted at
-    the crash, and a suspect sent alone is the crash's cause (`Unfit`, server_crash)."""
+    the crash, and one that has now died alone `SOLO_DEATHS` times is its cause (`Unfit`, server_crash)."""
     alone, tries.alone = tries.alone, False
     at = rt.crash_watch.crashed(binding.url, dropped) if binding.gateway_workers is None else None
     if at is None:
         return
-    tries.crashes = server_crashes.note(rt.redis, spec.name, prompt_id, tries.crashes, binding.url, at)
+    tries.crashes = server_crashes.note(rt.redis, spec.name, prompt_id, tries.crashes, binding.url, at, alone)
     tries.probed = False
+    rt.pool.crashed(binding)
     when = datetime.fromtimestamp(at, timezone.utc)
-    if alone:
+    if server_crashes.convicted(tries.crashes):
         crashes = ", ".join(f"{c['server']} at {datetime.fromtimestamp(c['at'], timezone.utc):%H:%M:%S} UTC"
                             for c in tries.crashes)
         letter = _dead(rt, spec, prompt_id, prompt_ids, sampling, tries, Reason.SERVER_CRASH,
-                       f"its server died each time it was in flight, the last time sent there alone ({crashes}); "
+                       f"its server died each time it was in flight, the last {server_crashes.SOLO_DEATHS} times sent "
+                       f"there alone ({crashes}); "
                        f"never sent again", excerpt={"crashes": tries.crashes})
         letter.servers = sorted({c["server"] for c in tries.crashes})
         raise Unfit(letter)
-    log.warning("prompt %s of run %s was in flight on %s when it died at %s UTC (crash %d of this prompt); "
+    rt.pool.suspected(binding.url, f"{spec.name}/{prompt_id}")
+    log.warning("prompt %s of run %s was in flight on %s when it died at %s UTC (crash %d of this prompt%s); "
                 "it goes alone next time, to see whether it kills its server", prompt_id, spec.name, binding.url,
-                f"{when:%H:%M:%S}", len(tries.crashes))
+                f"{when:%H:%M:%S}", len(tries.crashes), ", sent alone" if alone else "")
 
 
 def _refused(rt: Runtime, spec: RunSpec, binding: ServerBinding, exc: ServerRefused,

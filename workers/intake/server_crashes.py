@@ -6,20 +6,24 @@ down each time. Every request in flight there dies with it, so one crash
 cannot say which prompt did it.
 
 Invariant: a prompt becomes a `server_crash` dead letter only when its server
-died while it was sent *alone*, and it had been in flight at an earlier crash;
-no other prompt is blamed. Why it holds: a prompt in flight at a crash is
-noted (server and time, in Redis, so any worker that takes it later knows),
-and a noted prompt is never again sent beside the other suspects: it waits
-for its server's solo slot (one per server URL, fleet-wide, in Redis) and goes
-alone among suspects as a one-token probe: a prompt that kills at prefill
-does it there, and a probe that comes back clears it to go on as usual. The
-bystanders of a crash are noted, pass their probe, and finish; the killer dies
-on its probe. A prompt noted at `WHOLE_ALONE` crashes without dying alone
-(one that kills later in its generation) goes alone for its whole
-generation. A bystander is in flight at two crashes at most for one killer
-(its first, and the killer's probe), so it never gets that far. A second
-killer sent in the same instant as a probe could still cost that probe its
-prompt.
+died twice (`SOLO_DEATHS`) while it was sent *alone* among the suspects; no
+other prompt is blamed. Why it holds: a prompt in flight at a crash is noted
+(server, time, and whether it was alone, in Redis, so any worker that takes it
+later knows), and a noted prompt is never again sent beside the other
+suspects: it waits for its server's solo slot (one per server URL,
+fleet-wide, in Redis) and goes alone among suspects as a one-token probe: a
+prompt that kills at prefill does it there, and a probe that comes back
+clears it to go on as usual. The worker sends nothing else to that server
+while its suspects of the crash wait for their probes
+(`ServerBinding.suspects`), so on a restarted server, empty, the probes run
+first, each alone and quick. The bystanders of a crash are noted, pass their
+probe, and finish; the killer dies on its probe, twice. Twice, because a
+server killed from outside (an operator, the OOM killer) in the instant a
+probe is in flight looks the same as the probe killing it: one such death
+costs the probe's prompt one more probe, not its sample. A prompt noted at
+`WHOLE_ALONE` crashes (one that kills later in its generation) goes alone for
+its whole generation. A bystander is in flight at two crashes at most for one
+killer (its first, and one of the killer's probes), so it never gets that far.
 
 The notes of a run are looked for only when the run has any (a count read at
 most every `NOTES_TTL` seconds a run), so a run without crashes pays no round
@@ -42,6 +46,7 @@ from contract.keys import SOLO_PREFIX, RunKeys
 log = logging.getLogger(__name__)
 
 NOTES_TTL = 2.0       # seconds a run's count of noted prompts is trusted
+SOLO_DEATHS = 2       # deaths of its server while it was sent alone that make a prompt their cause
 WHOLE_ALONE = 3       # crash notes after which a prompt's whole generation goes alone
 SOLO_LEASE_MS = 30_000  # the solo slot's lease, renewed while its request runs
 SOLO_POLL = 0.25
@@ -57,8 +62,14 @@ class SoloBusy(Exception):
     """The server's solo slot did not come free in time."""
 
 
+def convicted(crashes: list[dict]) -> bool:
+    """Whether these crashes make the prompt their cause: its server died `SOLO_DEATHS` times while it
+    was sent there alone."""
+    return sum(1 for crash in crashes if crash.get("alone")) >= SOLO_DEATHS
+
+
 def notes(client: redis.Redis, run: str, prompt_id: str) -> list[dict]:
-    """The crashes this prompt was in flight at: [{"server", "at"}], oldest first."""
+    """The crashes this prompt was in flight at: [{"server", "at", "alone"}], oldest first."""
     with _counts_lock:
         count, read = _counts.get(run, (0, 0.0))
     if time.monotonic() - read > NOTES_TTL:
@@ -71,9 +82,10 @@ def notes(client: redis.Redis, run: str, prompt_id: str) -> list[dict]:
     return json.loads(raw) if raw else []
 
 
-def note(client: redis.Redis, run: str, prompt_id: str, known: list[dict], server: str, at: float) -> list[dict]:
+def note(client: redis.Redis, run: str, prompt_id: str, known: list[dict], server: str, at: float,
+         alone: bool) -> list[dict]:
     """Add a crash to the prompt's notes (its task holds the prompt: no other writer); the notes now."""
-    noted = [*known, {"server": server, "at": at}]
+    noted = [*known, {"server": server, "at": at, "alone": alone}]
     client.hset(RunKeys(run).server_crashes, prompt_id, json.dumps(noted))
     with _counts_lock:
         _counts.pop(run, None)

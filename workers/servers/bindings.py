@@ -45,6 +45,7 @@ from .capacity import Load, Tuner, load_from_meta
 log = logging.getLogger(__name__)
 
 PENDING_WAIT = 15.0  # seconds after the pool's start that a prompt waits for its unjudged preferred server
+PROBE_GRACE = 5.0  # seconds after a crashed server is back during which only crash suspects are sent there
 
 UNKNOWN, LOADING, WARMING, HEALTHY = ServerState.UNKNOWN, ServerState.LOADING, ServerState.WARMING, ServerState.HEALTHY
 DOWN, REFUSED = ServerState.DOWN, ServerState.REFUSED
@@ -70,6 +71,11 @@ class ServerBinding:
     preflighted: bool = False
     preflights: int = 0  # preflights passed: a new one is a (re)started server, whose verdicts are asked again
     refused_runs: dict[str, str] = field(default_factory=dict)  # run -> why its tokenizer is not the server's
+    # this worker's crash suspects of this server (workers/intake/server_crashes.py): while any waits for its
+    # probe, no other prompt of this worker is sent here, so each probe runs alone on the restarted server
+    suspects: set[str] = field(default_factory=set)
+    crashed_at: float | None = None  # monotonic: when a request here met the server's death, until probes are done
+    ready_at: float = 0.0  # monotonic: the last preflight passed (the server's start, as this worker saw it)
     sent: int = field(default=0)
     tuner: Tuner = field(default_factory=lambda: Tuner(bound=1024))
     gateway_workers: list[str] | None = None  # a model gateway: the workers it routes to
@@ -97,6 +103,19 @@ class ServerBinding:
     @property
     def usable(self) -> bool:
         return self.state == HEALTHY and self.preflighted and self.refusal is None
+
+    def held_for_probes(self, now: float) -> bool:
+        """Whether this worker's other prompts wait while crash suspects probe here: from a death of the
+        server until it is back, `PROBE_GRACE` seconds on (the suspects redelivered to this worker find
+        it), and while any suspect has yet to probe."""
+        if self.suspects:
+            return True
+        if self.crashed_at is None:
+            return False
+        if self.ready_at < self.crashed_at or now - self.ready_at < PROBE_GRACE:
+            return True
+        self.crashed_at = None
+        return False
 
     @property
     def unjudged(self) -> bool:
@@ -157,13 +176,15 @@ class ServerPool:
 
     @contextmanager
     def acquire(self, model: str | None, wait: float, avoid: str | None = None,
-                prefer: str | None = None, only: frozenset[str] | None = None) -> Iterator[ServerBinding]:
+                prefer: str | None = None, only: frozenset[str] | None = None,
+                suspect: bool = False) -> Iterator[ServerBinding]:
         """Hold a slot on the preferred server while the load guard allows it, else on the
-        least-loaded usable server (among `only`, where given), waiting up to `wait` seconds."""
+        least-loaded usable server (among `only`, where given; one whose crash suspects wait for
+        their probes only for a `suspect`), waiting up to `wait` seconds."""
         deadline = time.monotonic() + wait
         with self._lock:
             while True:
-                chosen, hold_for = self._pick(model, avoid, prefer, only)
+                chosen, hold_for = self._pick(model, avoid, prefer, only, suspect)
                 if chosen:
                     break
                 left = deadline - time.monotonic()
@@ -188,9 +209,10 @@ class ServerPool:
                 self._wake(chosen)
 
     def _pick(self, model: str | None, avoid: str | None, prefer: str | None,
-              only: frozenset[str] | None = None) -> tuple[ServerBinding | None, str | None]:
+              only: frozenset[str] | None = None, suspect: bool = False) -> tuple[ServerBinding | None, str | None]:
         """(the server to take now, or None and the server whose slot to wait for: None for any)."""
-        candidates = self.usable(model, only)
+        now = time.monotonic()
+        candidates = [b for b in self.usable(model, only) if suspect or not b.held_for_probes(now)]
         if only is not None and prefer not in only:
             prefer = None
         if prefer is not None and prefer != avoid and self._pending(prefer):
@@ -201,8 +223,7 @@ class ServerPool:
         free = [b for b in candidates if b.in_flight < b.target]
         if not free:
             return None, None
-        others = [b for b in free if b.url != avoid]
-        now = time.monotonic()  # least loaded as the guard counts load: other workers' requests too
+        others = [b for b in free if b.url != avoid]  # least loaded as the guard counts load: others' requests too
         return min(others or free, key=lambda b: (affinity.load(b, now), b.in_flight / b.target, -b.target)), None
 
     def _pending(self, url: str) -> bool:
@@ -271,6 +292,27 @@ class ServerPool:
         known = [b for b in self.bindings if b.usable and b.capacity and b.last_load is not None]
         return (sum(max(b.capacity - b.last_load.running, 0) for b in known),  # type: ignore[operator,union-attr]
                 sum(b.capacity for b in known))  # type: ignore[misc]
+
+    def crashed(self, binding: ServerBinding) -> None:
+        """A request here met the server's death: its suspects probe first when it is back."""
+        with self._lock:
+            binding.crashed_at = time.monotonic()
+
+    def suspected(self, url: str, key: str) -> None:
+        """A prompt of this worker was in flight when the server at `url` died: it probes first there."""
+        with self._lock:
+            for binding in self.bindings:
+                if binding.url == url:
+                    binding.suspects.add(key)
+
+    def cleared(self, key: str) -> None:
+        """A suspect probed, or left this worker: the servers it held back take other prompts again."""
+        with self._lock:
+            held = [b for b in self.bindings if key in b.suspects]
+            for binding in held:
+                binding.suspects.discard(key)
+            if held:
+                self._notify_all()
 
     def changed(self) -> None:
         with self._lock:

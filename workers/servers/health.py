@@ -237,6 +237,7 @@ class HealthMonitor:
         self.pool.reset_capacity(binding, capacity)
         binding.preflighted = True
         binding.preflights += 1  # its runs' tokenizers are asked again (workers/servers/tokenizers.py)
+        binding.ready_at = time.monotonic()
         binding.refused_runs.clear()
         if binding.refusal:
             if binding.state != REFUSED:

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 CONVERSATION = [
     {"role": "system", "content": "You answer briefly."},
@@ -37,10 +37,10 @@ MAX_TEXTS = 4096  # added tokens probed at most (a vocabulary's added tokens are
 class Probe:
     texts: list[str]
     ids: list[list[int]]
+    digest: str = field(init=False, compare=False)  # names the probe: a worker keeps verdicts per server and probe
 
-    def digest(self) -> str:
-        """Names the probe (a worker's verdicts are kept per server and probe)."""
-        return hashlib.sha256(json.dumps([self.texts, self.ids]).encode()).hexdigest()[:16]
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "digest", hashlib.sha256(json.dumps([self.texts, self.ids]).encode()).hexdigest()[:16])
 
     def to_dict(self) -> dict:
         return {"texts": self.texts, "ids": self.ids}

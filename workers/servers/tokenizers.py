@@ -50,17 +50,25 @@ class TokenizerChecks:
         self._asking: dict[tuple, threading.Lock] = {}
         self._lock = threading.Lock()
         self._said_unchecked: set[str] = set()
+        self._probes: dict[tuple[str, float], Probe | None] = {}
 
     def taking(self, spec: RunSpec, bindings: list[ServerBinding]) -> frozenset[str] | None:
         """The URLs of `bindings` that take the run's prompts now (asking those not asked yet); None: any
         server (a run enqueued before the probe is bound by --served-model alone)."""
-        probe = Probe.from_dict(spec.probe)
+        probe = self._probe(spec)
         if probe is None:
             return None
         return frozenset(b.url for b in bindings if self.verdict(b, spec.name, probe).refusal is None)
 
+    def _probe(self, spec: RunSpec) -> Probe | None:
+        """The run's probe, read from its spec once (it is on every request's path)."""
+        key = (spec.name, spec.created_at)
+        if key not in self._probes:
+            self._probes[key] = Probe.from_dict(spec.probe)
+        return self._probes[key]
+
     def verdict(self, binding: ServerBinding, run: str, probe: Probe) -> Verdict:
-        key = (binding.url, binding.preflights, probe.digest())
+        key = (binding.url, binding.preflights, probe.digest)
         found = self._verdicts.get(key)
         if found is not None and found.until > time.monotonic():
             return found

@@ -18,10 +18,11 @@ import pytest
 import redis
 
 from contract import heartbeats
+from producer.local import free_port
 
 from conftest import varied_prompts, write_prompts
 from real_gateway import Gateway, start_gateway
-from real_sglang import CONTEXT, RealServer, wait_healthy_server
+from real_sglang import CONTEXT, RealServer, wait_healthy_or_again
 from waiting import wait_until
 
 pytestmark = pytest.mark.xdist_group("real-sglang")
@@ -30,10 +31,11 @@ CAPACITY = 2048  # each real server's effective_max_running_requests_per_dp at -
 
 
 def _two_servers(fleet, model: Path) -> list[RealServer]:
-    """Two real servers of `model`, started side by side (each takes ~30-60 s to load here)."""
-    servers = [fleet.sglang(model, wait_healthy=False) for _ in range(2)]
-    for server in servers:
-        wait_healthy_server(server)
+    """Two real servers of `model`, started side by side (each takes ~30-80 s to load here), each
+    started again on another port if its own was taken while it loaded."""
+    started = [fleet.sglang(model, wait_healthy=False) for _ in range(2)]
+    servers = [wait_healthy_or_again(fleet.logs, server) for server in started]
+    fleet.servers.extend(server for server in servers if all(server is not s for s in started))
     return servers
 
 
@@ -49,6 +51,14 @@ def _answered(gateway: Gateway) -> dict[str, int]:
     text = httpx.get(gateway.metrics, timeout=5).text
     return {url.rstrip("/"): int(float(value)) for url, value in re.findall(
         r'^smg_worker_cb_outcomes_total\{worker="([^"]*)",outcome="success"\} (\S+)$', text, re.M)}
+
+
+def _retries(port: int) -> dict[str, int]:
+    """The worker's requests tried again, by kind (fleet_retries_total): `transient` spend a prompt's
+    FLEET_MAX_ATTEMPTS, `unavailable` (a server, or the gateway's upstream, lost) do not."""
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
+    found = re.findall(r'^fleet_retries_total\{kind="([^"]*)"\} (\S+)$', text, re.M)
+    return {kind: int(float(value)) for kind, value in found if float(value)}
 
 
 def _enqueue(fleet, tmp_path: Path, n: int, budget: int) -> None:
@@ -95,13 +105,21 @@ def test_through_the_real_gateway_every_prompt_is_stored_once_as_the_real_server
         ("healthy", CONTEXT, 2 * CAPACITY, 2), server
 
 
-def test_a_real_server_killed_behind_the_gateway_mid_run_costs_no_prompt(fleet, tmp_path, sglang_models):
-    # Given the real gateway (round-robin) in front of two real servers of the random model, and a worker
-    # bound to the gateway that keeps 4 requests in flight (so that the run takes some seconds)
+@pytest.mark.parametrize("retries", [
+    pytest.param(True, id="gateway-retries"),
+    pytest.param(False, id="no-gateway-retries"),
+])
+def test_a_real_server_killed_behind_the_gateway_mid_run_costs_no_prompt(fleet, tmp_path, sglang_models,
+                                                                          retries: bool):
+    # Given the real gateway (round-robin; retrying a failed request on another server, its default, or
+    # not) in front of two real servers of the random model, and a worker bound to the gateway that keeps
+    # 4 requests in flight (so that the run takes some seconds)
     first, second = _two_servers(fleet, sglang_models["random"])
-    gateway = start_gateway(fleet.logs, [first.url, second.url], policy="round_robin")
+    options = () if retries else ("--disable-retries",)
+    gateway = start_gateway(fleet.logs, [first.url, second.url], *options, policy="round_robin")
     fleet.processes.append(gateway.process)
-    worker = fleet.worker("w1", [gateway.url], FLEET_MAX_INFLIGHT_PER_SERVER="4")
+    metrics_port = free_port()
+    worker = fleet.worker("w1", [gateway.url], FLEET_MAX_INFLIGHT_PER_SERVER="4", FLEET_METRICS_PORT=str(metrics_port))
     n, budget = 30, 64
     _enqueue(fleet, tmp_path, n, budget)
 
@@ -116,6 +134,17 @@ def test_a_real_server_killed_behind_the_gateway_mid_run_costs_no_prompt(fleet, 
     assert fleet.dead_letters() == []
     rows = fleet.rows()
     assert Counter(row["id"] for row in rows) == Counter(r["id"] for r in varied_prompts(n))
+    # and the kill cut requests in flight there: the gateway sent them again itself (each prompt stored at
+    # its first attempt), or, without its retries, the worker did, on the gateway's own answer (its
+    # upstream lost), which spends none of a prompt's FLEET_MAX_ATTEMPTS, however often the gateway
+    # still picked the dead server before its health checks dropped it
+    assert f"worker_url={first.url} route=/generate" in gateway.process.log.read_text()
+    attempts = Counter(row["attempts"] for row in rows)
+    retried = _retries(metrics_port)
+    if retries:
+        assert attempts == {1: n} and retried == {}, (attempts, retried)
+    else:
+        assert attempts[1] < n and set(retried) == {"unavailable"}, (attempts, retried)
     # and each sample is still exactly the surviving server's own answer to its ids
     for row in rows:
         prompt = row["input_ids"][:row["prompt_len"]]

@@ -126,6 +126,12 @@ class RealServer:
         except subprocess.TimeoutExpired:
             self.kill()
 
+    def lost_its_port(self) -> bool:
+        """It exited at start because its port was taken: free_port() found the port free, but a
+        server binds it only after loading (~30-80 s), and in that while an outgoing connection of
+        any process on the machine (a busy, shared one) may take it as its ephemeral port."""
+        return not self.process.alive() and "address already in use" in self.process.tail(200)
+
     def generate(self, input_ids: list[int], **sampling) -> dict:
         """The server's own answer to these ids (what a sample must equal)."""
         body = {"input_ids": input_ids, "sampling_params": sampling}
@@ -145,6 +151,8 @@ def start_sglang(logs: Path, model: Path, *options: str, port: int | None = None
                  wait_healthy: bool = True) -> RealServer:
     """`python -m sglang.launch_server` on its CPU engine, on `port` (a free one if None), healthy
     (its /health 200) unless `wait_healthy` is False."""
+    if port is None and wait_healthy:  # a fresh port when the first one was taken meanwhile
+        return wait_healthy_or_again(logs, start_sglang(logs, model, *options, port=free_port(), wait_healthy=False))
     port = port or free_port()
     argv = [sglang_python(), "-m", "sglang.launch_server", "--model-path", str(model), "--device", "cpu",
             "--host", "127.0.0.1", "--port", str(port), "--attention-backend", "torch_native",
@@ -162,6 +170,18 @@ def start_sglang(logs: Path, model: Path, *options: str, port: int | None = None
 def wait_healthy_server(server: RealServer, timeout: float = START_TIMEOUT) -> None:
     wait_for(lambda: httpx.get(f"{server.url}/health", timeout=5).status_code == 200, timeout,
              f"SGLang {VERSION} on port {server.port}", server.process)
+
+
+def wait_healthy_or_again(logs: Path, server: RealServer) -> RealServer:
+    """`server` once healthy; or, when it lost its port at start (`RealServer.lost_its_port`), the
+    same server started again on another port, healthy. Only for a server whose port nobody chose."""
+    try:
+        wait_healthy_server(server)
+        return server
+    except RuntimeError:
+        if not server.lost_its_port():
+            raise
+    return start_sglang(logs, server.model, *server.options, port=free_port())
 
 
 def restart(logs: Path, server: RealServer, wait_healthy: bool = True) -> RealServer:

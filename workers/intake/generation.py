@@ -272,13 +272,15 @@ def _requests(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int],
                                       f"{too_long} of {binding.url}"))
                 tries.servers.append(binding.url)
                 sent = fit_context(sampling, len(prompt_ids), binding.max_model_len)
-                if suspect:  # a one-token probe alone first
+                if suspect:  # a one-token probe alone, then back to the pool as any prompt
                     _alone(rt, binding, tries, lambda: _send(rt, spec, binding, prompt_id, prompt_ids,
                                                               {**sent, "max_new_tokens": 1}))
                     tries.probed = True
+                    tries.servers.pop()  # a probe, not an attempt
                     rt.pool.cleared(f"{spec.name}/{prompt_id}")  # the others may go there now
                     log.info("prompt %s of run %s: its one-token probe on %s came back; sent as usual now",
                              prompt_id, spec.name, binding.url)
+                    continue
                 send = lambda: _send(rt, spec, binding, prompt_id, prompt_ids, sent)  # noqa: E731
                 alone = len(tries.crashes) >= server_crashes.WHOLE_ALONE
                 generation = _alone(rt, binding, tries, send) if alone else send()
@@ -293,6 +295,9 @@ def _requests(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int],
         except ServerRefused as exc:
             _refused(rt, spec, binding, exc, tries)
         except ServerCut as exc:
+            if tries.alone:  # a dying server may hang before its port closes: the health monitor cut it
+                _dropped(rt, spec, binding, prompt_id, prompt_ids, sampling, tries, time.monotonic(),
+                         within=server_crashes.CUT_CONFIRM_SECONDS)
             _cut(rt, spec, exc, tries)
         except GatewayOutage as exc:
             _outage(rt, spec, binding, exc, tries)
@@ -324,6 +329,8 @@ def _send(rt: Runtime, spec: RunSpec, binding: ServerBinding, prompt_id: str, pr
 def _alone(rt: Runtime, binding: ServerBinding, tries: Attempts, send: Callable[[], Generation]) -> Generation:
     """A crash suspect's request, sent while it holds its server's solo slot (server_crashes.py)."""
     with server_crashes.solo(rt.redis, binding.url, rt.worker, rt.settings.server_wait):
+        if not binding.usable:  # it went down while this prompt waited for the slot: not sent
+            raise ServerCut(f"{binding.url}: not sent, the server went down while it waited to go alone")
         tries.alone = True  # read (and reset) by `_dropped` if the server dies of it, else by the next request
         generation = send()
     tries.alone = False
@@ -331,11 +338,11 @@ def _alone(rt: Runtime, binding: ServerBinding, tries: Attempts, send: Callable[
 
 
 def _dropped(rt: Runtime, spec: RunSpec, binding: ServerBinding, prompt_id: str, prompt_ids: list[int],
-             sampling: dict, tries: Attempts, dropped: float) -> None:
+             sampling: dict, tries: Attempts, dropped: float, within: float | None = None) -> None:
     """The server closed this prompt's connection with no answer: if it died, the prompt is noted at
     the crash, and one that has now died alone `SOLO_DEATHS` times is its cause (`Unfit`, server_crash)."""
     alone, tries.alone = tries.alone, False
-    at = rt.crash_watch.crashed(binding.url, dropped) if binding.gateway_workers is None else None
+    at = rt.crash_watch.crashed(binding.url, dropped, within) if binding.gateway_workers is None else None
     if at is None:
         return
     tries.crashes = server_crashes.note(rt.redis, spec.name, prompt_id, tries.crashes, binding.url, at, alone)

@@ -48,6 +48,7 @@ log = logging.getLogger(__name__)
 NOTES_TTL = 2.0       # seconds a run's count of noted prompts is trusted
 SOLO_DEATHS = 2       # deaths of its server while it was sent alone that make a prompt their cause
 WHOLE_ALONE = 3       # crash notes after which a prompt's whole generation goes alone
+CUT_CONFIRM_SECONDS = 120.0  # a suspect's request cut by the health monitor: how long its server may take to die
 SOLO_LEASE_MS = 30_000  # the solo slot's lease, renewed while its request runs
 SOLO_POLL = 0.25
 _RELEASE = ("if redis.call('get', KEYS[1]) == ARGV[1] then return redis.call('del', KEYS[1]) end return 0")

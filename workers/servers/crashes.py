@@ -38,26 +38,27 @@ class CrashWatch:
         self._lock = threading.Lock()
         self._watches: dict[str, _Watch] = {}
 
-    def crashed(self, url: str, dropped: float) -> float | None:
+    def crashed(self, url: str, dropped: float, within: float | None = None) -> float | None:
         """When `url` died (the first drop's wall-clock time), if a request dropped at monotonic time
-        `dropped` met its death; None when the server lives."""
+        `dropped` met its death (its port closed within `within` seconds, `CONFIRM_SECONDS` by default);
+        None when the server lives."""
         with self._lock:
             watch = self._watches.get(url)
             mine = watch is None or (watch.done.is_set() and watch.started < dropped)
             if mine:
                 watch = self._watches[url] = _Watch(time.monotonic(), threading.Event())
         if mine:
-            watch.crashed_at = time.time() if self._died(url) else None
+            watch.crashed_at = time.time() if self._died(url, within or self._confirm) else None
             watch.done.set()
         else:
             watch.done.wait()
         return watch.crashed_at
 
-    def _died(self, url: str) -> bool:
-        deadline, good = time.monotonic() + self._confirm, 0
+    def _died(self, url: str, within: float) -> bool:
+        deadline, good = time.monotonic() + within, 0
         while time.monotonic() < deadline:
             try:
-                answer = self._client.get(f"{url}/health", timeout=min(5.0, self._confirm))
+                answer = self._client.get(f"{url}/health", timeout=min(5.0, within))
                 good = good + 1 if answer.status_code == 200 else 0
             except (httpx.ConnectError, httpx.ReadError, httpx.RemoteProtocolError):
                 return True  # the port closed, or the server dropped this probe too

@@ -56,8 +56,7 @@ def zygote() -> Zygote:
 def pytest_sessionfinish() -> None:
     for started in _zygote:
         started.close()
-    for server in _shared_servers.values():
-        server.stop()
+    stop_shared_servers()
 
 
 class Fleet:
@@ -86,6 +85,7 @@ class Fleet:
         """The real SGLang server (tests/real_sglang.py) serving `model`, stopped with the test."""
         from real_sglang import start_sglang
 
+        stop_shared_servers()  # a test's own servers beside a shared one: at most two real servers at once
         server = start_sglang(self.logs, model, *options, port=port, wait_healthy=wait_healthy)
         self.servers.append(server)
         return server
@@ -214,17 +214,24 @@ _shared_servers: dict = {}
 @pytest.fixture
 def shared_sglang(sglang_models, tmp_path_factory):
     """The real server of a checkpoint (`random` or `trace`), started once per pytest worker and shared by
-    the tests that leave it running (tests/real/ runs in one xdist group, so they share it); started again
-    if a test left it dead. Each start is ~30-60 s of a 2-core machine."""
+    the tests that leave it running (the tests of an xdist group share a worker); started again if a test
+    left it dead. One shared server at a time, stopped before a test starts its own (`fleet.sglang`): each
+    holds ~3.7 GB and takes ~30-60 s of a 2-core machine to start."""
     from real_sglang import start_sglang
 
     def get(kind: str):
         server = _shared_servers.get(kind)
         if server is None or not server.process.alive():
+            stop_shared_servers()  # one shared server at a time (each holds ~3.7 GB)
             server = _shared_servers[kind] = start_sglang(tmp_path_factory.mktemp(f"sglang-{kind}"),
                                                           sglang_models[kind])
         return server
     return get
+
+
+def stop_shared_servers() -> None:
+    while _shared_servers:
+        _shared_servers.popitem()[1].stop()
 
 
 def render(tokenizer, messages: list[dict]) -> list[int]:

@@ -10,7 +10,7 @@ from conftest import varied_prompts, write_prompts
 from real_sglang import restart
 from waiting import wait_until
 
-pytestmark = pytest.mark.xdist_group("real-sglang")
+pytestmark = pytest.mark.xdist_group("real-sglang-deaths")  # servers that die: beside the shared ones' group
 
 
 def test_a_server_killed_twice_mid_run_loses_nothing_and_blames_no_prompt(fleet, tmp_path, sglang_models):

@@ -12,7 +12,7 @@ from conftest import varied_prompts, write_prompts
 from contract.bundled import bundled_tokenizer_dir
 from real_sglang import ASSISTANT, THINK_END, expected_trace
 
-pytestmark = pytest.mark.xdist_group("real-sglang")  # one real server at a time beside the suite
+pytestmark = pytest.mark.xdist_group("real-sglang")  # with the shared servers (conftest.shared_sglang)
 
 
 def test_every_sample_is_the_real_servers_own_answer_to_its_ids(fleet, tmp_path, shared_sglang):

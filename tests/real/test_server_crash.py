@@ -10,7 +10,7 @@ import pytest
 from conftest import write_prompts
 from real_sglang import checkpoint, restart, tokenizer_with_added_tokens
 
-pytestmark = pytest.mark.xdist_group("real-sglang")
+pytestmark = pytest.mark.xdist_group("real-sglang-deaths")  # servers that die: beside the shared ones' group
 
 ADDED = ["<tool_a>", "<tool_b>", "<tool_c>", "<tool_d>"]
 

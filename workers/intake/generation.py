@@ -245,7 +245,7 @@ def _generation(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int
     to the queue. `route` names the server the prompt's prefix is cached on, which it takes
     while the load guard allows (`workers/servers/affinity.py`).
     """
-    key = f"{spec.name}/{prompt_id}"
+    key = server_crashes.suspect_key(spec.name, prompt_id)
     if tries.crashes and not tries.probed:  # noted at a crash (here or by another worker): it probes first
         rt.pool.suspected(tries.crashes[-1]["server"], key)
     try:
@@ -277,7 +277,7 @@ def _requests(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int],
                                                               {**sent, "max_new_tokens": 1}))
                     tries.probed = True
                     tries.servers.pop()  # a probe, not an attempt
-                    rt.pool.cleared(f"{spec.name}/{prompt_id}")  # the others may go there now
+                    rt.pool.cleared(server_crashes.suspect_key(spec.name, prompt_id))  # the others may go there
                     log.info("prompt %s of run %s: its one-token probe on %s came back; sent as usual now",
                              prompt_id, spec.name, binding.url)
                     continue
@@ -358,7 +358,7 @@ def _dropped(rt: Runtime, spec: RunSpec, binding: ServerBinding, prompt_id: str,
                        f"never sent again", excerpt={"crashes": tries.crashes})
         letter.servers = sorted({c["server"] for c in tries.crashes})
         raise Unfit(letter)
-    rt.pool.suspected(binding.url, f"{spec.name}/{prompt_id}")
+    rt.pool.suspected(binding.url, server_crashes.suspect_key(spec.name, prompt_id))
     log.warning("prompt %s of run %s was in flight on %s when it died at %s UTC (crash %d of this prompt%s); "
                 "it goes alone next time, to see whether it kills its server", prompt_id, spec.name, binding.url,
                 f"{when:%H:%M:%S}", len(tries.crashes), ", sent alone" if alone else "")

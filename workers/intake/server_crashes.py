@@ -63,6 +63,11 @@ class SoloBusy(Exception):
     """The server's solo slot did not come free in time."""
 
 
+def suspect_key(run: str, prompt_id: str) -> str:
+    """How a worker's server bindings list a crash suspect (`ServerBinding.suspects`)."""
+    return f"{run}/{prompt_id}"
+
+
 def convicted(crashes: list[dict]) -> bool:
     """Whether these crashes make the prompt their cause: its server died `SOLO_DEATHS` times while it
     was sent there alone."""

@@ -12,8 +12,8 @@ exists), a generation's keys and types (answers.py, cache_hits.py) and the error
 The two servers see the same tokenizer (the checkpoint's folder) and the same limits: a context of
 4,096 declared by the model, not given on the command line; a KV cache of 16,384 tokens; a batch
 limit of 8, given. The random checkpoint stops only at its budget, so the stand-in is asked to
-ignore its EOS where output lengths are compared. The last test sends an id outside the vocabulary,
-which ends both servers.
+ignore its EOS where output lengths are compared. The second to last test sends an id outside the
+vocabulary, which ends both servers; the last starts both again with --enable-metrics.
 """
 from __future__ import annotations
 
@@ -49,20 +49,27 @@ class Pair:
         return (httpx.request(method, self.real.url + path, timeout=300, **request),
                 httpx.request(method, self.standin_url + path, timeout=300, **request))
 
+    def stop(self) -> None:
+        self.standin.stop()
+        self.real.stop()
 
-@pytest.fixture(scope="module")
-def pair(tmp_path_factory, sglang_models) -> Iterator[Pair]:
-    model = sglang_models["random"]
-    logs = tmp_path_factory.mktemp("contract-logs")
-    real = start_sglang(logs, model, "--max-running-requests", str(BATCH))
+
+def start_pair(logs: Path, model: Path, *options: str) -> Pair:
+    """The real server and the stand-in on `model`, with the same limits and `options`."""
+    real = start_sglang(logs, model, "--max-running-requests", str(BATCH), *options)
     try:
-        standin, url = start_standin(logs, None, "--model-path", str(model), *STANDIN_LIMITS, *INSTANT)
+        standin, url = start_standin(logs, None, "--model-path", str(model), *STANDIN_LIMITS, *INSTANT, *options)
     except BaseException:
         real.stop()
         raise
-    yield Pair(real, standin, url)
-    standin.stop()
-    real.stop()
+    return Pair(real, standin, url)
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory, sglang_models) -> Iterator[Pair]:
+    started = start_pair(tmp_path_factory.mktemp("contract-logs"), sglang_models["random"])
+    yield started
+    started.stop()
 
 
 def shape(value: Any) -> Any:
@@ -270,3 +277,29 @@ def test_an_id_outside_the_vocabulary_ends_both_servers_without_an_answer(pair: 
         process.popen.wait(60)
         with pytest.raises(httpx.ConnectError):
             httpx.get(f"{url}/health", timeout=5)
+
+
+def test_with_enable_metrics_both_serve_metrics_and_time_their_answers_alike(pair: Pair, tmp_path, sglang_models):
+    # Given both servers started again with --enable-metrics (the ones above stopped first: one real
+    # server at a time)
+    pair.stop()
+    metered = start_pair(tmp_path, sglang_models["random"], "--enable-metrics")
+    try:
+        # When a prompt is generated twice (the second finds it cached) and /metrics scraped
+        metered.ask("POST", "/generate", **generate(prompt(12), max_new_tokens=3, ignore_eos=True))
+        answers = metered.ask("POST", "/generate", **generate(prompt(12), max_new_tokens=3, ignore_eos=True))
+        pages = metered.ask("GET", "/metrics")
+    finally:
+        metered.stop()
+    # Then the answers have the same keys (the scheduler's timestamps come with the metrics), and types
+    real, standin = (r.json()["meta_info"] for r in answers)
+    assert set(real) == set(standin), both(answers)
+    assert {k: shape(v) for k, v in real.items()} == {k: shape(v) for k, v in standin.items()}
+    # And both pages are Prometheus text holding the series the project reads, labelled by model
+    assert [r.status_code for r in pages] == [200, 200]
+    for page in pages:
+        assert page.headers["content-type"].startswith("text/plain")
+        for name in ("sglang:prompt_tokens_total", "sglang:cached_tokens_total", "sglang:num_running_reqs",
+                     "sglang:num_queue_reqs"):
+            assert any(line.startswith(name + "{") and "model_name=" in line for line in page.text.splitlines()), \
+                (name, page.url)

@@ -5,6 +5,10 @@ kind) is decided up front by the pure functions in `outputs` and
 `bad_outputs`; the scheduler only decides WHEN it is answered (or how much
 was produced when it is aborted), and `delivery` how the bytes go out.
 
+A rid given by the client that a request in flight already holds is refused
+with 400 "Duplicate request ID detected: <rid>", as SGLang's tokenizer manager
+refuses it (a client retrying a request that still runs meets this).
+
 An input id outside the vocabulary passes every check of SGLang 0.5.23 and
 kills its scheduler; every process of the server then exits and the request's
 connection drops with no answer. The stand-in does the same (`crash_on_oov`),
@@ -56,12 +60,19 @@ async def generate(request: Request) -> Response:
     except errors.InternalError as exc:
         log.error("Exception in /generate (real SGLang answers 500 too): %s", exc)
         return errors.internal_error()
+    given = {sub.rid for sub in call.items if sub.rid_given}
+    if given & state.rids:  # the tokenizer manager's check, before the scheduler sees the ids
+        return errors.value_error(f"Duplicate request ID detected: {sorted(given & state.rids)[0]}")
     if state.cfg.oov_ids == "crash" and any(out_of_vocabulary(sub.input_ids, state.cfg) for sub in call.items):
         crash_on_oov(state.cfg.vocab_size)
     plans = [plan(sub, state.cfg) for sub in call.items]
-    if not await _unwedged(request, state, plans):
-        return Response(status_code=499)
-    return await _schedule_and_answer(request, state, call, plans, started)
+    state.rids |= given
+    try:  # (a stream's rids are let go when its response starts: the fleet does not stream)
+        if not await _unwedged(request, state, plans):
+            return Response(status_code=499)
+        return await _schedule_and_answer(request, state, call, plans, started)
+    finally:
+        state.rids -= given
 
 
 def crash_on_oov(vocab_size: int) -> None:

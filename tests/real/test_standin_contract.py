@@ -18,6 +18,7 @@ vocabulary, which ends both servers; the last starts both again with --enable-me
 from __future__ import annotations
 
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterator
@@ -27,6 +28,7 @@ import pytest
 
 from producer.local import Process, start_standin
 from real_sglang import CONTEXT, RealServer, start_sglang
+from waiting import wait_until
 
 pytestmark = pytest.mark.xdist_group("real-sglang")  # one real server at a time beside the suite
 
@@ -34,7 +36,7 @@ BATCH, KV_TOKENS = 8, 16384
 #: As tests/real_sglang.py starts the real server: a context from the model, 16,384 KV tokens.
 STANDIN_LIMITS = ("--model-context-length", str(CONTEXT), "--max-total-tokens", str(KV_TOKENS),
                   "--max-running-requests", str(BATCH))
-INSTANT = ("--step-base", "0", "--step-per-request", "0", "--prefill-per-token", "0")
+STEPS = ("--step-base", "0.01")  # 10 ms a decode step: a long request is in flight a while, as on the CPU
 
 
 @dataclass
@@ -58,7 +60,7 @@ def start_pair(logs: Path, model: Path, *options: str) -> Pair:
     """The real server and the stand-in on `model`, with the same limits and `options`."""
     real = start_sglang(logs, model, "--max-running-requests", str(BATCH), *options)
     try:
-        standin, url = start_standin(logs, None, "--model-path", str(model), *STANDIN_LIMITS, *INSTANT, *options)
+        standin, url = start_standin(logs, None, "--model-path", str(model), *STANDIN_LIMITS, *STEPS, *options)
     except BaseException:
         real.stop()
         raise
@@ -247,6 +249,30 @@ def test_the_context_limits_are_the_same_at_every_edge(pair: Pair, length: int, 
         assert real["meta_info"]["finish_reason"] == standin["meta_info"]["finish_reason"]
     else:
         assert real == standin, both(answers)
+
+
+def _running(url: str) -> int:
+    return httpx.get(f"{url}/v1/loads", timeout=30).json()["loads"][0]["num_running_reqs"]
+
+
+def test_a_rid_still_in_flight_is_refused_alike(pair: Pair):
+    # Given a long generation under rid "busy" running on each server
+    long = {"input_ids": prompt(24), "rid": "busy", "sampling_params": {"max_new_tokens": 3000, "ignore_eos": True}}
+    with ThreadPoolExecutor(2) as threads:
+        running = []
+        for url in (pair.real.url, pair.standin_url):
+            running.append(threads.submit(httpx.post, f"{url}/generate", json=long, timeout=300))
+            wait_until(lambda: _running(url) == 1, 60, f"the long request running on {url}")
+        # When a request with the same rid is sent to both
+        answers = pair.ask("POST", "/generate", json={**long, "sampling_params": {"max_new_tokens": 2}})
+        for url in (pair.real.url, pair.standin_url):
+            httpx.post(f"{url}/abort_request", json={"rid": "busy"}, timeout=30)
+        ended = [future.result().json()["meta_info"]["finish_reason"]["type"] for future in running]
+    # Then both refuse it, 400 with the same message (the fleet retries it: its earlier try still runs)
+    assert [r.status_code for r in answers] == [400, 400], both(answers)
+    assert answers[0].json() == answers[1].json() == {"error": {"message": "Duplicate request ID detected: busy"}}
+    # And the long ones end aborted alike
+    assert ended == ["abort", "abort"]
 
 
 def test_tokenize_answers_with_the_servers_own_tokenizer_alike(pair: Pair):

@@ -39,6 +39,7 @@ from sglang_standin.state import StandinState
 from sglang_standin.streaming import sse_error, sse_events, sse_single
 
 log = logging.getLogger("sglang_standin")
+DISCONNECT_POLL_SECONDS = 4.0  # SGLang 0.5.23's SGLANG_REQUEST_STATE_WAIT_TIMEOUT
 
 
 async def generate(request: Request) -> Response:
@@ -101,6 +102,22 @@ async def _unwedged(request: Request, state: StandinState, plans: list[Planned])
     return await state.wedge.hold(request)
 
 
+async def _outcomes(request: Request, state: StandinState, jobs: list[Job]) -> list | None:
+    """The jobs' outcomes; None when the client left first. As SGLang's tokenizer manager, which looks
+    every `SGLANG_REQUEST_STATE_WAIT_TIMEOUT` (4 s) while a non-streaming request waits, the jobs of
+    a client that disconnected are aborted (and their rids free for its next try)."""
+    pending = asyncio.gather(*(job.outcome for job in jobs))
+    while True:
+        try:
+            return await asyncio.wait_for(asyncio.shield(pending), DISCONNECT_POLL_SECONDS)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                log.info("Request is disconnected from the client side: aborting %s", [job.rid for job in jobs])
+                for job in jobs:
+                    state.engine.cancel(job)
+                return None
+
+
 async def _schedule_and_answer(request: Request, state: StandinState, call: GenerateCall,
                                plans: list[Planned], started: float) -> Response:
     first = [state.stats.note_attempt(p.key) == 1 for p in plans]
@@ -123,8 +140,8 @@ async def _schedule_and_answer(request: Request, state: StandinState, call: Gene
     lifecycle = state.lifecycle
     lifecycle.inflight += 1
     try:
-        outcomes = await asyncio.gather(*(job.outcome for job in jobs))
-        if not await _unwedged(request, state, plans):  # generated, but a wedged engine never answers
+        outcomes = await _outcomes(request, state, jobs)
+        if outcomes is None or not await _unwedged(request, state, plans):  # client gone, or engine wedged
             return Response(status_code=499)
     finally:
         lifecycle.inflight -= 1

@@ -219,6 +219,22 @@ def test_an_id_outside_the_vocabulary_ends_the_server_unless_told_to_reject_it()
         assert s.generate({"input_ids": [5, 6, 7]}).status_code == 200
 
 
+def test_a_rid_in_flight_is_refused_until_its_client_leaves_and_the_server_aborts_it() -> None:
+    # given a stand-in whose generations all take a minute, and a client that gives up on one after 0.5 s
+    with standin(*INSTANT, "--health-latency", "0", "--fault-slow", "1", "--slow-seconds", "60") as s:
+        body = {"input_ids": [5, 6, 7], "rid": "gone"}
+        with pytest.raises(httpx.ReadTimeout):
+            s.generate(body, timeout=0.5)
+        # when the same rid is sent again at once, then it is refused as SGLang refuses it
+        again = s.generate(body)
+        assert again.status_code == 400
+        assert again.json() == {"error": {"message": "Duplicate request ID detected: gone"}}
+        # and within SGLang's 4 s look for a client gone, the generation is aborted and the rid free
+        wait_until(lambda: _running_and_waiting(s) == (0, 0), 10, "the abandoned generation aborted", poll=0.1)
+        with pytest.raises(httpx.ReadTimeout):  # taken, and running
+            s.generate(body, timeout=0.5)
+
+
 def test_without_a_tokenizer_text_and_tokenize_are_refused_with_a_reason(server: Standin) -> None:
     # given the stand-in's default model path, a hub id and no folder: no tokenizer
     # when text is sent, or /tokenize asked, then 400 saying so

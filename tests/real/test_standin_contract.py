@@ -41,7 +41,7 @@ STEPS = ("--step-base", "0.01")  # 10 ms a decode step: a long request is in fli
 
 @dataclass
 class Pair:
-    """The real server and the stand-in, with one client each."""
+    """The real server and the stand-in, asked the same questions."""
     real: RealServer
     standin: Process
     standin_url: str

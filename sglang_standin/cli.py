@@ -65,10 +65,10 @@ def _server_options(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--reasoning-parser", default=None,
                    help="only reported, and makes meta_info.reasoning_tokens count")
     g.add_argument("--max-running-requests", type=int, default=None,
-                   help="the batch limit (default: %d, where SGLang derives one from memory); "
-                        "/server_info reports it, null when not given" % DERIVED_MAX_RUNNING_REQUESTS)
+                   help="the batch limit, reported in /server_info; not given, the limit is %d (SGLang "
+                        "derives one from memory) and /server_info reports null" % DERIVED_MAX_RUNNING_REQUESTS)
     g.add_argument("--max-total-tokens", type=int, default=None,
-                   help="KV-cache size in tokens (default: a full context per batch slot); with the "
+                   help="KV-cache size in tokens; not given, a full context per batch slot. With the "
                         "context it sets max_req_input_len, min(context - 1, this - 1) - 5")
     g.add_argument("--max-queued-requests", type=int, default=None,
                    help="503 queue-full beyond this many waiting requests (default unbounded)")

@@ -72,7 +72,8 @@ class CacheOptions:
     fleet_env: dict = field(default_factory=dict)  # extra worker settings on both fleet sides (--fleet-env)
 
     def standin_options(self, cache_tokens: int) -> list[str]:
-        return ["--max-running-requests", str(self.batch), "--prefix-cache-tokens", str(cache_tokens),
+        return ["--enable-metrics", "--max-running-requests", str(self.batch),
+                "--prefix-cache-tokens", str(cache_tokens),
                 "--prefill-per-token", str(self.prefill_per_token),
                 "--output-len-median", str(self.output_len_median),
                 "--output-len-sigma", str(self.output_len_sigma), "--output-len-max", str(self.output_len_max),

@@ -1,10 +1,19 @@
 """A stand-in for SGLang's native HTTP server, for tests, the demo and benchmarks.
 
-It answers `/generate` with pre-tokenized `input_ids` exactly as real SGLang
-does (response shape, finish reasons, error bodies, health semantics), with
-deterministic per-prompt outputs (`sglang_standin.outputs`), a continuous-
-batching time model and deterministic fault injection. Nothing in `workers/`
-imports it; tests import `outputs` to know the exact expected tokens.
+It answers `/generate` with pre-tokenized `input_ids` exactly as SGLang 0.5.23
+does (response shape, finish reasons, error bodies, limits, health
+semantics), with deterministic per-prompt outputs (`sglang_standin.outputs`),
+a continuous-batching time model and deterministic fault injection. Nothing
+in `workers/` imports it; tests import `outputs` to know the exact expected
+tokens. tests/real/test_standin_contract.py asks the real server and the
+stand-in the same questions and fails on any difference the fleet reads; so
+where they differed, the stand-in follows the real server: an id outside the
+vocabulary ends the server with no answer (`--oov-ids reject` for a 400
+instead), an unknown sampling key is the contract gate's 400 (`contract_gate`),
+the longest prompt is `max_req_input_len` - 1 (`request_model`), `/server_info`
+reports only the limits given on the command line, `/metrics` needs
+`--enable-metrics`, and `--tokenizer-path` (a local folder) gives it a
+tokenizer for `text` input and `/tokenize` (`tokenizer`).
 
 Run it with `python -m sglang_standin --port 30000 [options]` (see --help).
 
@@ -28,17 +37,19 @@ sends 200's head and then a byte every `--wedge-trickle-seconds`,
 /generate and the scheduler's routes answer nothing until it heals (see
 `wedge`); /standin/stats `wedged` counts the requests it held, per key.
 
-Load as SGLang reports it: `/v1/loads`, `/get_load`, `num_running_reqs` and
-`num_waiting_reqs` in meta_info (see `routes_load`). `--api-key` guards every
-route but /health* and /metrics* (see `auth`).
+Load as SGLang 0.5.23 reports it: `/v1/loads` (see `routes_load`). Other
+releases' reports only when asked for: `--serve-get-load` (the deprecated
+`/get_load` of older ones) and `--meta-info-load` (`num_running_reqs` and
+`num_waiting_reqs` in every answer's meta_info, 2026 main builds). `--api-key`
+guards every route but /health* and /metrics* (see `auth`).
 
 Prefix cache (`prefix_cache`), as SGLang's radix cache: `--prefix-cache-tokens N`
 bounds it (least recently used leaves evicted; 0 or `--disable-radix-cache`
 turns it off); a prompt is cached after its prefill step, prompt and output
 (all but the last token) when it finishes. Every answer's
 `meta_info.cached_tokens` is the prompt's hit when it was scheduled, and
-`--prefill-per-token` is charged for the other prompt tokens only. `/metrics`
-(`metrics`) serves `sglang:prompt_tokens_total`, `sglang:cached_tokens_total`,
+`--prefill-per-token` is charged for the other prompt tokens only. With
+`--enable-metrics`, `/metrics` (`metrics`) serves `sglang:prompt_tokens_total`, `sglang:cached_tokens_total`,
 `sglang:num_running_reqs` and `sglang:num_queue_reqs`, labelled `model_name`.
 """
 

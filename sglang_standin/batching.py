@@ -167,7 +167,7 @@ class Engine:
         limit = self._cfg.max_queued_requests
         if limit is None or self._cfg.instant or immediate == 0:
             return True
-        free = 0 if self._waiting else self._cfg.max_running_requests - len(self._running)
+        free = 0 if self._waiting else self._cfg.max_running - len(self._running)
         return len(self._waiting) + max(0, immediate - free) <= limit
 
     def _enter(self, job: Job) -> None:
@@ -179,7 +179,7 @@ class Engine:
             job.cached = self.cache.cached_prompt_tokens(job.prompt_ids)
             self._stats.note_started()
             self._finish(job, job.target, None)
-        elif len(self._running) < self._cfg.max_running_requests and not self._waiting:
+        elif len(self._running) < self._cfg.max_running and not self._waiting:
             self._admit(job)
             self._kick()
         else:
@@ -242,7 +242,7 @@ class Engine:
                 await self._wake.wait()
                 clock = loop.time()
                 continue
-            while self._waiting and len(self._running) < cfg.max_running_requests:
+            while self._waiting and len(self._running) < cfg.max_running:
                 self._admit(self._waiting.popleft())
             if not self._running:
                 continue

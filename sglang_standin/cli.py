@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 from typing import Sequence
 
-from sglang_standin.config import BAD_OUTPUT_KINDS, FAULT_NAMES, StandinConfig
+from sglang_standin.config import (BAD_OUTPUT_KINDS, DERIVED_MAX_RUNNING_REQUESTS, FAULT_NAMES, OOV_BEHAVIOURS,
+                                   StandinConfig)
 
 _D = StandinConfig()  # the dataclass is the single source of defaults
 
@@ -28,11 +29,14 @@ def build_parser() -> argparse.ArgumentParser:
     """Parser whose destinations are exactly StandinConfig field names."""
     p = argparse.ArgumentParser(
         prog="python -m sglang_standin",
-        description="A fake SGLang server (native /generate API) for tests and benchmarks.",
+        description="A fake SGLang server (native /generate API) for tests and benchmarks. It answers "
+                    "as SGLang 0.5.23 does (tests/real/test_standin_contract.py asks both); the options "
+                    "under 'other SGLang releases' turn on what other releases do instead.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     _server_options(p.add_argument_group("server"))
     _lifecycle_options(p.add_argument_group("lifecycle"))
+    _release_options(p.add_argument_group("other SGLang releases (not 0.5.23's behaviour)"))
     _timing_options(p.add_argument_group("continuous-batching time model"))
     _output_options(p.add_argument_group("deterministic outputs"))
     _fault_options(p.add_argument_group("faults (shares of prompts, deterministic by prompt)"))
@@ -43,22 +47,49 @@ def _server_options(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--host", default=_D.host)
     g.add_argument("--port", type=int, default=_D.port, help="0 picks a free port")
     g.add_argument("--model-path", default=_D.model_path)
-    g.add_argument("--tokenizer-path", default=None, help="default: the model path")
+    g.add_argument("--tokenizer-path", default=None,
+                   help="default: the model path. A local folder with a tokenizer.json gives the stand-in "
+                        "a tokenizer: text input, POST /tokenize, and the vocabulary size")
     g.add_argument("--served-model-name", default=None, help="default: the model path")
     g.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on every route but /health* and "
                         "/metrics* (as SGLang); 401 {\"error\": \"Unauthorized\"} otherwise")
-    g.add_argument("--context-length", type=int, default=_D.context_length)
+    g.add_argument("--context-length", type=int, default=None,
+                   help="overrides the model's (--model-context-length); /server_info reports it, null "
+                        "when not given, as SGLang")
+    g.add_argument("--model-context-length", type=int, default=_D.model_context_length,
+                   help="the context length the pretend checkpoint declares (real SGLang reads it from "
+                        "config.json); /v1/models' max_model_len")
     g.add_argument("--allow-auto-truncate", action="store_true",
                    help="cut over-long inputs instead of answering 400")
     g.add_argument("--reasoning-parser", default=None,
                    help="only reported, and makes meta_info.reasoning_tokens count")
-    g.add_argument("--max-running-requests", type=int, default=_D.max_running_requests)
+    g.add_argument("--max-running-requests", type=int, default=None,
+                   help="the batch limit, reported in /server_info; not given, the limit is %d (SGLang "
+                        "derives one from memory) and /server_info reports null" % DERIVED_MAX_RUNNING_REQUESTS)
+    g.add_argument("--max-total-tokens", type=int, default=None,
+                   help="KV-cache size in tokens; not given, a full context per batch slot. With the "
+                        "context it sets max_req_input_len, min(context - 1, this - 1) - 5")
     g.add_argument("--max-queued-requests", type=int, default=None,
                    help="503 queue-full beyond this many waiting requests (default unbounded)")
     g.add_argument("--vocab-size", type=int, default=None,
-                   help="input ids must be below this, and the beyond_vocab bad output is this id "
-                        "(default: max(129280, special ids + 1, --vocab-high))")
+                   help="input ids must lie in [0, this) (see --oov-ids), and the beyond_vocab bad output is "
+                        "this id (default: the tokenizer's length, else max(129280, special ids + 1, "
+                        "--vocab-high))")
+    g.add_argument("--oov-ids", choices=OOV_BEHAVIOURS, default=_D.oov_ids,
+                   help="an input id outside the vocabulary: 'crash' as SGLang 0.5.23 (the connection drops "
+                        "with no answer and the server exits), or 'reject' with a 400 (no SGLang release "
+                        "does that)")
+    g.add_argument("--enable-metrics", action="store_true",
+                   help="serve GET /metrics (404 without it, as SGLang)")
+
+
+def _release_options(g: argparse._ArgumentGroup) -> None:
+    g.add_argument("--meta-info-load", action="store_true",
+                   help="copy the scheduler's num_running_reqs / num_waiting_reqs into every answer's "
+                        "meta_info, as 2026 main builds do (0.5.23 does not)")
+    g.add_argument("--serve-get-load", action="store_true",
+                   help="serve the deprecated GET /get_load of older releases (0.5.23 answers 404)")
 
 
 def _lifecycle_options(g: argparse._ArgumentGroup) -> None:

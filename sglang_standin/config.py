@@ -46,6 +46,15 @@ BAD_OUTPUT_KINDS: tuple[str, ...] = (
 DEFAULT_MODEL_PATH = "deepseek-ai/DeepSeek-R1"
 #: DeepSeek-V3/R1 vocabulary size; the default `vocab_size` is at least this.
 DEEPSEEK_VOCAB_SIZE = 129280
+#: The batch limit when `--max-running-requests` is not given. Real SGLang derives it from the
+#: memory left for the KV cache (2,048 for the tiny CPU model of tests/real_sglang.py); the
+#: stand-in has no memory to measure, so it takes this fixed value.
+DERIVED_MAX_RUNNING_REQUESTS = 64
+#: What an input id outside the vocabulary does: `crash`, as SGLang 0.5.23 (its embedding's
+#: IndexError kills the scheduler and every process exits, the request's connection dropped
+#: with no answer), or `reject`, a 400 no SGLang release answers (kept for tests of a client
+#: against a server that checks ids).
+OOV_BEHAVIOURS: tuple[str, ...] = ("crash", "reject")
 
 
 @dataclass(frozen=True)
@@ -54,7 +63,15 @@ class StandinConfig:
 
     `tokenizer_path`, `served_model_name` and `vocab_size` may be left None;
     they are resolved in `__post_init__` the way SGLang resolves them
-    (tokenizer and served name default to the model path).
+    (tokenizer and served name default to the model path; the vocabulary is
+    the tokenizer's length when `tokenizer_path` is a local folder with a
+    `tokenizer.json`, see `sglang_standin.tokenizer`).
+
+    `context_length`, `max_running_requests` and `max_total_tokens` are
+    SGLang's server arguments: None unless given on the command line, and
+    reported so in `/server_info`. The limits the server then applies are
+    `context_len` (else `model_context_length`, what the pretend checkpoint
+    declares), `max_running` and `max_total_num_tokens`.
     """
 
     # --- server identity and limits
@@ -64,12 +81,19 @@ class StandinConfig:
     tokenizer_path: str | None = None
     served_model_name: str | None = None
     api_key: str | None = None
-    context_length: int = 32768
+    context_length: int | None = None
+    model_context_length: int = 32768
     allow_auto_truncate: bool = False
     reasoning_parser: str | None = None
-    max_running_requests: int = 64
+    max_running_requests: int | None = None
     max_queued_requests: int | None = None
+    max_total_tokens: int | None = None
     vocab_size: int | None = None
+    oov_ids: str = "crash"  # one of OOV_BEHAVIOURS
+    enable_metrics: bool = False
+    # --- behaviours of other SGLang releases than 0.5.23 (off: as 0.5.23)
+    meta_info_load: bool = False  # 2026 main: num_running_reqs / num_waiting_reqs in meta_info
+    serve_get_load: bool = False  # older releases: the deprecated GET /get_load
     # --- lifecycle
     load_seconds: float = 0.0
     warmup_seconds: float = 0.0
@@ -121,10 +145,12 @@ class StandinConfig:
         if self.served_model_name is None:
             object.__setattr__(self, "served_model_name", self.model_path)
         if self.vocab_size is None:
+            from sglang_standin.tokenizer import load_tokenizer  # a local folder's tokenizer.json
+
+            found = load_tokenizer(self.tokenizer_path)
             needed = max(self.special_ids) + 1
-            object.__setattr__(
-                self, "vocab_size", max(DEEPSEEK_VOCAB_SIZE, needed, self.vocab_high)
-            )
+            object.__setattr__(self, "vocab_size", found.vocab_size if found is not None
+                               else max(DEEPSEEK_VOCAB_SIZE, needed, self.vocab_high))
         if isinstance(self.bad_output_kinds, str):
             kinds = tuple(k.strip() for k in self.bad_output_kinds.split(",") if k.strip())
             object.__setattr__(self, "bad_output_kinds", kinds)
@@ -148,9 +174,30 @@ class StandinConfig:
         return tuple(k for k in BAD_OUTPUT_KINDS if k in self.bad_output_kinds)
 
     @property
+    def context_len(self) -> int:
+        """The context length in force: `--context-length`, else the model's."""
+        return self.context_length or self.model_context_length
+
+    @property
+    def max_running(self) -> int:
+        """The batch limit in force: `--max-running-requests`, else the derived one."""
+        return self.max_running_requests or DERIVED_MAX_RUNNING_REQUESTS
+
+    @property
     def max_total_num_tokens(self) -> int:
-        """The modelled KV-cache capacity in tokens (reported by info and load routes)."""
-        return self.context_length * self.max_running_requests
+        """The modelled KV-cache capacity in tokens (reported by info and load routes):
+        `--max-total-tokens`, else a full context for each batch slot."""
+        return self.max_total_tokens or self.context_len * self.max_running
+
+    @property
+    def max_req_len(self) -> int:
+        """SGLang's scheduler's `max_req_len`: prompt and output together stay below it."""
+        return min(self.context_len - 1, self.max_total_num_tokens - 1)
+
+    @property
+    def max_req_input_len(self) -> int:
+        """The scheduler refuses a prompt of this many tokens or more (`max_req_len - 5`)."""
+        return self.max_req_len - 5
 
     def fault_share(self, name: str) -> float:
         """The share of prompts given fault `name` (one of FAULT_NAMES)."""
@@ -159,8 +206,12 @@ class StandinConfig:
 
 def _validate(cfg: StandinConfig) -> None:
     """Reject settings that would make the stand-in hang or lie."""
-    _check(cfg.context_length >= 2, "context_length must be at least 2")
-    _check(cfg.max_running_requests >= 1, "max_running_requests must be at least 1")
+    _check(cfg.context_length is None or cfg.context_length >= 8, "context_length must be at least 8")
+    _check(cfg.model_context_length >= 8, "model_context_length must be at least 8")
+    _check(cfg.max_running_requests is None or cfg.max_running_requests >= 1,
+           "max_running_requests must be at least 1")
+    _check(cfg.max_total_tokens is None or cfg.max_total_tokens >= 8, "max_total_tokens must be at least 8")
+    _check(cfg.oov_ids in OOV_BEHAVIOURS, f"oov_ids must be one of {', '.join(OOV_BEHAVIOURS)}")
     _check(cfg.prefix_cache_tokens >= 0, "prefix_cache_tokens must be >= 0")
     _check(
         cfg.max_queued_requests is None or cfg.max_queued_requests >= 0,

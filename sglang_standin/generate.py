@@ -4,12 +4,23 @@ Everything about a prompt's answer (tokens, finish reason, fault, bad-output
 kind) is decided up front by the pure functions in `outputs` and
 `bad_outputs`; the scheduler only decides WHEN it is answered (or how much
 was produced when it is aborted), and `delivery` how the bytes go out.
+
+A rid given by the client that a request in flight already holds is refused
+with 400 "Duplicate request ID detected: <rid>", as SGLang's tokenizer manager
+refuses it (a client retrying a request that still runs meets this).
+
+An input id outside the vocabulary passes every check of SGLang 0.5.23 and
+kills its scheduler; every process of the server then exits and the request's
+connection drops with no answer. The stand-in does the same (`crash_on_oov`),
+unless started with `--oov-ids reject`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import time
 
 from starlette.requests import Request
@@ -21,12 +32,14 @@ from sglang_standin.batching import Job
 from sglang_standin.config import StandinConfig
 from sglang_standin.delivery import deliver
 from sglang_standin.outputs import fault_for, generate_output, prompt_key
-from sglang_standin.request_model import GenerateCall, SubRequest, load_body, parse_generate
+from sglang_standin.request_model import (GenerateCall, SubRequest, load_body, out_of_vocabulary,
+                                           parse_generate, require_json)
 from sglang_standin.responses import Load, Planned, final_body, queue_full_stream_body
 from sglang_standin.state import StandinState
 from sglang_standin.streaming import sse_error, sse_events, sse_single
 
 log = logging.getLogger("sglang_standin")
+DISCONNECT_POLL_SECONDS = 4.0  # SGLang 0.5.23's SGLANG_REQUEST_STATE_WAIT_TIMEOUT
 
 
 async def generate(request: Request) -> Response:
@@ -35,21 +48,41 @@ async def generate(request: Request) -> Response:
     state.stats.note_request()
     started = time.perf_counter()
     try:
-        body = load_body(await request.body())
+        body = load_body(require_json(request.headers.get("content-type"), await request.body()))
     except errors.SchemaError as exc:
         return errors.schema_error(str(exc))
     stream = body.get("stream") is True
     try:
         call = parse_generate(body, state.cfg)
+    except errors.ContractError as exc:
+        return errors.contract_error(str(exc))
     except errors.RequestError as exc:
         return sse_error(str(exc)) if stream else errors.value_error(str(exc))
     except errors.InternalError as exc:
         log.error("Exception in /generate (real SGLang answers 500 too): %s", exc)
         return errors.internal_error()
+    given = {sub.rid for sub in call.items if sub.rid_given}
+    if given & state.rids:  # the tokenizer manager's check, before the scheduler sees the ids
+        return errors.value_error(f"Duplicate request ID detected: {sorted(given & state.rids)[0]}")
+    if state.cfg.oov_ids == "crash" and any(out_of_vocabulary(sub.input_ids, state.cfg) for sub in call.items):
+        crash_on_oov(state.cfg.vocab_size)
     plans = [plan(sub, state.cfg) for sub in call.items]
-    if not await _unwedged(request, state, plans):
-        return Response(status_code=499)
-    return await _schedule_and_answer(request, state, call, plans, started)
+    state.rids |= given
+    try:  # (a stream's rids are let go when its response starts: the fleet does not stream)
+        if not await _unwedged(request, state, plans):
+            return Response(status_code=499)
+        return await _schedule_and_answer(request, state, call, plans, started)
+    finally:
+        state.rids -= given
+
+
+def crash_on_oov(vocab_size: int) -> None:
+    """End the whole server at once, as SGLang 0.5.23 does: its scheduler dies on the embedding's
+    IndexError and the launcher kills its process tree (SIGKILL, so no socket gets an answer)."""
+    log.error("Scheduler hit an exception: IndexError: index out of range in self (an input id outside "
+              "[0, %d); the stand-in exits as SGLang 0.5.23 does, see --oov-ids)", vocab_size)
+    logging.shutdown()
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def plan(sub: SubRequest, cfg: StandinConfig) -> Planned:
@@ -67,6 +100,22 @@ async def _unwedged(request: Request, state: StandinState, plans: list[Planned])
         for p in plans:
             state.stats.note_wedged(p.key)
     return await state.wedge.hold(request)
+
+
+async def _outcomes(request: Request, state: StandinState, jobs: list[Job]) -> list | None:
+    """The jobs' outcomes; None when the client left first. As SGLang's tokenizer manager, which looks
+    every `SGLANG_REQUEST_STATE_WAIT_TIMEOUT` (4 s) while a non-streaming request waits, the jobs of
+    a client that disconnected are aborted (and their rids free for its next try)."""
+    pending = asyncio.gather(*(job.outcome for job in jobs))
+    while True:
+        try:
+            return await asyncio.wait_for(asyncio.shield(pending), DISCONNECT_POLL_SECONDS)
+        except asyncio.TimeoutError:
+            if await request.is_disconnected():
+                log.info("Request is disconnected from the client side: aborting %s", [job.rid for job in jobs])
+                for job in jobs:
+                    state.engine.cancel(job)
+                return None
 
 
 async def _schedule_and_answer(request: Request, state: StandinState, call: GenerateCall,
@@ -91,8 +140,8 @@ async def _schedule_and_answer(request: Request, state: StandinState, call: Gene
     lifecycle = state.lifecycle
     lifecycle.inflight += 1
     try:
-        outcomes = await asyncio.gather(*(job.outcome for job in jobs))
-        if not await _unwedged(request, state, plans):  # generated, but a wedged engine never answers
+        outcomes = await _outcomes(request, state, jobs)
+        if outcomes is None or not await _unwedged(request, state, plans):  # client gone, or engine wedged
             return Response(status_code=499)
     finally:
         lifecycle.inflight -= 1

@@ -8,8 +8,10 @@ tokenizer manager adds to when a request finishes (so they equal the sums of
 `sglang:num_running_reqs` and `sglang:num_queue_reqs` are the scheduler's
 gauges. The hit share is rate(cached) / rate(prompt), not SGLang's
 `sglang:cache_hit_rate` gauge: that is the last prefill batch's, and decode
-logging resets it to 0 (sglang issues #5625, #12459). Real SGLang serves
-these only with `--enable-metrics`; the stand-in always does.
+logging resets it to 0 (sglang issues #5625, #12459). Served only with
+`--enable-metrics`, as SGLang (404 otherwise). SGLang 0.5.23 labels its
+series with more than `model_name` (engine_type, tp_rank, cache_source...);
+the stand-in carries `model_name` alone.
 
 Values are read from the server's `Stats` and `Engine` at scrape time (a
 custom collector), so there is one count per fact and nothing to keep in step.

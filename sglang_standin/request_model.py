@@ -1,10 +1,17 @@
 """Turn a `/generate` body into validated sub-requests, in SGLang's order.
 
 The order of checks decides which error a client sees when a request has
-several problems, so it follows SGLang: body schema (400 Bad Request), then
-`GenerateReqInput.normalize_batch_and_arguments` (400), then per sub-request
-the tokenizer manager's length checks (400) and only then
-`SamplingParams(**params)` (unknown key: 500) and `verify()` (400).
+several problems, so it follows SGLang 0.5.23: body schema (400 Bad Request),
+the JSON contract gate (`contract_gate`: unknown or mistyped sampling keys,
+400 `{"error": "..."}`), `GenerateReqInput.normalize_batch_and_arguments`
+(400), then per sub-request the tokenizer manager's checks (400: a prompt of
+the context length or more; an explicit `max_new_tokens` that with the prompt
+exceeds the context, `>`: a total of exactly the context is accepted), then
+`SamplingParams.verify()` (400), then the scheduler's (400: a prompt of
+`max_req_input_len` = min(context - 1, KV tokens - 1) - 5 tokens or more).
+The scheduler then caps the budget at `max_req_len - prompt - 1` without a
+word (an answer to a prompt of P tokens in a context of C is at most C - 2 - P
+tokens). Ids outside the vocabulary pass every check: see `out_of_vocabulary`.
 """
 
 from __future__ import annotations
@@ -16,14 +23,12 @@ from dataclasses import dataclass
 from typing import Callable
 
 from sglang_standin.config import StandinConfig
-from sglang_standin.errors import InternalError, RequestError, SchemaError
+from sglang_standin.contract_gate import check_sampling
+from sglang_standin.errors import RequestError, SchemaError
 from sglang_standin.sampling import Sampling, parse_sampling
+from sglang_standin.tokenizer import NO_TOKENIZER, StandinTokenizer, load_tokenizer
 
 log = logging.getLogger("sglang_standin")
-
-TEXT_UNSUPPORTED = (
-    "The SGLang stand-in has no tokenizer: send pre-tokenized input_ids instead of text."
-)
 
 EMBEDS_UNSUPPORTED = "The SGLang stand-in does not support input_embeds."
 
@@ -47,11 +52,22 @@ class GenerateCall:
 
 
 def parse_generate(body: dict, cfg: StandinConfig) -> GenerateCall:
-    """Validate a decoded body; raise RequestError or InternalError."""
-    prompts, is_single, params, rids = _normalize(body)
+    """Validate a decoded body; raise ContractError, RequestError or InternalError."""
+    check_sampling(body.get("sampling_params"))
+    prompts, is_single, params, rids = _normalize(body, load_tokenizer(cfg.tokenizer_path))
     items = [_sub_request(p, sp, rid, given, cfg)
              for p, sp, (rid, given) in zip(prompts, params, rids)]
     return GenerateCall(items=items, is_single=is_single, stream=bool(body.get("stream", False)))
+
+
+def require_json(content_type: str | None, raw: bytes) -> bytes:
+    """FastAPI (0.165, SGLang 0.5.23's) parses a body as JSON only under an application/json (or
+    +json) Content-Type; any other, or none, leaves bytes that the request model refuses."""
+    media = (content_type or "").split(";", 1)[0].strip().lower()
+    if media == "application/json" or (media.startswith("application/") and media.endswith("+json")):
+        return raw
+    raise SchemaError("1 validation error:\n  {'type': 'dataclass_type', 'loc': ('body',), 'msg': 'Input should "
+                      f"be a dictionary or an instance of GenerateReqInput', 'input': {raw[:200]!r}}}")
 
 
 def load_body(raw: bytes) -> dict:
@@ -96,13 +112,16 @@ def _check_types(body: dict) -> None:
         raise SchemaError(f"{len(problems)} validation error(s): " + "; ".join(problems))
 
 
-def _normalize(body: dict) -> tuple[list[list[int]], bool, list[dict], list[tuple[str, bool]]]:
+def _normalize(body: dict, tokenizer: StandinTokenizer | None
+               ) -> tuple[list[list[int]], bool, list[dict], list[tuple[str, bool]]]:
     """Batch shape, per-item sampling params and rids (normalize_batch_and_arguments)."""
     ids, text, embeds = body.get("input_ids"), body.get("text"), body.get("input_embeds")
     if ids is None and text is None and embeds is None:
         raise RequestError("Either text, input_ids or input_embeds should be provided.")
+    if ids is None and text is None:
+        raise RequestError(EMBEDS_UNSUPPORTED)
     if ids is None:
-        raise RequestError(TEXT_UNSUPPORTED if text is not None else EMBEDS_UNSUPPORTED)
+        ids = _tokenized(text, tokenizer)
     if len(ids) == 0:
         raise RequestError("input_ids cannot be empty.")
     is_single = isinstance(ids[0], int)
@@ -116,6 +135,13 @@ def _normalize(body: dict) -> tuple[list[list[int]], bool, list[dict], list[tupl
         params = [sp for sp in params for _ in range(n)]
         is_single = False
     return prompts, is_single, params, _rids(body.get("rid"), len(prompts), is_single)
+
+
+def _tokenized(text: str | list[str], tokenizer: StandinTokenizer | None) -> list:
+    """`text` input as ids, with the server's tokenizer (SGLang's tokenizer manager does this)."""
+    if tokenizer is None:
+        raise RequestError(NO_TOKENIZER)
+    return tokenizer.encode(text) if isinstance(text, str) else [tokenizer.encode(t) for t in text]
 
 
 def _per_item_params(sp: dict | list | None, batch: int) -> list[dict]:
@@ -143,25 +169,30 @@ def _rids(rid: str | list | None, batch: int, is_single: bool) -> list[tuple[str
 
 
 def _sub_request(ids: list[int], params: dict, rid: str, given: bool, cfg: StandinConfig) -> SubRequest:
-    ids = _check_ids(ids, cfg)
+    ids = _check_context(ids, cfg)
     params = dict(params)  # may be shared by a batch; _check_total edits it
     requested = params.get("max_new_tokens")
     if requested is not None:
-        requested = _check_total(len(ids), requested, params, cfg)
+        _check_total(len(ids), requested, params, cfg)
     sampling = parse_sampling(params)
-    limit = max(0, cfg.context_length - len(ids) - 1)  # the scheduler's clamp
-    max_new = limit if sampling.max_new_tokens is None else min(sampling.max_new_tokens, limit)
+    ids = _check_input_len(ids, cfg)
+    if cfg.oov_ids == "reject" and out_of_vocabulary(ids, cfg):
+        raise RequestError(f"The input_ids contain ids outside the vocabulary [0, {cfg.vocab_size}) "
+                           "(the stand-in's --oov-ids reject; SGLang 0.5.23 exits instead).")
+    budget = 1 << 30 if sampling.max_new_tokens is None else sampling.max_new_tokens
+    max_new = max(0, min(budget, cfg.max_req_len - len(ids) - 1))  # the scheduler's silent cap
     return SubRequest(rid=rid, rid_given=given, input_ids=ids, max_new_tokens=max_new, sampling=sampling)
 
 
-def _check_ids(ids: list[int], cfg: StandinConfig) -> list[int]:
-    """Vocabulary and context-length checks on the prompt (may cut it)."""
-    if any(i < 0 for i in ids):
-        raise RequestError("The input_ids contain negative token ids.")
-    if any(i >= cfg.vocab_size for i in ids):
-        raise RequestError(f"The input_ids {ids} contains values greater than the vocab size "
-                           f"({cfg.vocab_size}).")
-    n, c = len(ids), cfg.context_length
+def out_of_vocabulary(ids: list[int], cfg: StandinConfig) -> bool:
+    """An id the model's embedding has no row for (negative ones too): SGLang 0.5.23 checks
+    none, and its scheduler dies on the embedding's IndexError (`generate.crash_on_oov`)."""
+    return bool(ids) and (min(ids) < 0 or max(ids) >= cfg.vocab_size)
+
+
+def _check_context(ids: list[int], cfg: StandinConfig) -> list[int]:
+    """The tokenizer manager's check: a prompt of the context length or more (may cut it)."""
+    n, c = len(ids), cfg.context_len
     if n < c:
         return ids
     if not cfg.allow_auto_truncate:
@@ -169,25 +200,36 @@ def _check_ids(ids: list[int], cfg: StandinConfig) -> list[int]:
     # Like SGLang, keep the FIRST ids (the chat template's tail is what gets lost).
     log.warning("The input (%d tokens) is longer than the model's context length (%d tokens). "
                 "Truncating the input.", n, c)
-    return ids[: c - 1]
+    return ids[:c]
 
 
-def _check_total(n: int, requested: object, params: dict, cfg: StandinConfig) -> object:
-    """SGLang rejects an explicit max_new_tokens that, with the prompt, reaches the context
-    (its tokenizer manager's `max_new_tokens + input_token_num >= context_len`)."""
-    if not isinstance(requested, (int, float)) or isinstance(requested, bool):
-        raise InternalError("unsupported operand type for +")  # SGLang adds it to an int
-    c = cfg.context_length
-    if requested + n < c:
-        return requested
+def _check_total(n: int, requested: int, params: dict, cfg: StandinConfig) -> None:
+    """SGLang rejects an explicit max_new_tokens that, with the prompt, exceeds the context
+    (its tokenizer manager's `max_new_tokens + input_token_num > context_len`)."""
+    c = cfg.context_len
+    if requested + n <= c:
+        return
     if cfg.allow_auto_truncate:
         log.warning("Requested token count (%d input + %s new) exceeds the model's context length "
                     "(%d tokens). Truncating max_new_tokens.", n, requested, c)
         params["max_new_tokens"] = max(0, c - n)
-        return params["max_new_tokens"]
+        return
     raise RequestError(
         f"Requested token count exceeds the model's maximum context length of {c} tokens. "
         f"You requested a total of {requested + n} tokens: {n} tokens from the input messages "
         f"and {requested} tokens for the completion. Please reduce the number of tokens in the "
         "input messages or the completion to fit within the limit."
     )
+
+
+def _check_input_len(ids: list[int], cfg: StandinConfig) -> list[int]:
+    """The scheduler's `validate_input_length`: a prompt of `max_req_input_len` tokens or more."""
+    limit = cfg.max_req_input_len
+    if len(ids) < limit:
+        return ids
+    if cfg.allow_auto_truncate:
+        log.warning("Request length is longer than the KV cache pool size or the max context length. "
+                    "Truncated. len(req.origin_input_ids)=%d, max_req_input_len=%d.", len(ids), limit)
+        return ids[:limit]
+    raise RequestError(f"Input length ({len(ids)} tokens) exceeds the maximum allowed length ({limit} tokens). "
+                       "Use a shorter input or enable --allow-auto-truncate.")

@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, PlainTextResponse, Response
 
 from sglang_standin.state import StandinState
 
-VERSION = "0.5.0-standin"
+VERSION = "0.5.23"  # the SGLang release whose answers the stand-in gives (tests/real/test_standin_contract.py)
 FLUSH_MESSAGE = (
     "Cache flushed.\nPlease check backend logs for more details. (When there are running or "
     "waiting requests, the operation will not be performed.)\n"
@@ -46,10 +46,14 @@ async def model_info(request: Request) -> Response:
     cfg = _state(request).cfg
     return JSONResponse({
         "model_path": cfg.model_path,
+        "served_model_name": cfg.served_model_name,
         "tokenizer_path": cfg.tokenizer_path,
         "is_generation": True,
         "preferred_sampling_params": None,
         "weight_version": "default",
+        "load_format": "auto",
+        "reasoning_parser": cfg.reasoning_parser,
+        "tool_call_parser": None,
         "has_image_understanding": False,
         "has_audio_understanding": False,
         "model_type": "deepseek_v3",
@@ -58,15 +62,17 @@ async def model_info(request: Request) -> Response:
 
 
 def server_args(state: StandinState) -> dict:
-    """The ServerArgs-like part of /server_info (api_key never echoed)."""
+    """The ServerArgs-like part of /server_info (api_key never echoed). As SGLang's arguments,
+    `context_length`, `max_running_requests` and `max_total_tokens` are null unless given."""
     cfg = state.cfg
     return {
         "model_path": cfg.model_path, "tokenizer_path": cfg.tokenizer_path,
         "host": cfg.host, "port": cfg.port, "context_length": cfg.context_length,
         "served_model_name": cfg.served_model_name, "reasoning_parser": cfg.reasoning_parser,
         "tool_call_parser": None, "allow_auto_truncate": cfg.allow_auto_truncate,
-        "max_running_requests": cfg.max_running_requests,
+        "max_running_requests": cfg.max_running_requests, "max_total_tokens": cfg.max_total_tokens,
         "max_queued_requests": cfg.max_queued_requests, "skip_tokenizer_init": False,
+        "enable_metrics": cfg.enable_metrics,
         "skip_server_warmup": cfg.warmup_seconds == 0, "tp_size": 1, "dp_size": 1,
         "stream_interval": 1, "incremental_streaming_output": False,
         "weight_version": "default", "api_key": None,
@@ -76,25 +82,27 @@ def server_args(state: StandinState) -> dict:
 async def server_info(request: Request) -> Response:
     """GET /server_info and /get_server_info: server args + scheduler info + internal_states.
 
-    `max_running_requests` / `max_queued_requests` are the stand-in's limits
-    (null = unbounded queue); `internal_states` has one entry (one DP rank)
-    holding `effective_max_running_requests_per_dp`.
+    The limits in force are `max_total_num_tokens`, `max_req_input_len` (the
+    longest prompt is one less) and, in `internal_states` (one entry: one DP
+    rank), `effective_max_running_requests_per_dp`. No context length here
+    unless given (see /v1/models).
     """
     state = _state(request)
     args = server_args(state)
-    max_total = state.cfg.max_total_num_tokens
+    cfg = state.cfg
+    max_total = cfg.max_total_num_tokens
     internal = {**args, "last_gen_throughput": 0.0,
                 "memory_usage": {"weight": 0.0, "kvcache": 0.0, "token_capacity": max_total, "graph": 0.0},
-                "effective_max_running_requests_per_dp": state.cfg.max_running_requests}
+                "effective_max_running_requests_per_dp": cfg.max_running}
     return JSONResponse({**args, "status": "ready", "max_total_num_tokens": max_total,
-                         "max_req_input_len": state.cfg.context_length - 1,
+                         "max_req_input_len": cfg.max_req_input_len,
                          "internal_states": [internal], "version": VERSION})
 
 
 def _model_card(state: StandinState) -> dict:
     name = state.cfg.served_model_name
     return {"id": name, "object": "model", "created": state.created, "owned_by": "sglang",
-            "root": name, "parent": None, "max_model_len": state.cfg.context_length}
+            "root": name, "parent": None, "max_model_len": state.cfg.context_len}
 
 
 async def list_models(request: Request) -> Response:

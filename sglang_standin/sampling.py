@@ -1,11 +1,13 @@
 """`sampling_params` as SGLang's `SamplingParams(**params).verify()` treats them.
 
-Why it matters: SGLang builds `SamplingParams(**sampling_params)`, so an
-unknown key (say `max_tokens`, the OpenAI name) raises TypeError, which the
-native handler does not catch: HTTP 500 text/plain. Out-of-range values raise
-ValueError: HTTP 400 `{"error": {"message": ...}}`. A client tested only
-against a lenient fake would break on the real server, so we are strict too.
-Temperature, top_p & co. are validated but do not change the output.
+Why it matters: an unknown key (say `max_tokens`, the OpenAI name) or a
+wrongly typed value never gets here: SGLang 0.5.23's contract gate answers it
+first (`contract_gate`, 400 `{"error": "unknown field ..."}`). Out-of-range
+values raise ValueError in `SamplingParams.verify`: HTTP 400
+`{"error": {"message": ...}}`, with the value as the client sent it. A client
+tested only against a lenient fake would break on the real server, so we are
+strict too. Temperature, top_p & co. are validated but do not change the
+output.
 """
 
 from __future__ import annotations
@@ -17,14 +19,6 @@ from numbers import Real
 from sglang_standin.errors import InternalError, RequestError
 
 DEFAULT_MAX_NEW_TOKENS = 128
-
-KNOWN_KEYS = frozenset({
-    "max_new_tokens", "stop", "stop_token_ids", "stop_regex", "temperature", "top_p",
-    "top_k", "min_p", "frequency_penalty", "presence_penalty", "repetition_penalty",
-    "min_new_tokens", "n", "json_schema", "regex", "ebnf", "structural_tag", "ignore_eos",
-    "skip_special_tokens", "spaces_between_special_tokens", "no_stop_trim",
-    "custom_params", "stream_interval", "logit_bias", "sampling_seed",
-})
 
 
 @dataclass(frozen=True)
@@ -38,10 +32,8 @@ class Sampling:
 
 
 def parse_sampling(params: dict) -> Sampling:
-    """Validate like SGLang; raise InternalError (500) or RequestError (400)."""
-    unknown = sorted(set(params) - KNOWN_KEYS)
-    if unknown:
-        raise InternalError(f"SamplingParams got unexpected keyword argument {unknown[0]!r}")
+    """Validate like SGLang's `verify`; raise RequestError (400). The contract gate has checked
+    keys and types already; a TypeError left here would crash SGLang's handler too (500)."""
     try:
         _verify(params)
         return Sampling(
@@ -55,7 +47,8 @@ def parse_sampling(params: dict) -> Sampling:
 
 
 def _number(params: dict, key: str, default: float) -> float:
-    value = params.get(key, default)
+    value = params.get(key)
+    value = default if value is None else value  # an explicit null is the default, as in the gate
     if not isinstance(value, Real):
         raise TypeError(f"{key} must be a number, got {value!r}")
     return float(value)
@@ -64,11 +57,12 @@ def _number(params: dict, key: str, default: float) -> float:
 def _verify(params: dict) -> None:
     """The range checks of SamplingParams.verify, with its messages."""
     t = _number(params, "temperature", 1.0)
-    _require(math.isfinite(t) and t >= 0, f"temperature must be a non-negative finite number, got {t}.")
+    _require(math.isfinite(t) and t >= 0,
+             f"temperature must be a non-negative finite number, got {params.get('temperature')}.")
     top_p = _number(params, "top_p", 1.0)
-    _require(0.0 < top_p <= 1.0, f"top_p must be in (0, 1], got {top_p}.")
+    _require(0.0 < top_p <= 1.0, f"top_p must be in (0, 1], got {params.get('top_p')}.")
     min_p = _number(params, "min_p", 0.0)
-    _require(0.0 <= min_p <= 1.0, f"min_p must be in [0, 1], got {min_p}.")
+    _require(0.0 <= min_p <= 1.0, f"min_p must be in [0, 1], got {params.get('min_p')}.")
     top_k = _number(params, "top_k", -1)
     _require(top_k == -1 or top_k >= 1, f"top_k must be -1 (disable) or at least 1, got {top_k:g}.")
     for key in ("frequency_penalty", "presence_penalty"):
@@ -85,7 +79,7 @@ def _verify(params: dict) -> None:
              f"min_new_tokens must be in [0, max_new_tokens], got {min_new:g}.")
     grammars = sum(params.get(k) is not None for k in ("regex", "json_schema", "ebnf"))
     _require(grammars <= 1, "Only one of regex, json_schema, or ebnf can be set.")
-    n = params.get("n", 1)
+    n = 1 if params.get("n") is None else params["n"]
     if not isinstance(n, int) or isinstance(n, bool):
         raise TypeError(f"n must be an integer, got {n!r}")
     _require(n >= 1, f"n must be at least 1, got {n}.")

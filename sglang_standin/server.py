@@ -11,7 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from sglang_standin import routes_info as info, routes_load as loads
+from sglang_standin import routes_info as info, routes_load as loads, routes_tokenize
 from sglang_standin.auth import ApiKeyMiddleware
 from sglang_standin.config import StandinConfig
 from sglang_standin.generate import generate
@@ -26,8 +26,13 @@ async def _http_error(request: Request, exc: Exception) -> Response:
     return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
 
 
-def routes() -> list[Route]:
-    return [
+def routes(cfg: StandinConfig) -> list[Route]:
+    """SGLang 0.5.23's routes; /metrics only with --enable-metrics, /get_load (older releases)
+    only with --serve-get-load, and the stand-in's own under /standin/."""
+    optional = [Route("/metrics", metrics, methods=["GET"])] if cfg.enable_metrics else []
+    if cfg.serve_get_load:
+        optional.append(Route("/get_load", held(loads.get_load), methods=["GET"]))
+    return [*optional,
         Route("/generate", generate, methods=["POST", "PUT"]),
         Route("/health", info.health, methods=["GET"]),
         Route("/health_generate", info.health, methods=["GET"]),
@@ -36,13 +41,13 @@ def routes() -> list[Route]:
         Route("/get_model_info", info.model_info, methods=["GET"]),
         Route("/server_info", held(info.server_info), methods=["GET"]),
         Route("/get_server_info", held(info.server_info), methods=["GET"]),
-        Route("/get_load", held(loads.get_load), methods=["GET"]),
         Route("/v1/loads", held(loads.v1_loads), methods=["GET"]),
         Route("/v1/models", info.list_models, methods=["GET"]),
         Route("/v1/models/{model:path}", info.get_model, methods=["GET"]),
         Route("/flush_cache", info.flush_cache, methods=["GET", "POST"]),
         Route("/abort_request", info.abort_request, methods=["POST"]),
-        Route("/metrics", metrics, methods=["GET"]),
+        Route("/tokenize", routes_tokenize.tokenize, methods=["POST"]),
+        Route("/v1/tokenize", routes_tokenize.tokenize, methods=["POST"]),
         Route("/standin/stats", info.standin_stats, methods=["GET"]),
         Route("/standin/wedge", switch, methods=["POST"]),
     ]
@@ -57,7 +62,7 @@ def build_app(cfg: StandinConfig, state: StandinState | None = None) -> Starlett
         yield
         await state.engine.close()
 
-    app = Starlette(routes=routes(), exception_handlers={HTTPException: _http_error},
+    app = Starlette(routes=routes(cfg), exception_handlers={HTTPException: _http_error},
                     lifespan=lifespan)
     app.state.standin = state
     app.state.metrics_registry = registry_for(state)

@@ -49,6 +49,7 @@ class StandinState:
     engine: Engine | None = None
     wedge: Wedge | None = None
     created: int = field(default_factory=lambda: int(time.time()))
+    rids: set[str] = field(default_factory=set)  # given rids in flight: another request may not reuse one
 
     def __post_init__(self) -> None:
         if self.lifecycle is None:

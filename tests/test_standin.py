@@ -196,12 +196,68 @@ def test_small_budget_finishes_with_length(server: Standin) -> None:
     assert body["meta_info"]["finish_reason"] == {"type": "length", "length": 5}
 
 
-def test_unknown_sampling_key_is_http_500_plain_text(server: Standin) -> None:
+def test_unknown_sampling_key_is_400_with_the_contract_gates_string(server: Standin) -> None:
     # given the OpenAI name max_tokens instead of max_new_tokens
     r = server.generate({"input_ids": [5, 6, 7], "sampling_params": {"max_tokens": 5}})
-    # then real SGLang's TypeError shows as a bare 500
-    assert r.status_code == 500 and r.text == "Internal Server Error"
-    assert r.headers["content-type"].startswith("text/plain")
+    # then SGLang 0.5.23's contract gate refuses it: 400, serde's text as a plain string
+    assert r.status_code == 400
+    assert r.json()["error"].startswith("unknown field `max_tokens`, expected one of `max_new_tokens`, `stop`")
+
+
+def test_an_id_outside_the_vocabulary_ends_the_server_unless_told_to_reject_it() -> None:
+    # given a stand-in as SGLang 0.5.23 (the default), and one started with --oov-ids reject
+    for ids in ([5, 6, 129280], [5, -1, 7]):
+        with standin(*INSTANT, "--health-latency", "0") as s:
+            # when a prompt holds an id outside [0, vocabulary), then no answer comes and the server exits
+            with pytest.raises(httpx.TransportError):
+                s.generate({"input_ids": ids})
+            assert s.proc.wait(timeout=10) != 0
+    with standin(*INSTANT, "--health-latency", "0", "--oov-ids", "reject") as s:
+        # then the other answers 400 and keeps serving
+        r = s.generate({"input_ids": [5, 6, 129280]})
+        assert r.status_code == 400 and "outside the vocabulary" in r.json()["error"]["message"]
+        assert s.generate({"input_ids": [5, 6, 7]}).status_code == 200
+
+
+def test_a_rid_in_flight_is_refused_until_its_client_leaves_and_the_server_aborts_it() -> None:
+    # given a stand-in whose generations all take a minute, and a client that gives up on one after 0.5 s
+    with standin(*INSTANT, "--health-latency", "0", "--fault-slow", "1", "--slow-seconds", "60") as s:
+        body = {"input_ids": [5, 6, 7], "rid": "gone"}
+        with pytest.raises(httpx.ReadTimeout):
+            s.generate(body, timeout=0.5)
+        # when the same rid is sent again at once, then it is refused as SGLang refuses it
+        again = s.generate(body)
+        assert again.status_code == 400
+        assert again.json() == {"error": {"message": "Duplicate request ID detected: gone"}}
+        # and within SGLang's 4 s look for a client gone, the generation is aborted and the rid free
+        wait_until(lambda: _running_and_waiting(s) == (0, 0), 10, "the abandoned generation aborted", poll=0.1)
+        with pytest.raises(httpx.ReadTimeout):  # taken, and running
+            s.generate(body, timeout=0.5)
+
+
+def test_without_a_tokenizer_text_and_tokenize_are_refused_with_a_reason(server: Standin) -> None:
+    # given the stand-in's default model path, a hub id and no folder: no tokenizer
+    # when text is sent, or /tokenize asked, then 400 saying so
+    text = server.generate({"text": "hello", "sampling_params": {"max_new_tokens": 2}})
+    assert text.status_code == 400 and "no tokenizer" in text.json()["error"]["message"]
+    tokenize = server.http.post("/tokenize", json={"prompt": "hello"})
+    assert tokenize.status_code == 400 and "no tokenizer" in tokenize.json()["message"]
+    # and a body sent without a JSON content type is a schema error, as SGLang's FastAPI answers
+    raw = server.http.post("/generate", content=json.dumps({"input_ids": [5, 6]}).encode())
+    assert raw.status_code == 400 and raw.json()["object"] == "error"
+
+
+def test_with_a_tokenizer_folder_text_is_tokenized_and_tokenize_answers() -> None:
+    # given a stand-in whose tokenizer path is the bundled tokenizer's folder
+    from contract.bundled import bundled_tokenizer_dir
+
+    with standin(*INSTANT, "--health-latency", "0", "--tokenizer-path", str(bundled_tokenizer_dir())) as s:
+        # when text is generated from and /tokenize asked
+        tokens = s.http.post("/tokenize", json={"prompt": "hello world"}).json()
+        body = s.generate({"text": "hello world", "sampling_params": {"max_new_tokens": 3}}).json()
+        # then the ids are the tokenizer's, and the prompt is counted in them
+        assert tokens == {"tokens": [33310, 2058], "count": 2, "max_model_len": 131072}
+        assert body["meta_info"]["prompt_tokens"] == 2 and len(body["output_ids"]) == 3
 
 
 def test_prompt_longer_than_context_is_400_with_sglang_message(server: Standin) -> None:
@@ -486,7 +542,7 @@ def test_a_wedged_engine_keeps_the_port_answering_but_never_finishes_health_or_g
                 pieces = r.iter_raw()
                 assert [next(pieces) for _ in range(5)] == [b"\n"] * 5
             # and /generate and the scheduler's routes never answer, while the info routes still do
-            for method, path in (("POST", "/generate"), ("GET", "/server_info"), ("GET", "/get_load")):
+            for method, path in (("POST", "/generate"), ("GET", "/server_info"), ("GET", "/v1/loads")):
                 with pytest.raises(httpx.ReadTimeout):
                     client.request(method, path, json={"input_ids": [5, 6, 7], "rid": "held-1"})
             assert client.get("/model_info").status_code == 200
@@ -499,74 +555,96 @@ def test_a_wedged_engine_keeps_the_port_answering_but_never_finishes_health_or_g
 
 
 # --------------------------------------------------------------------------- load reporting
-LOAD_KEYS = {"dp_rank", "num_running_reqs", "num_waiting_reqs", "num_used_tokens",
-             "max_total_num_tokens", "token_usage", "gen_throughput", "cache_hit_rate",
-             "utilization", "max_running_requests", "memory", "queues", "num_total_reqs"}
+#: A `/v1/loads` entry's keys, as SGLang 0.5.23 answers (tests/real/test_standin_contract.py).
+LOAD_KEYS = {"timestamp", "dp_rank", "num_running_reqs", "num_waiting_reqs", "num_waiting_uncached_tokens",
+             "num_used_tokens", "num_total_tokens", "num_active_tokens", "num_prealloc_ready_tokens",
+             "max_total_num_tokens", "max_running_requests", "token_usage", "gen_throughput",
+             "cache_hit_rate", "utilization", "total_prefill_uncached_tokens", "total_prefill_busy_us",
+             "decode_moments", "memory", "disaggregation", "queues"}
+
+
+def _busy(s: Standin, prompts: list[list[int]]) -> tuple[list[httpx.Response], dict, httpx.Response]:
+    """Three generations on a 2-slot server; /v1/loads and /get_load read while 2 run and 1 waits."""
+    async def scenario() -> tuple[list[httpx.Response], dict, httpx.Response]:
+        async with httpx.AsyncClient(base_url=s.url, timeout=20, trust_env=False) as client:
+            tasks = [asyncio.create_task(client.post("/generate", json={
+                "input_ids": p, "sampling_params": {"max_new_tokens": 80}})) for p in prompts]
+            await asyncio.to_thread(wait_until, lambda: _running_and_waiting(s) == (2, 1), 20,
+                                    "2 running and 1 waiting", poll=0.02)
+            loads = (await client.get("/v1/loads")).json()
+            legacy = await client.get("/get_load")
+            return list(await asyncio.gather(*tasks)), loads, legacy
+
+    return asyncio.run(scenario())
+
+
+def _long_prompts(cfg: StandinConfig) -> list[list[int]]:
+    return [p for p in (prompt_with(None, cfg, 6 + i) for i in range(40)) if len(natural_output(p, cfg)) > 80][:3]
+
+
+BUSY = ["--max-running-requests", "2", "--max-queued-requests", "5", "--step-base", "0.01",
+        "--step-per-request", "0", "--prefill-per-token", "0", "--health-latency", "0"]
 
 
 def test_loads_report_live_running_and_waiting_like_sglang() -> None:
     # given 2 running slots, a queue of 5, 10 ms per step, and three long generations
-    cfg = StandinConfig()
-    prompts = [p for p in (prompt_with(None, cfg, 6 + i) for i in range(40))
-               if len(natural_output(p, cfg)) > 80][:3]
-    args = ["--max-running-requests", "2", "--max-queued-requests", "5", "--step-base", "0.01",
-            "--step-per-request", "0", "--prefill-per-token", "0", "--health-latency", "0"]
-    with standin(*args) as s:
+    prompts = _long_prompts(StandinConfig())
+    with standin(*BUSY) as s:
         info = s.http.get("/server_info").json()
         # then server_info reports the limits and one internal state
         assert (info["max_running_requests"], info["max_queued_requests"]) == (2, 5)
         assert [st["effective_max_running_requests_per_dp"] for st in info["internal_states"]] == [2]
         assert s.http.get("/get_server_info").json()["internal_states"] == info["internal_states"]
-
-        async def scenario() -> tuple[list[httpx.Response], dict, list]:
-            async with httpx.AsyncClient(base_url=s.url, timeout=20, trust_env=False) as client:
-                tasks = [asyncio.create_task(client.post("/generate", json={
-                    "input_ids": p, "sampling_params": {"max_new_tokens": 80}})) for p in prompts]
-                await asyncio.to_thread(wait_until, lambda: _running_and_waiting(s) == (2, 1), 20,
-                                        "2 running and 1 waiting", poll=0.02)
-                # when the load is asked while 2 run and 1 waits
-                loads = (await client.get("/v1/loads")).json()
-                legacy = (await client.get("/get_load")).json()
-                return list(await asyncio.gather(*tasks)), loads, legacy
-
-        answers, loads, legacy = asyncio.run(scenario())
-        # then /v1/loads has SGLang's shape and the live counts
-        assert set(loads) == {"timestamp", "version", "dp_rank_count", "loads", "aggregate"}
-        assert loads["dp_rank_count"] == 1 and set(loads["loads"][0]) == LOAD_KEYS
+        # when the load is asked while 2 run and 1 waits
+        answers, loads, legacy = _busy(s, prompts)
+        # then /v1/loads has SGLang 0.5.23's shape and the live counts
+        assert set(loads) == {"timestamp", "version", "accelerator", "num_accelerators", "loads"}
+        assert set(loads["loads"][0]) == LOAD_KEYS
         load = loads["loads"][0]
-        assert (load["num_running_reqs"], load["num_waiting_reqs"], load["num_total_reqs"]) == (2, 1, 3)
+        assert (load["num_running_reqs"], load["num_waiting_reqs"]) == (2, 1)
         assert load["max_running_requests"] == 2 and load["queues"]["waiting"] == 1
         # (the running prompts' tokens and what they generated so far: none yet if asked before
         # the first step, at most their budgets)
         running_prompts = sum(len(p) for p in prompts[:2])
         assert running_prompts <= load["num_used_tokens"] <= running_prompts + 2 * 80
-        assert loads["aggregate"]["total_running_reqs"] == 2
-        assert loads["aggregate"]["total_waiting_reqs"] == 1 and loads["aggregate"]["total_reqs"] == 3
-        # and /get_load the legacy list
-        assert [set(x) for x in legacy] == [{"dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens",
-                                             "num_pending_tokens", "ts_tic"}]
-        assert (legacy[0]["num_reqs"], legacy[0]["num_waiting_reqs"]) == (3, 1)
+        # and /get_load is 404, and no answer carries the load, as in 0.5.23
+        assert legacy.status_code == 404
+        assert all("num_running_reqs" not in r.json()["meta_info"] for r in answers)
+        # and once idle, everything is zero; sections can be narrowed; a bad section is a bare 500
+        idle = s.http.get("/v1/loads", params={"include": "core"}).json()["loads"][0]
+        assert (idle["num_running_reqs"], idle["num_waiting_reqs"]) == (0, 0)
+        assert "memory" not in idle and "queues" not in idle
+        assert s.http.get("/v1/loads", params={"dp_rank": 1}).json()["loads"] == []
+        bad = s.http.get("/v1/loads", params={"include": "bogus"})
+        assert bad.status_code == 500 and bad.text == "Internal Server Error"
+
+
+def test_other_releases_load_reports_are_there_only_when_asked_for() -> None:
+    # given the same busy server, started with --serve-get-load (older releases) and
+    # --meta-info-load (2026 main builds): neither is SGLang 0.5.23's behaviour
+    prompts = _long_prompts(StandinConfig())
+    with standin(*BUSY, "--serve-get-load", "--meta-info-load") as s:
+        # when the load is asked while 2 run and 1 waits
+        answers, _, legacy = _busy(s, prompts)
+        # then /get_load is the legacy list
+        body = legacy.json()
+        assert [set(x) for x in body] == [{"dp_rank", "num_reqs", "num_waiting_reqs", "num_tokens",
+                                           "num_pending_tokens", "ts_tic"}]
+        assert (body[0]["num_reqs"], body[0]["num_waiting_reqs"]) == (3, 1)
         # (the waiting prompt's tokens not yet prefilled: how many depends on when it was asked)
-        assert 0 <= legacy[0]["num_pending_tokens"] <= len(prompts[2])
+        assert 0 <= body[0]["num_pending_tokens"] <= len(prompts[2])
         # and each answer's meta_info carries the load next to num_retractions
         for r in answers:
             meta = r.json()["meta_info"]
             assert isinstance(meta["num_running_reqs"], int) and isinstance(meta["num_waiting_reqs"], int)
-        # and once idle, everything is zero; sections can be narrowed; bad sections are 400
-        idle = s.http.get("/v1/loads", params={"include": "core"}).json()["loads"][0]
-        assert (idle["num_running_reqs"], idle["num_waiting_reqs"], idle["num_total_reqs"]) == (0, 0, 0)
-        assert "memory" not in idle and "queues" not in idle
-        assert s.http.get("/v1/loads", params={"dp_rank": 1}).json()["loads"] == []
-        bad = s.http.get("/v1/loads", params={"include": "bogus"})
-        assert bad.status_code == 400 and bad.json()["code"] == 400 and bad.json()["object"] == "error"
 
 
 # --------------------------------------------------------------------------- api key
 def test_api_key_is_required_everywhere_but_health_and_metrics() -> None:
     # given a stand-in started with an API key
-    with standin(*INSTANT, "--api-key", "sekret", "--health-latency", "0") as s:
+    with standin(*INSTANT, "--api-key", "sekret", "--health-latency", "0", "--enable-metrics") as s:
         guarded = ["/ping", "/server_info", "/get_server_info", "/model_info", "/get_model_info",
-                   "/v1/models", "/get_load", "/v1/loads", "/flush_cache", "/standin/stats"]
+                   "/v1/models", "/v1/loads", "/flush_cache", "/standin/stats"]
         for path in guarded:
             # when called without or with a wrong key, then 401 {"error": "Unauthorized"}
             for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sekret"}):
@@ -594,7 +672,7 @@ def _scraped(s: Standin) -> dict[str, dict]:
 
 def test_prompts_sharing_a_prefix_report_cached_tokens_and_metrics_add_them_up() -> None:
     # given a stand-in with the default time model and prefix cache
-    with standin("--health-latency", "0", "--served-model-name", "m1") as s:
+    with standin("--health-latency", "0", "--served-model-name", "m1", "--enable-metrics") as s:
         system = list(range(2000, 2300))  # a 300-token shared system prompt
         first = s.generate({"input_ids": system + [11, 12],
                             "sampling_params": {"max_new_tokens": 6}}).json()
@@ -631,7 +709,7 @@ def test_prompts_sharing_a_prefix_report_cached_tokens_and_metrics_add_them_up()
 
 def test_disable_radix_cache_reports_no_cached_tokens() -> None:
     # given a stand-in started with SGLang's --disable-radix-cache
-    with standin(*INSTANT, "--health-latency", "0", "--disable-radix-cache") as s:
+    with standin(*INSTANT, "--health-latency", "0", "--disable-radix-cache", "--enable-metrics") as s:
         # when the same prompt is sent twice
         answers = [s.generate({"input_ids": list(range(3000, 3100))}).json() for _ in range(2)]
         # then neither found anything cached, and the counter agrees

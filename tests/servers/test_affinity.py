@@ -20,7 +20,7 @@ from sglang_standin.outputs import generate_output
 from conftest import write_prompts
 from waiting import health_rounds, wait_until
 
-SLOW = ("--step-base", "0.02", "--output-len-median", "30", "--output-len-max", "120")
+SLOW = ("--step-base", "0.02", "--output-len-median", "30", "--output-len-max", "120", "--enable-metrics")
 SYSTEM = " ".join(f"Rule {i}: answer in plain words, cite the step you use, and check the result." for i in range(12))
 
 

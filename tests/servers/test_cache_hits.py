@@ -24,7 +24,7 @@ def series(text: str, name: str) -> dict[tuple, float]:
 def test_cached_tokens_reach_the_shards_the_metrics_and_status(fleet, tmp_path):
     # Given a stand-in with a prefix cache and a worker sending it one prompt at a time, so that
     # each prompt after the first finds the shared system prompt cached
-    _, url = fleet.standin("--prefix-cache-tokens", "200000")
+    _, url = fleet.standin("--prefix-cache-tokens", "200000", "--enable-metrics")
     port = free_port()
     fleet.worker("w1", [url], FLEET_METRICS_PORT=str(port), FLEET_MAX_INFLIGHT_PER_SERVER="1")
     before = series(httpx.get(f"{url}/metrics", timeout=5).text, "sglang:cached_tokens_total")

@@ -52,8 +52,8 @@ def test_through_the_gateway_every_budget_fits_the_servers_context_and_no_circui
     rows = fleet.rows()
     assert len({row["id"] for row in rows}) == n and {row["server"] for row in rows} == {gateway.url}
     assert all(httpx.get(f"{b}/standin/stats", timeout=5).json()["tokens_generated"] > 0 for b in backends)
-    # with each budget cut to what SGLang accepts (prompt + budget below the context), at the first attempt
-    assert all(row["max_new_tokens"] == CONTEXT - row["prompt_len"] - 1 for row in rows)
+    # with each budget cut to what SGLang answers at most (context - 2 - prompt), at the first attempt
+    assert all(row["max_new_tokens"] == CONTEXT - row["prompt_len"] - 2 for row in rows)
     assert {row["attempts"] for row in rows} == {1}
     # and the gateway's circuit breakers never opened
     assert gateway.circuits_opened() == 0
@@ -261,7 +261,7 @@ def test_servers_the_worker_cannot_read_refuse_the_gateway_unless_a_setting_give
 
     # Then every prompt is stored with its budget cut to fit, and no circuit opened
     assert fleet.wait_finished(timeout=300) == {"done": 20}
-    assert all(row["max_new_tokens"] == CONTEXT - row["prompt_len"] - 1 for row in fleet.rows())
+    assert all(row["max_new_tokens"] == CONTEXT - row["prompt_len"] - 2 for row in fleet.rows())
     assert gateway.circuits_opened() == 0
     for relay in relays:
         relay.close()

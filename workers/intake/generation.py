@@ -397,10 +397,11 @@ def _outage(rt: Runtime, spec: RunSpec, binding: ServerBinding, exc: GatewayOuta
 
 
 def prompt_too_long(prompt_len: int, context: int | None, max_input: int | None) -> str | None:
-    """Why SGLang would refuse this prompt whatever its budget, or None. Its tokenizer refuses
-    prompt + budget >= context (so a prompt needs context - 1 tokens at most, to leave one for
-    the answer) and its scheduler a prompt of `max_req_input_len` tokens or more."""
-    if context and prompt_len >= context - 1:
+    """Why SGLang would refuse this prompt, or answer it with nothing, whatever its budget; or None.
+    SGLang 0.5.23's scheduler answers at most `context - 2 - prompt` tokens (its `max_req_len`,
+    context - 1, less the prompt and one), so a prompt of context - 2 tokens or more gets no
+    answer, and it refuses a prompt of `max_req_input_len` tokens or more (context - 6 there)."""
+    if context and prompt_len >= context - 2:
         return f"{prompt_len} prompt tokens leave no room for an answer in the context of {context} tokens"
     if max_input and prompt_len >= max_input:
         return f"{prompt_len} prompt tokens reach the longest input allowed, {max_input} tokens (max_req_input_len)"
@@ -408,11 +409,13 @@ def prompt_too_long(prompt_len: int, context: int | None, max_input: int | None)
 
 
 def fit_context(sampling: dict, prompt_len: int, context: int | None) -> dict:
-    """SGLang refuses (400) a request whose prompt plus an explicit budget reaches the context
-    (`>=`, its tokenizer manager's check); the budget is cut to what fits, and the sample
-    records it. Behind a gateway the 400s would also open its circuit breakers."""
-    if context and sampling.get("max_new_tokens", 0) > context - prompt_len - 1:
-        return {**sampling, "max_new_tokens": context - prompt_len - 1}
+    """The budget cut to what SGLang answers at most, `context - 2 - prompt` tokens (its scheduler
+    caps it there without a word; 0.5.23 refuses with a 400 only a prompt plus budget above the
+    context), so the sample records the budget that applied. Behind a gateway a 400 would also
+    open its circuit breakers."""
+    most = context - prompt_len - 2 if context else None
+    if most is not None and sampling.get("max_new_tokens", 0) > most:
+        return {**sampling, "max_new_tokens": most}
     return sampling
 
 

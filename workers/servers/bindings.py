@@ -82,6 +82,7 @@ class ServerBinding:
     dp_size: int = 1
     reported: tuple[int, float] | None = None  # others' requests the server last reported, when (monotonic)
     last_load: Load | None = None  # the server's last reported running and waiting counts
+    meta_load_seen: bool = False  # an answer's meta_info carried the load (2026 main; 0.5.23 does not)
 
     @property
     def capacity(self) -> int | None:
@@ -96,9 +97,16 @@ class ServerBinding:
         return self.tuner.sharers
 
     @property
-    def answers_carry_load(self) -> bool:
-        """An answer's meta_info counts are its own rank's: the whole server's only when it has one."""
+    def one_rank(self) -> bool:
+        """A plain server with one DP rank: an answer's meta_info counts are the whole server's."""
         return self.gateway_workers is None and self.dp_size == 1
+
+    @property
+    def answers_carry_load(self) -> bool:
+        """Its answers have been seen to carry the whole server's load, so `/v1/loads` need not be
+        polled every window. Learned from the answers, never assumed: SGLang 0.5.23 (the release
+        the fleet is tested with) puts no load in meta_info, only 2026 main builds do."""
+        return self.one_rank and self.meta_load_seen
 
     @property
     def usable(self) -> bool:
@@ -257,6 +265,7 @@ class ServerPool:
         """A (re)started server: its capacity as just read, its target from scratch."""
         with self._lock:
             binding.tuner.reset(capacity)
+            binding.meta_load_seen = False  # another build may be listening now
             self._notify_all()
 
     def shared_by(self, counts: dict[str, int]) -> None:
@@ -281,9 +290,11 @@ class ServerPool:
                 self._notify_all()
 
     def observe_answer(self, binding: ServerBinding, meta: dict) -> None:
-        """The load a 2026 SGLang copies into each answer's meta_info, where it is the whole server's."""
-        load = load_from_meta(meta) if binding.answers_carry_load else None
+        """The load a 2026 SGLang copies into each answer's meta_info, where it is the whole server's
+        (SGLang 0.5.23 copies none: then the health thread reads `/v1/loads` every window)."""
+        load = load_from_meta(meta) if binding.one_rank else None
         if load is not None:
+            binding.meta_load_seen = True
             self.observe_load(binding, load)
 
     def free_slots(self) -> tuple[int, int]:

@@ -265,6 +265,22 @@ def test_a_load_report_on_a_data_parallel_server_comes_only_from_its_own_route()
     assert binding.target == 1024  # its fresh target (1,024 + 128 waiting, within the bound of 1,024)
 
 
+def test_a_servers_load_is_polled_until_its_answers_are_seen_to_carry_it():
+    # Given a plain one-rank server, as SGLang 0.5.23 is: its answers carry no load
+    pool = ServerPool(["s"], max_inflight=1024)
+    binding = pool.bindings[0]
+    pool.reset_capacity(binding, 64)
+    pool.observe_answer(binding, {"completion_tokens": 5, "prompt_tokens": 9})
+    # Then the health thread reads its /v1/loads every window
+    assert not binding.answers_carry_load
+    # When an answer carries the whole server's counts (2026 main builds), then polling stops
+    pool.observe_answer(binding, {"num_running_reqs": 3, "num_waiting_reqs": 0})
+    assert binding.answers_carry_load and binding.last_load == Load(3, 0)
+    # And a restarted server (maybe another build) is polled again until its answers say otherwise
+    pool.reset_capacity(binding, 64)
+    assert not binding.answers_carry_load
+
+
 def count(client, worker: str, urls: list[str], ttl: float) -> dict[str, int]:
     """One health round's sharer stamps, alone in their pipeline."""
     with client.pipeline(transaction=False) as pipe:

@@ -52,12 +52,12 @@ def test_a_gateway_outage_is_its_own_failure_class_and_a_servers_answers_keep_th
     assert isinstance(failure("http://s", 400, TOO_LONG), ServerRejected)
 
 
-def test_a_budget_leaves_the_one_token_sglang_requires_and_a_prompt_without_room_is_too_long():
-    # SGLang refuses prompt + max_new_tokens >= context: 100 + 1947 = 2047 is the most it takes
-    assert fit_context({"max_new_tokens": 4096}, 100, 2048) == {"max_new_tokens": 1947}
+def test_a_budget_is_cut_to_what_sglang_answers_and_a_prompt_without_room_is_too_long():
+    # SGLang 0.5.23 answers at most context - 2 - prompt tokens: 2048 - 2 - 100 = 1946
+    assert fit_context({"max_new_tokens": 4096}, 100, 2048) == {"max_new_tokens": 1946}
     assert fit_context({"max_new_tokens": 1000}, 100, 2048) == {"max_new_tokens": 1000}
-    assert prompt_too_long(2046, 2048, None) is None
-    assert "no room" in prompt_too_long(2047, 2048, None)
+    assert prompt_too_long(2045, 2048, None) is None
+    assert "no room" in prompt_too_long(2046, 2048, None)
     assert "max_req_input_len" in prompt_too_long(2040, 2048, 2040)
 
 

@@ -28,6 +28,8 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from contract.bundled import bundled_tokenizer_dir
+
 from . import demo_redis
 from .demo_view import command_line, print_next_steps, print_result
 from .local import start_standin, start_worker
@@ -108,7 +110,9 @@ def _fleet_env(stack: ExitStack, workdir: Path, logs: Path, console: Console) ->
     else:
         urls = []
         for _ in range(2):
-            process, url = start_standin(logs, None, "--max-running-requests", "64", *DEMO_FAULTS)
+            # with the bundled tokenizer, so the worker's tokenizer check runs as against a real server
+            process, url = start_standin(logs, None, "--max-running-requests", "64", "--tokenizer-path",
+                                         str(bundled_tokenizer_dir()), *DEMO_FAULTS)
             stack.callback(process.stop)
             urls.append(url)
         env["SGLANG_URLS"] = ",".join(urls)

@@ -2,8 +2,8 @@
 
 Invariant: no prompt of a run goes to a server before that server's own
 tokenizer gave the run's ids for the run's probe (`contract/tokenizer_probe.py`),
-or said it cannot be asked (no `/tokenize`: said once, then the server is
-bound by `--served-model` alone). Why it holds: the request loop picks a
+or said it cannot tokenize (no `/tokenize`, or no tokenizer: said once, then
+the server is bound by `--served-model` alone). Why it holds: the request loop picks a
 server only among those `taking` names (`workers/intake/generation.py`), and
 every usable server without a verdict is asked there and then, one thread per
 server and probe asking while the others wait for its verdict. A server's
@@ -34,7 +34,9 @@ from .bindings import ServerBinding
 log = logging.getLogger(__name__)
 
 RETRY_SECONDS = 5.0
-NO_ROUTE = (404, 405, 501)  # a server (or an older SGLang) without /tokenize
+# A server that cannot tokenize: an older SGLang without the route, a server without a tokenizer
+# (`--skip-tokenizer-init`, a stand-in given none) that refuses the request
+CANNOT_TOKENIZE = (400, 404, 405, 422, 501)
 
 
 @dataclass(frozen=True)
@@ -89,8 +91,8 @@ class TokenizerChecks:
                                              json={"prompt": probe.texts, "add_special_tokens": False})
             except httpx.HTTPError as exc:
                 return Verdict(f"could not ask {server}/tokenize ({exc!r})", time.monotonic() + RETRY_SECONDS)
-            if response.status_code in NO_ROUTE:
-                self._unchecked(server)
+            if response.status_code in CANNOT_TOKENIZE:
+                self._unchecked(server, response)
                 continue
             tokens = _tokens(response)
             if tokens is None:
@@ -113,11 +115,12 @@ class TokenizerChecks:
                     "servers or wait in the queue)", binding.url, run, verdict.refusal)
         binding.refused_runs[run] = verdict.refusal
 
-    def _unchecked(self, server: str) -> None:
+    def _unchecked(self, server: str, response: httpx.Response) -> None:
         if server not in self._said_unchecked:
             self._said_unchecked.add(server)
-            log.warning("server %s has no /tokenize: its tokenizer cannot be compared with the runs'; it is "
-                        "bound by --served-model alone", server)
+            log.warning("server %s cannot tokenize (/tokenize answered HTTP %d %s): its tokenizer cannot be "
+                        "compared with the runs'; it is bound by --served-model alone", server,
+                        response.status_code, response.text[:120])
 
 
 def _tokens(response: httpx.Response) -> list[list[int]] | None:

@@ -57,6 +57,7 @@ def pytest_sessionfinish() -> None:
     for started in _zygote:
         started.close()
     stop_shared_servers()
+    stop_sglang_started_since(0)
 
 
 class Fleet:
@@ -68,6 +69,7 @@ class Fleet:
         self.output_dir = tmp / "shards"
         self.processes: list[Process] = []
         self.servers: list = []  # real SGLang servers (tests/real_sglang.py), each a process group
+        self._sglang_mark = _started_sglang_count()  # servers started from here on are this test's
 
     def env(self, **extra: str) -> dict[str, str]:
         base = {"REDIS_URL": self.redis_url, "OUTPUT_DIR": str(self.output_dir),
@@ -146,6 +148,7 @@ class Fleet:
             process.stop(timeout=20)
         for server in self.servers:
             server.stop()
+        stop_sglang_started_since(self._sglang_mark)
 
 
 CHROMIUM = "/usr/bin/chromium"
@@ -232,6 +235,27 @@ def shared_sglang(sglang_models, tmp_path_factory):
 def stop_shared_servers() -> None:
     while _shared_servers:
         _shared_servers.popitem()[1].stop()
+
+
+def _started_sglang_count() -> int:
+    import real_sglang
+
+    return len(real_sglang.STARTED)
+
+
+def stop_sglang_started_since(mark: int) -> None:
+    """Every real server started since `mark` but the shared ones, alive or not (a restart cut short by a
+    timeout, a supervisor's last restart): none outlives its test."""
+    import real_sglang
+
+    shared = [id(s) for s in _shared_servers.values()]
+    for server in real_sglang.STARTED[mark:]:
+        if id(server) in shared:
+            continue
+        if server.process.popen.poll() is None:
+            server.stop()
+        else:
+            server.kill()  # its launcher gone: whatever of its group is left
 
 
 def render(tokenizer, messages: list[dict]) -> list[int]:

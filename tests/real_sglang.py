@@ -47,6 +47,9 @@ REASONING = "First count each apple, then sum everything carefully."
 ANSWER = "The total is twelve!"
 
 
+STARTED: list["RealServer"] = []  # every server this pytest process started (tests/conftest.py stops them)
+
+
 def sglang_python() -> str:
     found = os.environ.get("FLEET_SGLANG_PYTHON") or str(
         Path(os.environ.get("FLEET_SGLANG_VENV", CACHE / f"sglang-{VERSION}")) / "bin" / "python")
@@ -154,7 +157,8 @@ def start_sglang(logs: Path, model: Path, *options: str, port: int | None = None
     if port is None and wait_healthy:  # a fresh port when the first one was taken meanwhile
         return wait_healthy_or_again(logs, start_sglang(logs, model, *options, port=free_port(), wait_healthy=False))
     port = port or free_port()
-    argv = [sglang_python(), "-m", "sglang.launch_server", "--model-path", str(model), "--device", "cpu",
+    # niced: the suite's timing-bound tests (failover lags, leases) run beside it on two cores
+    argv = ["nice", "-n", "10", sglang_python(), "-m", "sglang.launch_server", "--model-path", str(model), "--device", "cpu",
             "--host", "127.0.0.1", "--port", str(port), "--attention-backend", "torch_native",
             "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled",
             "--max-total-tokens", "16384", "--skip-server-warmup", "--sleep-on-idle", *options]
@@ -162,6 +166,7 @@ def start_sglang(logs: Path, model: Path, *options: str, port: int | None = None
            "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
     process = spawn(f"sglang-{port}", argv, logs, env=env)
     server = RealServer(process, f"http://127.0.0.1:{port}", model, port, tuple(options))
+    STARTED.append(server)  # listed before any wait, so a test cut short still stops it
     if wait_healthy:
         wait_healthy_server(server)
     return server

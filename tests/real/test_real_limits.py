@@ -34,7 +34,7 @@ def test_prompts_at_the_real_servers_limits(fleet, tmp_path, tokenizer, shared_s
     assert fleet.wait_finished(timeout=300) == {"done": 2, "dead": 1}
     rows = {row["id"]: row for row in fleet.rows()}
     assert (rows["fits"]["max_new_tokens"], rows["fits"]["output_len"]) == (64, 64)
-    assert rows["largest"]["max_new_tokens"] == CONTEXT - (MAX_INPUT - 1) - 1
+    assert rows["largest"]["max_new_tokens"] == CONTEXT - (MAX_INPUT - 1) - 2  # what SGLang answers at most
     for row in rows.values():
         own = server.generate(row["input_ids"][:row["prompt_len"]], max_new_tokens=row["max_new_tokens"],
                               temperature=0)

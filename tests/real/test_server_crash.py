@@ -36,6 +36,7 @@ class Supervisor:
         self._thread.join(10)
 
 
+@pytest.mark.timeout(1500)  # four starts of a real server, each minutes on a loaded 2-core machine
 def test_a_prompt_that_kills_its_server_is_dead_lettered_and_its_neighbours_are_stored(fleet, tmp_path, tokenizer):
     # Given a model resized for none of its tokenizer's four added tokens (its server's /tokenize gives their
     # ids, which the engine cannot embed), served by the real server under a supervisor, and a worker

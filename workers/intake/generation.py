@@ -37,7 +37,7 @@ from ..servers.affinity import NO_ROUTE, Route
 from ..servers.answers import BadOutput, answer_cap, id_bound
 from ..servers.preflight import credentials_refusal
 from .runtime import Runtime
-from ..servers.bindings import NoServer, ServerBinding
+from ..servers.bindings import NoServer, Recheck, ServerBinding
 from . import server_crashes
 from .specs import cached_spec
 from ..output.shards import BadSample, StorageUnavailable
@@ -260,11 +260,12 @@ def _requests(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int],
     while True:
         avoid = tries.servers[-1] if tries.servers else None
         tries.alone = False
-        taking = rt.tokenizers.taking(spec, rt.pool.usable(spec.served_model))
+        usable = rt.pool.usable(spec.served_model)
+        taking = rt.tokenizers.taking(spec, usable)  # asks the servers not asked yet
         suspect = bool(tries.crashes) and not tries.probed
         try:
             with rt.pool.acquire(spec.served_model, s.server_wait, avoid=avoid, prefer=route.prefer,
-                                 only=taking, suspect=suspect) as binding:
+                                 only=taking, suspect=suspect, checked=frozenset(b.url for b in usable)) as binding:
                 rt.affinity.sent(route, binding.url, rt.pool.spilled(route.prefer, binding, spec.served_model))
                 too_long = prompt_too_long(len(prompt_ids), binding.max_model_len, binding.max_input_len)
                 if too_long:
@@ -287,6 +288,8 @@ def _requests(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int],
                 rt.pool.observe_answer(binding, generation.meta_info)  # the server's load, for its tuner
                 cache_hits.observe(binding.url, len(prompt_ids), generation.cached_tokens)
                 return generation
+        except Recheck:  # a server came up meanwhile: ask it for the run's tokenizer first
+            continue
         except (NoServer, server_crashes.SoloBusy) as exc:
             raise GiveBack(str(exc)) from exc
         except ServerRejected as exc:

@@ -152,6 +152,10 @@ class NoServer(Exception):
     """No healthy server for this prompt's model came free in time."""
 
 
+class Recheck(Exception):
+    """A server became usable after the caller chose `only` among the usable ones: choose again."""
+
+
 class ServerPool:
     """The bindings of one worker process, shared by its task threads."""
 
@@ -185,14 +189,15 @@ class ServerPool:
     @contextmanager
     def acquire(self, model: str | None, wait: float, avoid: str | None = None,
                 prefer: str | None = None, only: frozenset[str] | None = None,
-                suspect: bool = False) -> Iterator[ServerBinding]:
+                suspect: bool = False, checked: frozenset[str] = frozenset()) -> Iterator[ServerBinding]:
         """Hold a slot on the preferred server while the load guard allows it, else on the
-        least-loaded usable server (among `only`, where given; one whose crash suspects wait for
+        least-loaded usable server (among `only`, where given, chosen from the usable servers
+        `checked`: `Recheck` when another has become usable; one whose crash suspects wait for
         their probes only for a `suspect`), waiting up to `wait` seconds."""
         deadline = time.monotonic() + wait
         with self._lock:
             while True:
-                chosen, hold_for = self._pick(model, avoid, prefer, only, suspect)
+                chosen, hold_for = self._pick(model, avoid, prefer, only, suspect, checked)
                 if chosen:
                     break
                 left = deadline - time.monotonic()
@@ -217,14 +222,18 @@ class ServerPool:
                 self._wake(chosen)
 
     def _pick(self, model: str | None, avoid: str | None, prefer: str | None,
-              only: frozenset[str] | None = None, suspect: bool = False) -> tuple[ServerBinding | None, str | None]:
-        """(the server to take now, or None and the server whose slot to wait for: None for any)."""
+              only: frozenset[str] | None = None, suspect: bool = False,
+              checked: frozenset[str] = frozenset()) -> tuple[ServerBinding | None, str | None]:
+        """(the server to take now, or None and the server whose slot to wait for: None for any);
+        `Recheck` when a usable server is not among those `only` was chosen from (`checked`)."""
         now = time.monotonic()
+        if prefer is not None and prefer != avoid and self._pending(prefer):
+            return None, prefer
+        if only is not None and any(b.url not in checked for b in self.usable(model)):  # type: ignore[operator]
+            raise Recheck("a server became usable since the run's servers were checked")
         candidates = [b for b in self.usable(model, only) if suspect or not b.held_for_probes(now)]
         if only is not None and prefer not in only:
             prefer = None
-        if prefer is not None and prefer != avoid and self._pending(prefer):
-            return None, prefer
         held = affinity.sticky(prefer, candidates, self.margin, avoid)
         if held is not None:
             return (held, None) if held.in_flight < held.target else (None, held.url)

@@ -74,7 +74,7 @@ def test_while_a_crashed_servers_suspects_wait_for_their_probes_only_they_go_the
         assert probe.url == "a"  # the suspect probes there
     p.cleared("run/p1")
     with pytest.raises(NoServer):  # within the grace after the restart, still none but suspects
-        with p.acquire(None, 0.1, only=frozenset({"a"})):
+        with p.acquire(None, 0.1, only=frozenset({"a"}), checked=frozenset({"a", "b"})):
             pass
 
 
@@ -85,7 +85,7 @@ def test_after_the_grace_and_the_probes_the_server_takes_every_prompt_again(monk
     p.crashed(a)
     a.ready_at = time.monotonic()
     time.sleep(0.3)
-    with p.acquire(None, 0.1, only=frozenset({"a"})) as again:
+    with p.acquire(None, 0.1, only=frozenset({"a"}), checked=frozenset({"a", "b"})) as again:
         assert again.url == "a" and a.crashed_at is None
 
 
@@ -96,3 +96,12 @@ def test_a_crashed_server_not_back_yet_holds_its_prompts_however_long_ago_it_die
     a.ready_at = time.monotonic()
     p.crashed(a)  # after its last preflight: not back yet
     assert a.held_for_probes(time.monotonic() + 3600)
+
+
+def test_a_server_usable_since_the_runs_servers_were_checked_is_checked_before_it_gets_a_prompt():
+    # Given a run checked against server a alone (b was not usable then), and b usable now
+    p = _pool()
+    # When a prompt of the run asks for a server, Then it is told to check again rather than sent to b
+    with pytest.raises(bindings.Recheck):
+        with p.acquire(None, 0.1, only=frozenset({"a"}), checked=frozenset({"a"})):
+            pass

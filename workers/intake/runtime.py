@@ -53,6 +53,7 @@ class Runtime:
     cpu: CpuWatch = field(default_factory=CpuWatch)
     tokenizers: TokenizerChecks | None = None  # whether each server's tokenizer is a run's
     crash_watch: CrashWatch | None = None  # whether a server that dropped a request died
+
     def close(self) -> None:
         self.monitor.stop()
         try:

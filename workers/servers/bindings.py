@@ -229,9 +229,10 @@ class ServerPool:
         now = time.monotonic()
         if prefer is not None and prefer != avoid and self._pending(prefer):
             return None, prefer
-        if only is not None and any(b.url not in checked for b in self.usable(model)):  # type: ignore[operator]
+        usable = self.usable(model)
+        if only is not None and any(b.url not in checked for b in usable):
             raise Recheck("a server became usable since the run's servers were checked")
-        candidates = [b for b in self.usable(model, only) if suspect or not b.held_for_probes(now)]
+        candidates = [b for b in usable if (only is None or b.url in only) and (suspect or not b.held_for_probes(now))]
         if only is not None and prefer not in only:
             prefer = None
         held = affinity.sticky(prefer, candidates, self.margin, avoid)

@@ -256,6 +256,7 @@ def stop_sglang_started_since(mark: int) -> None:
             server.stop()
         else:
             server.kill()  # its launcher gone: whatever of its group is left
+            server.release()
 
 
 def render(tokenizer, messages: list[dict]) -> list[int]:

@@ -27,19 +27,34 @@ import json
 import os
 import signal
 import subprocess
+import threading
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
 
-from producer.local import Process, free_port, spawn, wait_for
+from producer.local import Process, free_port, spawn
 
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = "0.5.23"  # the SGLang the fleet is tested with (scripts/setup.sh installs it)
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "reasoning-fleet"
 KERNEL = ROOT / "tests" / "sglang_cpu"
 CONTEXT = 4096
-START_TIMEOUT = 240  # seconds: ~30 s alone, several times that beside a busy suite on 2 cores
+# A load takes ~35 CPU-seconds of its processes; one that has spent five times that without answering /health
+# is stuck. Wall time alone says little here: beside a busy suite on 2 cores a load gets a fraction of a core.
+START_CPU_SECONDS = 180
+START_TIMEOUT = 600  # seconds from its launch, whatever it spent
+SERVING_NICE = 10  # once loaded: the suite's timing-bound tests (failover lags, leases) run beside it on 2 cores
+# One server loads at a time on this machine, whichever pytest process (or fresh clone) starts it: a load is
+# ~35 CPU-seconds of imports in four processes, so loads side by side only stretch each other past their
+# timeout on 2 cores (and hold ~4 GB each while they do). Held from launch until healthy, exited or timed out.
+START_GATE = CACHE / "sglang-start.lock"
+# Real servers alive at once on this machine (~2.8 GB each, proportional set size): a start waits for a slot.
+# xdist's groups keep this suite's to three, but fresh clones and other pytest runs share the machine.
+SERVER_SLOTS = 4
+SLOTS = CACHE / "sglang-slots"
+_held_slots: dict[int, object] = {}  # port -> the slot its server holds, kept across a kill and a restart there
 
 THINK_START, THINK_END, EOS, ASSISTANT = 128821, 128822, 1, 128804
 # The trace model's answers, as text; tests/sglang_cpu/make_model.py refuses ids that would repeat.
@@ -128,6 +143,13 @@ class RealServer:
             self.process.popen.wait(20)
         except subprocess.TimeoutExpired:
             self.kill()
+        self.release()
+
+    def release(self) -> None:
+        """Its slot (`SERVER_SLOTS`) given up: it is stopped and not started again on its port."""
+        slot = _held_slots.pop(self.port, None)
+        if slot is not None:
+            slot.close()
 
     def lost_its_port(self) -> bool:
         """It exited at start because its port was taken: free_port() found the port free, but a
@@ -153,28 +175,106 @@ def _signal_group(process: Process, sig: int) -> None:
 def start_sglang(logs: Path, model: Path, *options: str, port: int | None = None,
                  wait_healthy: bool = True) -> RealServer:
     """`python -m sglang.launch_server` on its CPU engine, on `port` (a free one if None), healthy
-    (its /health 200) unless `wait_healthy` is False."""
+    (its /health 200) unless `wait_healthy` is False. Launched once no other server on the machine is
+    loading (`START_GATE`), at normal priority, and niced (`SERVING_NICE`) once loaded."""
     if port is None and wait_healthy:  # a fresh port when the first one was taken meanwhile
         return wait_healthy_or_again(logs, start_sglang(logs, model, *options, port=free_port(), wait_healthy=False))
     port = port or free_port()
-    # niced: the suite's timing-bound tests (failover lags, leases) run beside it on two cores
-    argv = ["nice", "-n", "10", sglang_python(), "-m", "sglang.launch_server", "--model-path", str(model), "--device", "cpu",
-            "--host", "127.0.0.1", "--port", str(port), "--attention-backend", "torch_native",
-            "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled",
-            "--max-total-tokens", "16384", "--skip-server-warmup", "--sleep-on-idle", *options]
-    env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": str(KERNEL), "HF_HUB_OFFLINE": "1",
-           "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-    process = spawn(f"sglang-{port}", argv, logs, env=env)
+    _take_slot(port)
+    gate = _enter_start_gate()
+    try:
+        argv = [sglang_python(), "-m", "sglang.launch_server", "--model-path", str(model), "--device", "cpu",
+                "--host", "127.0.0.1", "--port", str(port), "--attention-backend", "torch_native",
+                "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled",
+                "--max-total-tokens", "16384", "--skip-server-warmup", "--sleep-on-idle", *options]
+        env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": str(KERNEL), "HF_HUB_OFFLINE": "1",
+               "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+        process = spawn(f"sglang-{port}", argv, logs, env=env)
+    except BaseException:
+        gate.close()
+        raise
     server = RealServer(process, f"http://127.0.0.1:{port}", model, port, tuple(options))
     STARTED.append(server)  # listed before any wait, so a test cut short still stops it
+    threading.Thread(target=_leave_start_gate_when_loaded, args=(server, gate), daemon=True,
+                     name=f"sglang-{port}-loading").start()
     if wait_healthy:
         wait_healthy_server(server)
     return server
 
 
-def wait_healthy_server(server: RealServer, timeout: float = START_TIMEOUT) -> None:
-    wait_for(lambda: httpx.get(f"{server.url}/health", timeout=5).status_code == 200, timeout,
-             f"SGLang {VERSION} on port {server.port}", server.process)
+def _take_slot(port: int) -> None:
+    if port in _held_slots:  # a server started again on its port
+        return
+    SLOTS.mkdir(parents=True, exist_ok=True)
+    while True:
+        for index in range(SERVER_SLOTS):
+            slot = open(SLOTS / f"{index}.lock", "w")
+            try:
+                fcntl.flock(slot, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                slot.close()
+                continue
+            _held_slots[port] = slot
+            return
+        time.sleep(1)
+
+
+def _enter_start_gate():
+    START_GATE.parent.mkdir(parents=True, exist_ok=True)
+    gate = open(START_GATE, "w")
+    fcntl.flock(gate, fcntl.LOCK_EX)  # bounded by the loads ahead, each by START_TIMEOUT
+    return gate
+
+
+def _leave_start_gate_when_loaded(server: RealServer, gate) -> None:
+    """The gate opened for the next server once this one answers /health, exits or runs out of time; niced
+    from then on (every process of its group, threads included)."""
+    try:
+        try:
+            wait_healthy_server(server)
+        except (RuntimeError, TimeoutError):
+            pass  # the test waiting on it says so
+        try:
+            os.setpriority(os.PRIO_PGRP, server.process.popen.pid, SERVING_NICE)
+        except OSError:
+            pass  # gone already
+    finally:
+        gate.close()
+
+
+def _healthy(server: RealServer) -> bool:
+    try:
+        return httpx.get(f"{server.url}/health", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def wait_healthy_server(server: RealServer) -> None:
+    """Until its /health answers 200; RuntimeError when it exits, TimeoutError when it has spent
+    `START_CPU_SECONDS` of CPU (or `START_TIMEOUT` seconds) without."""
+    what = f"SGLang {VERSION} on port {server.port}"
+    launched = time.monotonic()
+    while not _healthy(server):
+        if not server.process.alive():
+            raise RuntimeError(f"{what} exited:\n{server.process.tail()}")
+        spent, waited = _group_cpu_seconds(server.process.popen.pid), time.monotonic() - launched
+        if spent > START_CPU_SECONDS or waited > START_TIMEOUT:
+            raise TimeoutError(f"{what} not ready after {waited:.0f}s and {spent:.0f} CPU-seconds:\n"
+                               f"{server.process.tail(20)}")
+        time.sleep(0.5)
+
+
+def _group_cpu_seconds(group: int) -> float:
+    """CPU time (user and system) of the live processes of a process group, from /proc."""
+    ticks = 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited meanwhile
+        if int(fields[2]) == group:  # fields after the name: state ppid pgrp ... utime(11) stime(12)
+            ticks += int(fields[11]) + int(fields[12])
+    return ticks / os.sysconf("SC_CLK_TCK")
 
 
 def wait_healthy_or_again(logs: Path, server: RealServer) -> RealServer:
@@ -186,6 +286,7 @@ def wait_healthy_or_again(logs: Path, server: RealServer) -> RealServer:
     except RuntimeError:
         if not server.lost_its_port():
             raise
+    server.release()
     return start_sglang(logs, server.model, *server.options, port=free_port())
 
 

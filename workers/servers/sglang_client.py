@@ -49,7 +49,6 @@ threads scans every pooled connection on each request and each close
 from __future__ import annotations
 
 import json
-import ssl
 import threading
 import time
 from dataclasses import dataclass
@@ -62,7 +61,7 @@ from .deadlines import DeadlineWatchdog, Watch
 from .gateway_answers import OUTAGE, gateway_failure
 from .auth import Origin, basic_by_origin, origin
 from .http1 import DeadlinePassed, Pool, request_head
-from . import http1
+from . import http1, tls
 
 _WATCHDOG = DeadlineWatchdog()
 
@@ -124,15 +123,14 @@ class Client:
     or the HTTP Basic credentials its URL carried (`workers/servers/auth.py`)."""
 
     def __init__(self, pool_size: int, connect_timeout: float, request_timeout: float,
-                 api_key: str | None, server_urls: list[str]):
+                 api_key: str | None, server_urls: list[str], keepalive: float):
         self._size = pool_size + 8
-        self._connect_timeout, self._request_timeout = connect_timeout, request_timeout
+        self._connect_timeout, self._request_timeout, self._keepalive = connect_timeout, request_timeout, keepalive
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._basic = basic_by_origin(server_urls)
         self._pools: dict[Origin, Pool] = {}
-        self._tls: ssl.SSLContext | None = None
         self._lock = threading.Lock()
         self._watches: dict[Origin, set[Watch]] = {}  # the requests in flight, by server
 
@@ -148,10 +146,8 @@ class Client:
 
     def _open(self, key: Origin) -> Pool:
         scheme, host, port = key
-        if scheme == "https" and self._tls is None:
-            self._tls = ssl.create_default_context()  # the system's certificates, the host name checked
-        pool = self._pools[key] = Pool(scheme, host, port, self._size, self._connect_timeout,
-                                       self._request_timeout, self._tls)
+        pool = self._pools[key] = Pool(scheme, host, port, self._size, self._connect_timeout, self._request_timeout,
+                                       self._keepalive, tls.context() if scheme == "https" else None)
         return pool
 
     def watch(self, url: str, deadline: float) -> Watch:
@@ -189,8 +185,8 @@ def _split(url: str) -> tuple[Origin, str]:
 
 
 def make_client(pool_size: int, connect_timeout: float, request_timeout: float,
-                api_key: str | None, server_urls: list[str] = ()) -> Client:
-    return Client(pool_size, connect_timeout, request_timeout, api_key, list(server_urls))
+                api_key: str | None, server_urls: list[str] = (), keepalive: float = http1.KEEPALIVE) -> Client:
+    return Client(pool_size, connect_timeout, request_timeout, api_key, list(server_urls), keepalive)
 
 
 def generate(client: Client, url: str, input_ids: list[int], sampling: dict, rid: str, *,
@@ -212,32 +208,52 @@ def send(client: Client, url: str, payload: bytes, *, timeout: float, max_bytes:
     between reads, so neither a trickling nor a silent server can hold it)."""
     deadline = time.monotonic() + timeout
     pool, path, headers = client.route(url)
+    request = request_head(pool, path, headers, len(payload)) + payload
     watch = client.watch(url, deadline)
-    conn, reusable = None, False
     try:
-        conn = pool.get()
-        watch.arm(conn.sock)  # from here the watchdog bounds the exchange
-        conn.sock.sendall(request_head(pool, path, headers, len(payload)) + payload)
-        answer = http1.read_answer(conn, deadline, max_bytes)
-        reusable = answer.reusable
+        answer = _exchange(pool, watch, request, deadline, max_bytes)
         return Reply(answer.status, answer.body, answer.complete)
     except DeadlinePassed as exc:
         raise TransientError(f"{url}: no complete answer within {timeout:.0f}s "
                              f"({exc.size} bytes so far; FLEET_REQUEST_TIMEOUT)") from None
-    except TimeoutError as exc:  # one read outlasted the read timeout (or the connect timeout)
+    except http1.ConnectFailed as exc:  # refused, unreachable, timed out, TLS: the server's outage
+        raise _late(url, timeout, watch) or ServerUnavailable(f"{url}: {exc}") from exc
+    except TimeoutError as exc:  # one read outlasted the read timeout
         raise _late(url, timeout, watch) or TransientError(f"{url}: no answer in time ({exc})") from exc
     except http1.NoAnswer as exc:
         raise _late(url, timeout, watch) or ServerDropped(f"{url}: {exc}") from exc
-    except OSError as exc:  # refused, reset, cut off, TLS; or shut by the watchdog
+    except OSError as exc:  # reset, cut off, malformed; or shut by the watchdog
         raise _late(url, timeout, watch) or ServerUnavailable(f"{url}: {exc.__class__.__name__}: {exc}") from exc
     finally:
         client.unwatch(url, watch)
-        in_time = watch.disarm()
-        if conn is not None:
-            if in_time and reusable:
-                pool.put(conn)
-            else:
-                conn.close()  # never pool a connection cut off, or with unread bytes
+
+
+def _exchange(pool: Pool, watch: Watch, request: bytes, deadline: float, max_bytes: int) -> http1.Exchange:
+    """The request on a pooled connection; if that one was reused and failed before a byte of answer
+    (the server closed it while idle), once more on a fresh one: the server never saw the first."""
+    conn = pool.get()
+    try:
+        return _once(pool, conn, watch, request, deadline, max_bytes)
+    except (http1.NotSent, http1.NoAnswer):
+        if not conn.reused or watch.fired:
+            raise
+    return _once(pool, pool.connect(), watch, request, deadline, max_bytes)
+
+
+def _once(pool: Pool, conn: http1.Connection, watch: Watch, request: bytes, deadline: float,
+          max_bytes: int) -> http1.Exchange:
+    reusable = False
+    try:
+        watch.arm(conn.sock)  # from here the watchdog bounds the exchange
+        http1.send_request(conn, request)
+        answer = http1.read_answer(conn, deadline, max_bytes)
+        reusable = answer.reusable
+        return answer
+    finally:
+        if watch.disarm() and reusable:
+            pool.put(conn)
+        else:
+            conn.close()  # never pool a connection cut off, or with unread bytes
 
 
 def _late(url: str, timeout: float, watch: Watch) -> GenerateError | None:

@@ -239,6 +239,8 @@ def read_answer(conn: Connection, deadline: float, max_bytes: int) -> Exchange:
     read = 0
     try:
         while not answer.done:
+            if not answer.head_done and read >= MAX_HEAD:
+                raise ProtocolError(f"answer head longer than {MAX_HEAD} bytes")
             chunk = _recv(conn, deadline, answer.size, read)
             if not chunk:
                 if not read:
@@ -248,8 +250,6 @@ def read_answer(conn: Connection, deadline: float, max_bytes: int) -> Exchange:
                 raise ProtocolError("the server closed the connection before the answer's end")
             read += len(chunk)
             _feed(parser, answer, chunk)
-            if not answer.head_done and read > MAX_HEAD:
-                raise ProtocolError(f"answer head longer than {MAX_HEAD} bytes")
             if answer.size > max_bytes:
                 return Exchange(answer.status, b"".join(answer.pieces)[:max_bytes], False, False)
     finally:

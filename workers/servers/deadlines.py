@@ -14,11 +14,19 @@ past its deadline; the blocked read then returns at once (end of stream), and
 connection is closed rather than pooled. A request can also be cut before its
 deadline (`Watch.cut`: its server was marked down), armed or not yet.
 
-Health, preflight and load reads (httpx, `workers/servers/health.py`):
-`deadline_client` gives every network wait of a request (connect, TLS, each
-write and read, of the head and of the body) at most the time left to the
-request's deadline, set when the request starts; past it the wait raises
-httpx's timeout error. No thread is needed: the waits are in the caller's.
+The watchdog shuts a socket at the socket level (shutdown(2) on its
+descriptor, under its lock, which `disarm` takes before the owner may close
+it): a TLS socket's state stays its reading thread's, which meets an end of
+stream or an `ssl.SSLError` (an `OSError`), never a `ValueError`.
+
+Health, preflight, tokenizer-probe, load and crash reads (httpx,
+`workers/servers/health.py`): `deadline_client` gives every network wait of
+a request (connect, TLS, each write and read, of the head and of the body) at
+most the time left to the request's deadline, set when the request starts;
+past it the wait raises httpx's timeout error. No thread is needed: the waits
+are in the caller's. It stands on the public API of both libraries: an
+`httpx.BaseTransport` over an `httpcore.ConnectionPool` with a network backend
+of ours, the worker's one TLS context (`tls.py`) and its keep-alive expiry.
 
 Invariants: a watched request armed at time t with deadline d ends by d + tick
 (plus the time to run its own exception handler); a cut one within a tick of

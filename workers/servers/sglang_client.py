@@ -1,9 +1,11 @@
 """One call to SGLang's native `POST /generate`, and what its failures mean.
 
 Failures fall in six classes, each handled differently by the task:
-- `ServerUnavailable`: the server could not be reached or died mid-request.
-  Not the prompt's fault: another server (or the queue) takes it, and it does
-  not spend the prompt's retry budget.
+- `ServerUnavailable`: the server could not be reached (refused, unreachable,
+  no connection or TLS handshake within `FLEET_CONNECT_TIMEOUT`: nothing was
+  sent), died mid-request, or broke HTTP/1.1 (`http1.ProtocolError`). Not the
+  prompt's fault: another server (or the queue) takes it, and it does not
+  spend the prompt's retry budget (`FLEET_MAX_UNAVAILABLE` bounds it).
 - `ServerDropped`: the server closed the connection with no answer after the
   request went out. Like `ServerUnavailable`, and the request loop asks
   whether the server died of it (`workers/servers/crashes.py`).
@@ -37,8 +39,13 @@ the body under a size cap and a deadline, return status and bytes), so the
 client library can be swapped there; everything around it is pure and tested
 in-process.
 
+A reused keep-alive connection that fails before a byte of answer (the
+server closed it while idle, as the request went out) is not a failure: the
+request goes once more on a fresh connection, within the same deadline.
+Every server's TLS is the worker's one context (`tls.py`: the system's store).
+
 The client is our own HTTP/1.1 exchange on pooled keep-alive sockets
-(`http1.py`), chosen by measurement (`python -m bench.http_clients`,
+(`http1.py`, answers parsed by llhttp), chosen by measurement (`python -m bench.http_clients`,
 bench/README.md): one last-in-first-out pool per server, so a request costs
 the same CPU with 16 or 2,048 in flight, and about a quarter of urllib3's
 CPU per request (`http.client`'s header parsing and urllib3's wrappers were a

@@ -7,7 +7,8 @@ the same trust: the system's certificate store, as OpenSSL finds it
 replaces the default one) and `SSL_CERT_DIR` (a hashed folder, as
 `c_rehash`/`update-ca-certificates` write) are honoured. A server signed by a
 private CA is trusted by adding that CA to the system store, or by pointing
-`SSL_CERT_FILE` at a bundle that holds it (docs/operate/servers.md).
+`SSL_CERT_FILE` at a bundle that holds it (docs/operate/troubleshooting.md,
+"Servers over HTTPS").
 
 Invariants: one context per process, built on first use (after the
 environment is read, never at import, so a worker forked from a zygote reads

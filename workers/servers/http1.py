@@ -239,8 +239,6 @@ def read_answer(conn: Connection, deadline: float, max_bytes: int) -> Exchange:
     read = 0
     try:
         while not answer.done:
-            if not answer.head_done and read >= MAX_HEAD:
-                raise ProtocolError(f"answer head longer than {MAX_HEAD} bytes")
             chunk = _recv(conn, deadline, answer.size, read)
             if not chunk:
                 if not read:
@@ -248,6 +246,13 @@ def read_answer(conn: Connection, deadline: float, max_bytes: int) -> Exchange:
                 if answer.head_done and not answer.framed:  # framed by the end of the stream
                     return Exchange(answer.status, b"".join(answer.pieces), True, False)
                 raise ProtocolError("the server closed the connection before the answer's end")
+            if not answer.head_done and read + len(chunk) > MAX_HEAD:  # the head's bytes bounded, however split
+                room = MAX_HEAD - read
+                _feed(parser, answer, chunk[:room])
+                if not answer.head_done:
+                    raise ProtocolError(f"answer head longer than {MAX_HEAD} bytes")
+                chunk = chunk[room:]
+                read += room
             read += len(chunk)
             _feed(parser, answer, chunk)
             if answer.size > max_bytes:

@@ -22,6 +22,9 @@ Parts (each can be chosen with --parts, each sized by its flags):
                    and the longest command at 10, 100 and 1,000 simulated workers, Redis pinned to
                    a core of its own; projected to 100, 1,000 and 5,000 nodes (not in the default
                    set: --parts fleet)
+  http             CPU per /generate request of the worker's call and of its answer parser's
+                   candidates, llhttp (httptools) and h11, at 16 and 256 in flight against an
+                   instant stand-in (not in the default set: --parts http; about 2 minutes)
 
 Defaults are sized to finish in about fifteen minutes on a 2-core machine; every
 goal is a ratio or a size measured within the same run.
@@ -42,8 +45,8 @@ from rich.console import Console
 from .report import Figure, at_least, at_most, print_table, write_json
 
 PARTS = ("saturation", "producer", "worker", "redis", "producer-memory", "scale", "inflight", "storage", "cache",
-         "sample", "fleet")
-DEFAULT_PARTS = tuple(p for p in PARTS if p not in ("scale", "inflight", "cache", "sample", "fleet"))
+         "sample", "fleet", "http")
+DEFAULT_PARTS = tuple(p for p in PARTS if p not in ("scale", "inflight", "cache", "sample", "fleet", "http"))
 MiB = 1024 * 1024
 MEMORY_SCALE = 10_000  # worker RSS: after 10,000 and after 100,000 samples, as the issue sets it
 
@@ -126,6 +129,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     z.add_argument("--fleet-samples", type=int, default=1000, help="samples the real worker stores per size")
     z.add_argument("--fleet-node-clients", default="2x16", metavar="PxT",
                    help="client processes x driven nodes per process for the node-rate samples (default 2x16)")
+    from .http_parsers import add_arguments as http_arguments
+
+    http_arguments(p.add_argument_group("http"))
     args = p.parse_args(argv)
     args.parts = [x.strip() for x in args.parts.split(",") if x.strip()]
     unknown = set(args.parts) - set(PARTS)
@@ -349,6 +355,13 @@ def main(argv: list[str] | None = None) -> int:
                     workers=[int(x) for x in args.fleet_sizes.split(",")], samples=args.fleet_samples,
                     node_processes=processes, node_threads=threads), log)
                 figures += fleet_figures(details["fleet"])
+            if "http" in args.parts:
+                from .http_parsers import HttpOptions, http_figures, run_http
+
+                details["http"] = run_http(HttpOptions(
+                    threads=tuple(int(x) for x in args.http_threads.split(",")), requests=args.http_requests,
+                    repeat=args.http_repeat), log)
+                figures += http_figures(details["http"])
             if "scale" in args.parts:
                 from .scale import ScaleOptions, run_scale
                 from .scale_figures import real_run_figures, scale_figures

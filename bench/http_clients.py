@@ -26,7 +26,11 @@ importable is reported as skipped):
                        pool of keep-alive sockets per server (`workers/servers/http1.py`,
                        HTTP/1.1 on a bare socket), a total deadline per request (a
                        watchdog thread shuts the socket of a request past it),
-                       the body read under a size cap (urllib3 until 2026-12-04)
+                       the body read under a size cap (urllib3 until 2026-12-04), the
+                       answer parsed by llhttp (`httptools`; a parser of our own until 2027-01)
+  parse-httptools      the worker's pool and watchdog, the answer parsed by llhttp
+  parse-h11            the same, the request written and the answer parsed by `h11`
+                       (`bench/http_parsers.py`; `python -m bench --parts http`)
   asyncio-httpx        one event-loop thread with one `httpx.AsyncClient`,
                        bridged with `asyncio.run_coroutine_threadsafe`
   asyncio-httpx-lanes  the same loop, but a LIFO stack of one-connection
@@ -61,7 +65,7 @@ from pathlib import Path
 from .procs import cpu_seconds
 
 CLIENTS = ("httpx-shared", "httpx-per-thread", "requests-per-thread", "urllib3-shared",
-           "worker", "asyncio-httpx", "asyncio-httpx-lanes", "httpx2-shared")
+           "worker", "parse-httptools", "parse-h11", "asyncio-httpx", "asyncio-httpx-lanes", "httpx2-shared")
 INSTANT = ["--step-base", "0", "--step-per-request", "0", "--prefill-per-token", "0"]
 CONNECT_TIMEOUT = 10.0
 READ_TIMEOUT = 600.0     # per socket read (httpx, requests, urllib3); the worker's request timeout
@@ -155,6 +159,10 @@ def make_candidate(name: str, n: int):
             return r.status, r.body
         return post
 
+    if name in ("parse-httptools", "parse-h11"):
+        from .http_parsers import make_parser_candidate
+        return make_parser_candidate(name, n, CONNECT_TIMEOUT, READ_TIMEOUT, TOTAL_DEADLINE)
+
     if name in ("asyncio-httpx", "asyncio-httpx-lanes"):
         import asyncio
 
@@ -203,6 +211,8 @@ def importable(name: str) -> str | None:
         module = "urllib3"
     if name == "worker":
         module = "workers.servers.sglang_client"
+    if name.startswith("parse-"):
+        module = name[len("parse-"):]
     if module is None:
         module = "httpx"
     try:
@@ -467,6 +477,21 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(result), flush=True)
         os._exit(0)  # abandon in-flight requests: no drain, no joins
 
+    clients = [c.strip() for c in args.clients.split(",") if c.strip()]
+    for c in clients:
+        if c not in CLIENTS:
+            raise SystemExit(f"unknown client {c!r}; choose from {', '.join(CLIENTS)}")
+    d = measure(args, lambda message: print(message, flush=True))
+    print_tables(d["results"], d["threads"])
+    print(f"load average (1 min) during the run: {min(d['load_average']):.1f} to {max(d['load_average']):.1f} "
+          f"on {os.cpu_count()} CPUs (other people's work shares them)")
+    if args.json:
+        args.json.write_text(json.dumps({**d, "options": vars(args)}, indent=2, default=str) + "\n")
+    return 0
+
+
+def measure(args: argparse.Namespace, log) -> dict:
+    """One stand-in; each client at each N, `--repeat` times round; the runs and their medians."""
     import httpx
     import urllib3
 
@@ -474,16 +499,13 @@ def main(argv: list[str] | None = None) -> int:
 
     clients = [c.strip() for c in args.clients.split(",") if c.strip()]
     threads = [int(t) for t in args.threads.split(",")]
-    for c in clients:
-        if c not in CLIENTS:
-            raise SystemExit(f"unknown client {c!r}; choose from {', '.join(CLIENTS)}")
     logs = Path(tempfile.mkdtemp(prefix="http-clients-"))
     options = ["--log-level", "warning", *INSTANT, "--max-running-requests", str(max(threads) * 2 + 64),
                "--output-len-median", str(args.output_len), "--output-len-sigma", "0.01",
                "--output-len-max", str(args.output_len_max), "--health-latency", "0"]
     standin, url = start_standin(logs, None, *options)
     versions = {"python": sys.version.split()[0], "httpx": httpx.__version__, "urllib3": urllib3.__version__}
-    for module in ("httpcore", "requests", "httpx2", "aiohttp"):
+    for module in ("httpcore", "requests", "httpx2", "aiohttp", "httptools", "h11"):
         try:
             versions[module] = __import__(module).__version__
         except ImportError:
@@ -492,14 +514,14 @@ def main(argv: list[str] | None = None) -> int:
     load = [os.getloadavg()[0]]
     try:
         costs = decode_costs(url, args)
-        print(f"versions: {versions}")
-        print(f"stand-in: {url} ({' '.join(options)}); its log in {logs}"
-              + ("" if args.keep else " (removed at the end; --keep keeps it)"))
-        print(describe_decode(costs))
-        print(f"window: up to {args.requests} requests or {args.seconds:g} s after a warm-up of up to "
-              f"{args.warmup_seconds:g} s; CPU = time.process_time() of the client process; "
-              f"{args.repeat} run(s) each, the lower median shown (with 2 runs: the better one); "
-              f"load average now {load[0]:.1f}", flush=True)
+        log(f"versions: {versions}")
+        log(f"stand-in: {url} ({' '.join(options)}); its log in {logs}"
+            + ("" if args.keep else " (removed at the end; --keep keeps it)"))
+        log(describe_decode(costs))
+        log(f"window: up to {args.requests} requests or {args.seconds:g} s after a warm-up of up to "
+            f"{args.warmup_seconds:g} s; CPU = time.process_time() of the client process; "
+            f"{args.repeat} run(s) each, the lower median shown (with 2 runs: the better one); "
+            f"load average now {load[0]:.1f}")
         for _ in range(args.repeat):  # repeats go round every configuration, to spread the noise
             for client in clients:
                 why = importable(client)
@@ -511,12 +533,12 @@ def main(argv: list[str] | None = None) -> int:
                     result = run_child(client, n, url, standin.popen.pid, args)
                     runs.setdefault((client, n), []).append(result)
                     if "failed" in result:
-                        print(f"  {client} N={n}: {result['failed']}", flush=True)
+                        log(f"  {client} N={n}: {result['failed']}")
                     else:
-                        print(f"  {client:<20} N={n:<5} {result['requests']:>6} req  "
-                              f"{_fmt(result['cpu_us_per_request'], '8.0f')} us/req  "
-                              f"{_fmt(result['requests_per_s'], '6.0f')} req/s  warm {result['warm_share']:.0%}  "
-                              f"load {os.getloadavg()[0]:.1f}", flush=True)
+                        log(f"  {client:<20} N={n:<5} {result['requests']:>6} req  "
+                            f"{_fmt(result['cpu_us_per_request'], '8.0f')} us/req  "
+                            f"{_fmt(result['requests_per_s'], '6.0f')} req/s  warm {result['warm_share']:.0%}  "
+                            f"load {os.getloadavg()[0]:.1f}")
                     load.append(os.getloadavg()[0])
                     if not standin.alive():
                         raise RuntimeError(f"stand-in died:\n{standin.tail()}")
@@ -525,15 +547,8 @@ def main(argv: list[str] | None = None) -> int:
         standin.stop(timeout=10)
     if not args.keep:
         shutil.rmtree(logs, ignore_errors=True)
-    results = [_median(found) for found in runs.values()]
-    print_tables(results, threads)
-    print(f"load average (1 min) during the run: {min(load):.1f} to {max(load):.1f} "
-          f"on {os.cpu_count()} CPUs (other people's work shares them)")
-    if args.json:
-        args.json.write_text(json.dumps({"versions": versions, "decode": costs, "options": vars(args),
-                                         "load_average": load, "results": results, "runs": list(runs.values())},
-                                        indent=2, default=str) + "\n")
-    return 0
+    return {"versions": versions, "decode": costs, "threads": threads, "load_average": load,
+            "results": [_median(found) for found in runs.values()], "runs": list(runs.values())}
 
 
 def _median(found: list[dict]) -> dict:

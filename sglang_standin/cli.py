@@ -101,6 +101,10 @@ def _lifecycle_options(g: argparse._ArgumentGroup) -> None:
                    help="seconds a healthy /health takes (real SGLang: about 1)")
     g.add_argument("--access-log", action="store_true", help="turn on uvicorn's access log")
     g.add_argument("--log-level", default=_D.log_level)
+    g.add_argument("--timeout-keep-alive", type=float, default=_D.timeout_keep_alive,
+                   help="seconds an idle keep-alive connection stays open (uvicorn's, so SGLang's: 5)")
+    g.add_argument("--ssl-certfile", default=None, help="serve HTTPS with this certificate chain (PEM)")
+    g.add_argument("--ssl-keyfile", default=None, help="the private key of --ssl-certfile (PEM)")
 
 
 def _timing_options(g: argparse._ArgumentGroup) -> None:

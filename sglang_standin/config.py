@@ -100,6 +100,9 @@ class StandinConfig:
     health_latency: float = 1.0
     access_log: bool = False
     log_level: str = "info"
+    timeout_keep_alive: float = 5.0  # uvicorn's (and so SGLang's) idle keep-alive timeout
+    ssl_certfile: str | None = None  # HTTPS with this certificate chain (and --ssl-keyfile)
+    ssl_keyfile: str | None = None
     # --- continuous-batching time model (all zero = instant answers)
     step_base: float = 0.002
     step_per_request: float = 0.00002

@@ -93,5 +93,8 @@ def run(cfg: StandinConfig) -> None:
         log_level="info" if cfg.access_log else "warning",
         lifespan="on",
         backlog=4096,
+        timeout_keep_alive=cfg.timeout_keep_alive,
+        ssl_certfile=cfg.ssl_certfile,
+        ssl_keyfile=cfg.ssl_keyfile,
     )
     StandinServer(config, state).run()

@@ -55,7 +55,13 @@ class Settings(SharedSettings):
     health_failures: int = Field(3, description="Failed health rounds in a row before a server is marked down.")
     health_successes: int = Field(2, description="Healthy rounds in a row before a server is used again.")
 
-    connect_timeout: float = Field(10.0, description="Deadline for connecting to a server.")
+    connect_timeout: float = Field(10.0, description="Deadline for connecting to a server (TCP, then the TLS "
+                                   "handshake): a server not reached within it is unavailable, as one that "
+                                   "refuses the connection, and the prompt's `FLEET_MAX_ATTEMPTS` is not spent.")
+    keepalive_seconds: float = Field(4.0, gt=0, description="How long an idle connection to a server is used again; "
+                                     "keep it below the servers' own idle timeout (SGLang's: 5 s), or a request "
+                                     "may meet the server closing it (it is then sent once more on a new "
+                                     "connection, not counted).")
     request_timeout: float = Field(3600.0, description="The deadline of a whole `/generate` call: a server that "
                                      "trickles bytes or goes silent is cut within it plus 0.25 s, and the attempt "
                                      "is a transient failure.")

@@ -93,7 +93,7 @@ def _build(s: Settings, worker: str) -> Runtime:
     client = worker_redis(s.redis_url)
     shards = ShardWriter(s.output_dir, worker, s.group_rows, s.shard_max_wait, book=ShardBook(client, home(s.output_dir)),
                          commit_timeout=s.shard_commit_timeout)
-    http = make_client(s.pool_size, s.connect_timeout, s.request_timeout, key, s.server_urls)
+    http = make_client(s.pool_size, s.connect_timeout, s.request_timeout, key, s.server_urls, s.keepalive_seconds)
     writes = RedisWrites()
     cpu = CpuWatch(rule_for(s.cpu_bound_share, s.cpu_bound_seconds))
     started: list[float] = []  # in each heartbeat (Redis's clock): the audit's sign of a restart under one name

@@ -14,11 +14,19 @@ past its deadline; the blocked read then returns at once (end of stream), and
 connection is closed rather than pooled. A request can also be cut before its
 deadline (`Watch.cut`: its server was marked down), armed or not yet.
 
-Health, preflight and load reads (httpx, `workers/servers/health.py`):
-`deadline_client` gives every network wait of a request (connect, TLS, each
-write and read, of the head and of the body) at most the time left to the
-request's deadline, set when the request starts; past it the wait raises
-httpx's timeout error. No thread is needed: the waits are in the caller's.
+The watchdog shuts a socket at the socket level (shutdown(2) on its
+descriptor, under its lock, which `disarm` takes before the owner may close
+it): a TLS socket's state stays its reading thread's, which meets an end of
+stream or an `ssl.SSLError` (an `OSError`), never a `ValueError`.
+
+Health, preflight, tokenizer-probe, load and crash reads (httpx,
+`workers/servers/health.py`): `deadline_client` gives every network wait of
+a request (connect, TLS, each write and read, of the head and of the body) at
+most the time left to the request's deadline, set when the request starts;
+past it the wait raises httpx's timeout error. No thread is needed: the waits
+are in the caller's. It stands on the public API of both libraries: an
+`httpx.BaseTransport` over an `httpcore.ConnectionPool` with a network backend
+of ours, the worker's one TLS context (`tls.py`) and its keep-alive expiry.
 
 Invariants: a watched request armed at time t with deadline d ends by d + tick
 (plus the time to run its own exception handler); a cut one within a tick of
@@ -33,10 +41,14 @@ from __future__ import annotations
 import socket
 import threading
 import time
-from typing import Iterable
+from contextlib import contextmanager
+from typing import Iterable, Iterator
 
 import httpcore
 import httpx
+
+from . import tls
+from .http1 import KEEPALIVE
 
 
 class DeadlineWatchdog:
@@ -66,8 +78,8 @@ class DeadlineWatchdog:
         """Shut the socket armed under `key` now (a cut): `disarm(key)` then says False."""
         with self._lock:
             found = self._armed.pop(key, None)
-        if found is not None:
-            _shut(found[1])
+            if found is not None:
+                _shut(found[1])
 
     def _run(self) -> None:
         while True:
@@ -78,16 +90,19 @@ class DeadlineWatchdog:
         """Shut down every armed socket whose deadline is past `now`; how many."""
         with self._lock:
             late = [key for key, (deadline, _) in self._armed.items() if deadline <= now]
-            socks = [self._armed.pop(key)[1] for key in late]
-        for sock in socks:
-            _shut(sock)
-        return len(socks)
+            for key in late:
+                _shut(self._armed.pop(key)[1])
+        return len(late)
 
 
 def _shut(sock: socket.socket) -> None:
+    """shutdown(2) on the socket's descriptor, TLS or not. Called under the watchdog's lock, which
+    `disarm` takes before the owner closes the socket, so the descriptor is still this socket's.
+    Not `SSLSocket.shutdown`: that also drops the TLS state under the thread reading it (a
+    `ValueError` there, not an `OSError`); at the socket level, that read just meets the end."""
     try:
-        sock.shutdown(socket.SHUT_RDWR)
-    except OSError:  # already closed by its own thread
+        socket.socket.shutdown(sock, socket.SHUT_RDWR)
+    except OSError:  # not connected (any more)
         pass
 
 
@@ -174,24 +189,65 @@ class _Backend(httpcore.NetworkBackend):
         self._inner.sleep(seconds)
 
 
-class _Transport(httpx.HTTPTransport):
-    """httpx's own transport over the backend above; each request's deadline set as it starts."""
+class _Body(httpx.SyncByteStream):
+    """An httpcore answer's body as httpx reads it, its errors as httpx's."""
 
-    def __init__(self, whole: float) -> None:
-        super().__init__()
-        limits = httpx.Limits()
-        self._pool = httpcore.ConnectionPool(
-            ssl_context=httpx.create_ssl_context(), max_connections=limits.max_connections,
-            max_keepalive_connections=limits.max_keepalive_connections,
-            keepalive_expiry=limits.keepalive_expiry, network_backend=_Backend())
+    def __init__(self, response: httpcore.Response) -> None:
+        self._response = response
+
+    def __iter__(self) -> Iterator[bytes]:
+        with _as_httpx():
+            yield from self._response.iter_stream()
+
+    def close(self) -> None:
+        with _as_httpx():
+            self._response.close()
+
+
+class _Transport(httpx.BaseTransport):
+    """httpcore's connection pool over the backend above, behind httpx's transport interface (both
+    libraries' public API): the worker's TLS context, idle connections dropped after `keepalive`
+    seconds, each request's deadline set as it starts."""
+
+    def __init__(self, whole: float, keepalive: float) -> None:
+        self._pool = httpcore.ConnectionPool(ssl_context=tls.context(), keepalive_expiry=keepalive,
+                                             network_backend=_Backend())
         self._whole = whole
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
         # The body is read after this returns, by the same thread, under the same deadline.
         _call.deadline = time.monotonic() + self._whole
-        return super().handle_request(request)
+        url = request.url
+        with _as_httpx():
+            response = self._pool.handle_request(httpcore.Request(
+                request.method, httpcore.URL(scheme=url.raw_scheme, host=url.raw_host, port=url.port,
+                                             target=url.raw_path),
+                headers=request.headers.raw, content=request.stream, extensions=request.extensions))
+        return httpx.Response(response.status, headers=response.headers, stream=_Body(response),
+                              extensions=response.extensions)
+
+    def close(self) -> None:
+        self._pool.close()
 
 
-def deadline_client(whole: float, headers: dict[str, str]) -> httpx.Client:
+_HTTPX = {getattr(httpcore, name): getattr(httpx, name) for name in (
+    "ConnectTimeout", "ReadTimeout", "WriteTimeout", "PoolTimeout", "TimeoutException", "ConnectError",
+    "ReadError", "WriteError", "NetworkError", "RemoteProtocolError", "LocalProtocolError", "ProtocolError",
+    "ProxyError", "UnsupportedProtocol")}
+
+
+@contextmanager
+def _as_httpx() -> Iterator[None]:
+    """httpcore's errors raised as httpx's of the same name (the cause kept), as callers catch them."""
+    try:
+        yield
+    except Exception as exc:
+        kind = next((_HTTPX[k] for k in type(exc).__mro__ if k in _HTTPX), None)
+        if kind is None:
+            raise
+        raise kind(str(exc)) from exc
+
+
+def deadline_client(whole: float, headers: dict[str, str], keepalive: float = KEEPALIVE) -> httpx.Client:
     """An httpx client each of whose requests ends within `whole` seconds in all."""
-    return httpx.Client(transport=_Transport(whole), timeout=whole, headers=headers)
+    return httpx.Client(transport=_Transport(whole, keepalive), timeout=whole, headers=headers)

@@ -60,6 +60,7 @@ from .preflight import Unreadable, settle_context
 from .preflight import preflight as preflight_server
 from .load import gateway_load, gateway_workers, server_load
 from .sglang_client import error_message
+from .tls import why_untrusted
 from .bindings import DOWN, HEALTHY, LOADING, REFUSED, WARMING, ServerBinding, ServerPool
 from .waiting import WaitNotes
 from ..settings import Settings
@@ -79,7 +80,7 @@ class HealthMonitor:
         self.preflight = preflight
         self.cut = cut
         self.settings = settings
-        self.client = deadline_client(settings.health_timeout, headers)
+        self.client = deadline_client(settings.health_timeout, headers, settings.keepalive_seconds)
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._thread = threading.Thread(target=lifeline.guarded("health monitor", self._run), name="fleet-health",
@@ -263,8 +264,14 @@ class HealthMonitor:
             if response is None or response.status_code not in (200, 503):  # not a gateway (SGLang: 404,
                 response = self.client.get(f"{url}/health")  # or 401 without its key), or an old router
         except httpx.ConnectError as exc:
+            untrusted = why_untrusted(exc)
+            if untrusted:  # said once, and no prompt goes there (nor a preflight) while it holds
+                self.refuse(binding, untrusted)
+                return REFUSED, untrusted
             return LOADING, (f"connection refused ({exc.__class__.__name__}): loading its model, or nothing "
                              "listens there")
+        except httpx.ConnectTimeout:
+            return DOWN, f"no connection within {self.settings.health_timeout:.0f}s: its host unreachable?"
         except httpx.TimeoutException:
             return DOWN, f"/health did not answer in full within {self.settings.health_timeout:.0f}s"
         except httpx.HTTPError as exc:

@@ -7,18 +7,36 @@ answer's head, urllib3's response wrapper) cost ~390 us of CPU a call against
 with more system calls (each one a chance to hand the GIL to another of the
 worker's hundreds of threads). `/generate` needs little of HTTP: one POST of a
 JSON body, an answer framed by Content-Length (or chunked, behind a proxy), a
-keep-alive connection per server. That much is here; everything about what the
-answer means stays in `sglang_client.py`.
+keep-alive connection per server. The socket, the pool and the deadline are
+here; the answer is parsed by llhttp (Node's parser, through `httptools`),
+chosen over h11 by CPU per request (`python -m bench --parts http`); everything
+about what the answer means stays in `sglang_client.py`.
 
-Invariants: a connection goes back to its pool only after an answer was read
-to its exact end under HTTP/1.1 keep-alive (`Exchange.reusable`); any other
-(cut at the size cap, an error, `Connection: close`, HTTP/1.0, read to the end
-of the stream) is closed. A pooled connection the server has closed or written
-to while idle is never reused (checked with a zero-timeout poll before each
-use, as urllib3 does). Every read waits at most the read timeout; the whole
-exchange's deadline is the caller's (its watchdog shuts the socket, and
-`read_answer` checks it between reads). The pool is last-in-first-out, so its
-cost per request does not depend on how many requests are in flight.
+Invariants:
+- Framing is llhttp's, strict: a 1xx, 204 or 304 has no body (interim 1xx
+  answers are skipped); a Content-Length is ASCII digits, given once, never
+  beside Transfer-Encoding; chunk sizes are hex digits and each chunk's data
+  ends with CRLF; a status line that is not `HTTP/x.y DDD` is refused. Every
+  breach is a `ProtocolError` (an `OSError`), never another exception type.
+- The body is read under the cap: at most `max_bytes` plus one read
+  (`CHUNK`) is ever held, whatever a Content-Length or chunk size claims, and
+  the pieces are joined once.
+- A connection goes back to its pool only after an answer was read to its
+  exact end with keep-alive and nothing after it (`Exchange.reusable`); any
+  other (cut at the cap, an error, `Connection: close`, HTTP/1.0, framed by
+  the end of the stream, bytes past the answer) is closed.
+- An idle connection is used again only within `keepalive` seconds of its
+  last answer (below the server's own idle timeout: uvicorn's 5 s) and only
+  if the server has neither closed it nor written to it meanwhile (a
+  zero-timeout poll, as urllib3 does). The pool is last-in-first-out, so its
+  cost per request does not depend on how many requests are in flight, and
+  when its newest idle connection is too old, all are.
+- A failure before the request was written says which (`NotSent`), and so
+  does a close with no byte of answer (`NoAnswer`): the caller can tell a
+  stale reused connection (try once more on a fresh one) from a server that
+  went away. Every read waits at most the read timeout; the whole exchange's
+  deadline is the caller's (its watchdog shuts the socket, and `read_answer`
+  checks it between reads).
 """
 from __future__ import annotations
 
@@ -29,9 +47,11 @@ import threading
 import time
 from dataclasses import dataclass
 
+import httptools
+
 CHUNK = 65536
 MAX_HEAD = 65536  # bytes of status line and headers; a longer head is no SGLang answer
-FRAMING = frozenset({"content-length", "transfer-encoding", "connection"})  # the only fields read
+KEEPALIVE = 4.0  # FLEET_KEEPALIVE_SECONDS's default: below SGLang's uvicorn's 5 s idle timeout
 
 
 class ProtocolError(OSError):
@@ -40,6 +60,14 @@ class ProtocolError(OSError):
 
 class NoAnswer(ProtocolError):
     """The server closed the connection before the first byte of an answer (a crash, or an idle close)."""
+
+
+class NotSent(ProtocolError):
+    """The connection failed while the request was written: the server has not read it whole."""
+
+
+class ConnectFailed(OSError):
+    """No connection was made (refused, unreachable, timed out, TLS handshake failed): nothing was sent."""
 
 
 @dataclass
@@ -51,17 +79,15 @@ class Exchange:
 
 
 class Connection:
-    """A socket and the bytes read past the last answer's end (none, for a well-behaved server)."""
+    """A socket, when its last answer ended, and whether it has served one before this request."""
 
-    __slots__ = ("sock", "buffer")
+    __slots__ = ("sock", "idle_since", "reused")
 
     def __init__(self, sock: socket.socket):
-        self.sock, self.buffer = sock, b""
+        self.sock, self.idle_since, self.reused = sock, 0.0, False
 
     def dropped(self) -> bool:
         """Closed, reset or written to by the server while idle: not to be used again."""
-        if self.buffer:
-            return True
         poller = select.poll()
         poller.register(self.sock, select.POLLIN)
         return bool(poller.poll(0))
@@ -74,11 +100,12 @@ class Connection:
 
 
 class Pool:
-    """Keep-alive connections to one origin, last in first out, at most `size` idle ones kept."""
+    """Keep-alive connections to one origin, last in first out, at most `size` idle ones kept, each
+    for at most `keepalive` seconds."""
 
     def __init__(self, scheme: str, host: str, port: int, size: int, connect_timeout: float,
-                 read_timeout: float, tls: ssl.SSLContext | None = None):
-        self.host, self.port, self.size = host, port, size
+                 read_timeout: float, keepalive: float, tls: ssl.SSLContext | None = None):
+        self.host, self.port, self.size, self.keepalive = host, port, size, keepalive
         self._connect_timeout, self._read_timeout = connect_timeout, read_timeout
         self._tls = tls if scheme == "https" else None
         self._idle: list[Connection] = []
@@ -88,16 +115,25 @@ class Pool:
             self.host_header += f":{port}"
 
     def get(self) -> Connection:
+        """An idle connection still fresh and open, else a new one (`ConnectFailed` if none is made)."""
         while True:
+            stale: list[Connection] = []
             with self._lock:
                 conn = self._idle.pop() if self._idle else None
+                if conn is not None and time.monotonic() - conn.idle_since > self.keepalive:
+                    stale, self._idle = [conn, *self._idle], []  # the newest too old: all are
+                    conn = None
+            for old in stale:
+                old.close()
             if conn is None:
-                return self._connect()
+                return self.connect()
             if not conn.dropped():
+                conn.reused = True
                 return conn
             conn.close()
 
     def put(self, conn: Connection) -> None:
+        conn.idle_since = time.monotonic()
         with self._lock:
             if len(self._idle) < self.size:
                 self._idle.append(conn)
@@ -110,17 +146,28 @@ class Pool:
         for conn in idle:
             conn.close()
 
-    def _connect(self) -> Connection:
-        sock = socket.create_connection((self.host, self.port), timeout=self._connect_timeout)
+    def connect(self) -> Connection:
+        """A new connection (TCP, then TLS for https), each step within the connect timeout."""
+        try:
+            sock = socket.create_connection((self.host, self.port), timeout=self._connect_timeout)
+        except OSError as exc:
+            raise ConnectFailed(f"no connection to {self.host}:{self.port}: {_said(exc)}") from exc
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._tls is not None:
                 sock = self._tls.wrap_socket(sock, server_hostname=self.host)
             sock.settimeout(self._read_timeout)
+        except OSError as exc:
+            sock.close()
+            raise ConnectFailed(f"TLS handshake with {self.host}:{self.port} failed: {_said(exc)}") from exc
         except BaseException:
             sock.close()
             raise
         return Connection(sock)
+
+
+def _said(exc: OSError) -> str:
+    return f"{exc.__class__.__name__}: {exc}" if str(exc) else exc.__class__.__name__
 
 
 def request_head(pool: Pool, path: str, headers: dict[str, str], length: int) -> bytes:
@@ -129,24 +176,14 @@ def request_head(pool: Pool, path: str, headers: dict[str, str], length: int) ->
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
-def read_answer(conn: Connection, deadline: float, max_bytes: int) -> Exchange:
-    """The answer to the request just sent: its head, then its body up to `max_bytes`.
-    Raises `TimeoutError` (a read outlasted the read timeout), `ProtocolError`, `OSError`, or
-    `DeadlinePassed` (between reads, past `deadline`)."""
-    data, version, status, fields = _head(conn, deadline)
-    length, chunked = fields.get("content-length"), "chunked" in fields.get("transfer-encoding", "")
-    keep = version == "HTTP/1.1" and "close" not in fields.get("connection", "")
-    if chunked:
-        return _chunked(conn, data, status, keep, deadline, max_bytes)
-    if length is None:  # framed by the end of the stream
-        body, complete = _until_close(conn, data, deadline, max_bytes)
-        return Exchange(status, body, complete, False)
+def send_request(conn: Connection, data: bytes) -> None:
+    """Write the whole request; `NotSent` if the connection fails on the way (a timeout stays one)."""
     try:
-        size = int(length)
-    except ValueError:
-        raise ProtocolError(f"bad Content-Length {length!r}") from None
-    body, complete = _exactly(conn, data, size, deadline, max_bytes)
-    return Exchange(status, body, complete, keep and complete)
+        conn.sock.sendall(data)
+    except TimeoutError:
+        raise
+    except OSError as exc:
+        raise NotSent(f"the connection failed while the request was sent ({_said(exc)})") from exc
 
 
 class DeadlinePassed(Exception):
@@ -157,103 +194,92 @@ class DeadlinePassed(Exception):
         self.size = size
 
 
-def _recv(conn: Connection, deadline: float, size: int) -> bytes:
+class _Answer:
+    """llhttp's callbacks for one answer: its status, its body's pieces, whether it ended."""
+
+    __slots__ = ("parser", "status", "pieces", "size", "head_done", "framed", "done", "keep", "after")
+
+    def __init__(self) -> None:
+        self.parser: httptools.HttpResponseParser | None = None
+        self.status, self.pieces, self.size = 0, [], 0
+        self.head_done = self.framed = self.done = self.keep = self.after = False
+
+    def on_message_begin(self) -> None:
+        if self.done:  # a second message: bytes past the answer's end
+            self.after = True
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self.head_done and name.lower() in (b"content-length", b"transfer-encoding"):
+            self.framed = True
+
+    def on_headers_complete(self) -> None:
+        self.head_done, self.status = True, self.parser.get_status_code()
+
+    def on_body(self, body: bytes) -> None:
+        if not self.done:
+            self.pieces.append(body)
+            self.size += len(body)
+
+    def on_message_complete(self) -> None:
+        if self.done:
+            return
+        if 100 <= self.status < 200:  # interim (100 Continue, 103 Early Hints): the answer follows
+            self.head_done = self.framed = False
+            self.pieces, self.size = [], 0
+            return
+        self.done, self.keep = True, self.parser.should_keep_alive()
+
+
+def read_answer(conn: Connection, deadline: float, max_bytes: int) -> Exchange:
+    """The answer to the request just sent: its head, then its body up to `max_bytes`.
+    Raises `TimeoutError` (a read outlasted the read timeout), `NoAnswer`, `ProtocolError`, `OSError`,
+    or `DeadlinePassed` (between reads, past `deadline`)."""
+    answer = _Answer()
+    parser = answer.parser = httptools.HttpResponseParser(answer)
+    read = 0
+    try:
+        while not answer.done:
+            chunk = _recv(conn, deadline, answer.size, read)
+            if not chunk:
+                if not read:
+                    raise NoAnswer("the server closed the connection before any answer")
+                if answer.head_done and not answer.framed:  # framed by the end of the stream
+                    return Exchange(answer.status, b"".join(answer.pieces), True, False)
+                raise ProtocolError("the server closed the connection before the answer's end")
+            if not answer.head_done and read + len(chunk) > MAX_HEAD:  # the head's bytes bounded, however split
+                room = MAX_HEAD - read
+                _feed(parser, answer, chunk[:room])
+                if not answer.head_done:
+                    raise ProtocolError(f"answer head longer than {MAX_HEAD} bytes")
+                chunk = chunk[room:]
+                read += room
+            read += len(chunk)
+            _feed(parser, answer, chunk)
+            if answer.size > max_bytes:
+                return Exchange(answer.status, b"".join(answer.pieces)[:max_bytes], False, False)
+    finally:
+        answer.parser = None  # no cycle left for the collector
+    body = b"".join(answer.pieces) if len(answer.pieces) != 1 else answer.pieces[0]
+    return Exchange(answer.status, body, True, answer.keep and not answer.after)
+
+
+def _feed(parser: httptools.HttpResponseParser, answer: _Answer, chunk: bytes) -> None:
+    try:
+        parser.feed_data(chunk)
+    except httptools.HttpParserUpgrade:
+        raise ProtocolError(f"the server switched protocols (HTTP {answer.status})") from None
+    except httptools.HttpParserError as exc:
+        if not answer.done:
+            raise ProtocolError(f"malformed answer: {exc}") from None
+        answer.after = True  # the answer was whole; what followed it was not HTTP
+
+
+def _recv(conn: Connection, deadline: float, size: int, read: int) -> bytes:
     if time.monotonic() > deadline:
         raise DeadlinePassed(size)
-    chunk = conn.sock.recv(CHUNK)
-    if not chunk:
-        raise ProtocolError("the server closed the connection before the answer's end")
-    return chunk
-
-
-def _head(conn: Connection, deadline: float) -> tuple[bytes, str, int, dict[str, str]]:
-    """Skips interim (1xx) answers; returns the bytes after the head, version, status and fields."""
-    data = conn.buffer
-    conn.buffer = b""
-    while True:
-        end = data.find(b"\r\n\r\n")
-        while end < 0:
-            if len(data) > MAX_HEAD:
-                raise ProtocolError(f"answer head longer than {MAX_HEAD} bytes")
-            try:
-                data += _recv(conn, deadline, 0)
-            except ConnectionResetError as exc:
-                if data:
-                    raise
-                raise NoAnswer(f"the server reset the connection before any answer ({exc})") from exc
-            except ProtocolError as exc:
-                if data:
-                    raise
-                raise NoAnswer("the server closed the connection before any answer") from exc
-            end = data.find(b"\r\n\r\n")
-        lines = data[:end].decode("latin-1").split("\r\n")
-        data = data[end + 4:]
-        parts = lines[0].split(" ", 2)
-        if len(parts) < 2 or not parts[0].startswith("HTTP/") or not parts[1].isdigit():
-            raise ProtocolError(f"not an HTTP status line: {lines[0][:100]!r}")
-        status = int(parts[1])
-        if 100 <= status < 200:
-            continue
-        fields: dict[str, str] = {}
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            name = name.strip().lower()
-            if name in FRAMING:
-                fields[name] = value.strip().lower()
-        return data, parts[0], status, fields
-
-
-def _exactly(conn: Connection, data: bytes, size: int, deadline: float, max_bytes: int) -> tuple[bytes, bool]:
-    want = min(size, max_bytes + 1)
-    chunks, got = [data], len(data)
-    while got < want:
-        chunk = _recv(conn, deadline, got)
-        chunks.append(chunk)
-        got += len(chunk)
-    body = b"".join(chunks) if len(chunks) > 1 else data
-    if size > max_bytes:
-        return body[:max_bytes], False
-    conn.buffer = body[size:]  # a server that wrote past its answer: `dropped` then refuses the connection
-    return body[:size], True
-
-
-def _until_close(conn: Connection, data: bytes, deadline: float, max_bytes: int) -> tuple[bytes, bool]:
-    chunks, got = [data], len(data)
-    while got <= max_bytes:
-        if time.monotonic() > deadline:
-            raise DeadlinePassed(got)
-        chunk = conn.sock.recv(CHUNK)
-        if not chunk:
-            return b"".join(chunks), True
-        chunks.append(chunk)
-        got += len(chunk)
-    return b"".join(chunks)[:max_bytes], False
-
-
-def _chunked(conn: Connection, data: bytes, status: int, keep: bool, deadline: float,
-             max_bytes: int) -> Exchange:
-    body: list[bytes] = []
-    got = 0
-    while True:
-        while (end := data.find(b"\r\n")) < 0:
-            data += _recv(conn, deadline, got)
-        try:
-            size = int(data[:end].split(b";", 1)[0], 16)
-        except ValueError:
-            raise ProtocolError(f"bad chunk size line {data[:end][:40]!r}") from None
-        data = data[end + 2:]
-        if size == 0:  # the last chunk; then trailers, if any, and an empty line
-            while (end := data.find(b"\r\n")) != 0:
-                if end > 0:
-                    data = data[end + 2:]
-                else:
-                    data += _recv(conn, deadline, got)
-            conn.buffer = data[2:]
-            return Exchange(status, b"".join(body), True, keep)
-        while len(data) < size + 2:
-            data += _recv(conn, deadline, got + len(data))
-        body.append(data[:size])
-        got += size
-        data = data[size + 2:]
-        if got > max_bytes:
-            return Exchange(status, b"".join(body)[:max_bytes], False, False)
+    try:
+        return conn.sock.recv(CHUNK)
+    except ConnectionResetError as exc:
+        if read:
+            raise
+        raise NoAnswer(f"the server reset the connection before any answer ({exc})") from exc

@@ -1,9 +1,11 @@
 """One call to SGLang's native `POST /generate`, and what its failures mean.
 
 Failures fall in six classes, each handled differently by the task:
-- `ServerUnavailable`: the server could not be reached or died mid-request.
-  Not the prompt's fault: another server (or the queue) takes it, and it does
-  not spend the prompt's retry budget.
+- `ServerUnavailable`: the server could not be reached (refused, unreachable,
+  no connection or TLS handshake within `FLEET_CONNECT_TIMEOUT`: nothing was
+  sent), died mid-request, or broke HTTP/1.1 (`http1.ProtocolError`). Not the
+  prompt's fault: another server (or the queue) takes it, and it does not
+  spend the prompt's retry budget (`FLEET_MAX_UNAVAILABLE` bounds it).
 - `ServerDropped`: the server closed the connection with no answer after the
   request went out. Like `ServerUnavailable`, and the request loop asks
   whether the server died of it (`workers/servers/crashes.py`).
@@ -37,8 +39,13 @@ the body under a size cap and a deadline, return status and bytes), so the
 client library can be swapped there; everything around it is pure and tested
 in-process.
 
+A reused keep-alive connection that fails before a byte of answer (the
+server closed it while idle, as the request went out) is not a failure: the
+request goes once more on a fresh connection, within the same deadline.
+Every server's TLS is the worker's one context (`tls.py`: the system's store).
+
 The client is our own HTTP/1.1 exchange on pooled keep-alive sockets
-(`http1.py`), chosen by measurement (`python -m bench.http_clients`,
+(`http1.py`, answers parsed by llhttp), chosen by measurement (`python -m bench.http_clients`,
 bench/README.md): one last-in-first-out pool per server, so a request costs
 the same CPU with 16 or 2,048 in flight, and about a quarter of urllib3's
 CPU per request (`http.client`'s header parsing and urllib3's wrappers were a
@@ -49,7 +56,6 @@ threads scans every pooled connection on each request and each close
 from __future__ import annotations
 
 import json
-import ssl
 import threading
 import time
 from dataclasses import dataclass
@@ -62,7 +68,7 @@ from .deadlines import DeadlineWatchdog, Watch
 from .gateway_answers import OUTAGE, gateway_failure
 from .auth import Origin, basic_by_origin, origin
 from .http1 import DeadlinePassed, Pool, request_head
-from . import http1
+from . import http1, tls
 
 _WATCHDOG = DeadlineWatchdog()
 
@@ -124,15 +130,14 @@ class Client:
     or the HTTP Basic credentials its URL carried (`workers/servers/auth.py`)."""
 
     def __init__(self, pool_size: int, connect_timeout: float, request_timeout: float,
-                 api_key: str | None, server_urls: list[str]):
+                 api_key: str | None, server_urls: list[str], keepalive: float):
         self._size = pool_size + 8
-        self._connect_timeout, self._request_timeout = connect_timeout, request_timeout
+        self._connect_timeout, self._request_timeout, self._keepalive = connect_timeout, request_timeout, keepalive
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
         self._basic = basic_by_origin(server_urls)
         self._pools: dict[Origin, Pool] = {}
-        self._tls: ssl.SSLContext | None = None
         self._lock = threading.Lock()
         self._watches: dict[Origin, set[Watch]] = {}  # the requests in flight, by server
 
@@ -148,10 +153,8 @@ class Client:
 
     def _open(self, key: Origin) -> Pool:
         scheme, host, port = key
-        if scheme == "https" and self._tls is None:
-            self._tls = ssl.create_default_context()  # the system's certificates, the host name checked
-        pool = self._pools[key] = Pool(scheme, host, port, self._size, self._connect_timeout,
-                                       self._request_timeout, self._tls)
+        pool = self._pools[key] = Pool(scheme, host, port, self._size, self._connect_timeout, self._request_timeout,
+                                       self._keepalive, tls.context() if scheme == "https" else None)
         return pool
 
     def watch(self, url: str, deadline: float) -> Watch:
@@ -189,8 +192,8 @@ def _split(url: str) -> tuple[Origin, str]:
 
 
 def make_client(pool_size: int, connect_timeout: float, request_timeout: float,
-                api_key: str | None, server_urls: list[str] = ()) -> Client:
-    return Client(pool_size, connect_timeout, request_timeout, api_key, list(server_urls))
+                api_key: str | None, server_urls: list[str] = (), keepalive: float = http1.KEEPALIVE) -> Client:
+    return Client(pool_size, connect_timeout, request_timeout, api_key, list(server_urls), keepalive)
 
 
 def generate(client: Client, url: str, input_ids: list[int], sampling: dict, rid: str, *,
@@ -212,32 +215,52 @@ def send(client: Client, url: str, payload: bytes, *, timeout: float, max_bytes:
     between reads, so neither a trickling nor a silent server can hold it)."""
     deadline = time.monotonic() + timeout
     pool, path, headers = client.route(url)
+    request = request_head(pool, path, headers, len(payload)) + payload
     watch = client.watch(url, deadline)
-    conn, reusable = None, False
     try:
-        conn = pool.get()
-        watch.arm(conn.sock)  # from here the watchdog bounds the exchange
-        conn.sock.sendall(request_head(pool, path, headers, len(payload)) + payload)
-        answer = http1.read_answer(conn, deadline, max_bytes)
-        reusable = answer.reusable
+        answer = _exchange(pool, watch, request, deadline, max_bytes)
         return Reply(answer.status, answer.body, answer.complete)
     except DeadlinePassed as exc:
         raise TransientError(f"{url}: no complete answer within {timeout:.0f}s "
                              f"({exc.size} bytes so far; FLEET_REQUEST_TIMEOUT)") from None
-    except TimeoutError as exc:  # one read outlasted the read timeout (or the connect timeout)
+    except http1.ConnectFailed as exc:  # refused, unreachable, timed out, TLS: the server's outage
+        raise _late(url, timeout, watch) or ServerUnavailable(f"{url}: {exc}") from exc
+    except TimeoutError as exc:  # one read outlasted the read timeout
         raise _late(url, timeout, watch) or TransientError(f"{url}: no answer in time ({exc})") from exc
     except http1.NoAnswer as exc:
         raise _late(url, timeout, watch) or ServerDropped(f"{url}: {exc}") from exc
-    except OSError as exc:  # refused, reset, cut off, TLS; or shut by the watchdog
+    except OSError as exc:  # reset, cut off, malformed; or shut by the watchdog
         raise _late(url, timeout, watch) or ServerUnavailable(f"{url}: {exc.__class__.__name__}: {exc}") from exc
     finally:
         client.unwatch(url, watch)
-        in_time = watch.disarm()
-        if conn is not None:
-            if in_time and reusable:
-                pool.put(conn)
-            else:
-                conn.close()  # never pool a connection cut off, or with unread bytes
+
+
+def _exchange(pool: Pool, watch: Watch, request: bytes, deadline: float, max_bytes: int) -> http1.Exchange:
+    """The request on a pooled connection; if that one was reused and failed before a byte of answer
+    (the server closed it while idle), once more on a fresh one: the server never saw the first."""
+    conn = pool.get()
+    try:
+        return _once(pool, conn, watch, request, deadline, max_bytes)
+    except (http1.NotSent, http1.NoAnswer):
+        if not conn.reused or watch.fired:
+            raise
+    return _once(pool, pool.connect(), watch, request, deadline, max_bytes)
+
+
+def _once(pool: Pool, conn: http1.Connection, watch: Watch, request: bytes, deadline: float,
+          max_bytes: int) -> http1.Exchange:
+    reusable = False
+    try:
+        watch.arm(conn.sock)  # from here the watchdog bounds the exchange
+        http1.send_request(conn, request)
+        answer = http1.read_answer(conn, deadline, max_bytes)
+        reusable = answer.reusable
+        return answer
+    finally:
+        if watch.disarm() and reusable:
+            pool.put(conn)
+        else:
+            conn.close()  # never pool a connection cut off, or with unread bytes
 
 
 def _late(url: str, timeout: float, watch: Watch) -> GenerateError | None:

@@ -47,11 +47,15 @@ or a frozen worker thawing after the audit republished its prompt can leave two
 messages of a prompt. So each worker lists in its heartbeat the prompts it
 holds (`Started.holding`: from just before its intake until it settles them,
 less those whose lease it let run out), the audit counts a prompt so listed as
-held, and a delivery whose note finds another live worker listing the prompt
-is not started (`elsewhere`): its note is taken back and its message
-acknowledged, while the prompt stays with the worker generating it (whose own
-message brings it back if that worker dies; if none does, the audit, once that
-worker's heartbeat is gone).
+held, and a delivery whose note finds another worker listing the prompt in a
+heartbeat written since (a live worker, then) is not started (`elsewhere`):
+its note is taken back and its message acknowledged, while the prompt stays
+with the worker generating it (whose own message brings it back if that worker
+dies). A heartbeat written before the delivery is no proof of life: a killed
+worker's last one outlives it by a heartbeat's life, maybe past its lease, and
+the message its lease handed back is then the prompt's only one; so a delivery
+that finds only such a heartbeat waits for the next (one health round for a
+live worker) or for it to expire, and then generates the prompt.
 """
 from __future__ import annotations
 
@@ -214,16 +218,20 @@ def elsewhere(client: redis.Redis, run: str, prompt_id: str, worker: str, held_b
     """The live worker, other than this process, already generating the prompt, if one is.
 
     `held_by`: the names its note held before this delivery's (`Ledger.intake`). Only a
-    worker named there can be generating it, and it is, if its heartbeat lists the prompt.
-    A live worker named there whose heartbeat does not list it may have written that
-    heartbeat before its own intake: its next heartbeat tells (one dated after this call
-    began lists every prompt whose note came before this one; both dates are bounds on
-    Redis's clock, `clock.py`). That heartbeat is waited for until the worker's present
-    one expires (`patience`: a heartbeat's time to live): a heartbeat late by a
-    failover's retries is still a live worker's, and going ahead without it would
-    generate the prompt twice; a worker that writes none before then is dead. A name that is this
-    worker's is a predecessor's (a restart under the same name: a second message of a
-    prompt this process holds is found before its intake, with `STARTED.holds`)."""
+    worker named there can be generating it, and it is if a heartbeat of its written after
+    this call began lists the prompt (one dated after `since` lists every prompt whose note
+    came before this one; both dates are bounds on Redis's clock, `clock.py`). A heartbeat
+    written before then is no proof: a worker SIGKILLed (an eviction, the OOM killer) leaves
+    its last heartbeat, listing what it held, for a heartbeat's life, and where that outlives
+    its lease (a short `FLEET_LEASE_SECONDS`) the message its lease gave back is the prompt's
+    only one: taken for a duplicate and acknowledged, it was lost until the audit (issue 43).
+    So each named worker's next heartbeat is waited for, until its present one expires
+    (`patience`: a heartbeat's time to live): a live worker writes one every health round,
+    a heartbeat late by a failover's retries is still a live worker's (going ahead without
+    it would generate the prompt twice), and a worker that writes none by then is dead or
+    frozen past its heartbeat, whose prompts are another's to generate, as its lease says.
+    A name that is this worker's is a predecessor's (a restart under the same name: a second
+    message of a prompt this process holds is found before its intake, with `STARTED.holds`)."""
     others = [name for name in dict.fromkeys(held_by) if name != worker]
     if not others:
         return None
@@ -231,13 +239,13 @@ def elsewhere(client: redis.Redis, run: str, prompt_id: str, worker: str, held_b
     deadline = time.monotonic() + patience
     while True:
         records = [r for r in heartbeats.read(client, others) if r is not None]
-        for record in records:
+        fresh = [r for r in records if r["at"] > since]
+        for record in fresh:
             if prompt_id in (record.get("holding") or {}).get(run, ()):
                 return record["worker"]
-        fresh = all(r["at"] > since for r in records)
-        if fresh or time.monotonic() > deadline:
-            why = ("no heartbeat left" if not records else "a newer heartbeat does not list it" if fresh
-                   else f"no newer heartbeat within {patience:.0f}s")
+        if len(fresh) == len(records) or time.monotonic() > deadline:
+            why = ("no heartbeat left" if not records else "a newer heartbeat does not list it"
+                   if len(fresh) == len(records) else f"no newer heartbeat within {patience:.0f}s")
             log.info("prompt %s of run %s was delivered to %s before, not generating it now (%s): generated here",
                      prompt_id, run, ", ".join(others), why)
             return None

@@ -30,13 +30,27 @@ def test_a_prompt_is_listed_as_held_from_before_its_intake_until_it_is_settled_o
 
 
 def test_a_second_message_is_a_duplicate_only_while_a_live_worker_lists_its_prompt(client):
-    # Given w2, live and generating p1; w3, whose name is in p1's note but whose heartbeat expired
+    # Given w2, live and generating p1, whose heartbeat lists it; w3, whose name is in p1's note but
+    # whose heartbeat expired
     _beat(client, "w2", {"r": ["p1"]})
+    # When w2 writes its next heartbeat while w1 waits
+    threading.Timer(0.3, lambda: _beat(client, "w2", {"r": ["p1"]})).start()
     # Then a delivery whose note names w2 before it is a duplicate; one naming only a dead
     # worker or this worker's predecessor is not
-    assert elsewhere(client, "r", "p1", "w1", ["w2"], patience=0) == "w2"
+    assert elsewhere(client, "r", "p1", "w1", ["w2"], patience=10) == "w2"
     assert elsewhere(client, "r", "p1", "w1", ["w3", "w1"], patience=0) is None
     assert elsewhere(client, "r", "p2", "w1", [], patience=0) is None
+
+
+def test_the_last_heartbeat_of_a_killed_worker_is_no_proof_it_generates_the_prompt(client):
+    # Given w2's last heartbeat, listing p1, written before w2 was SIGKILLed, living 2 s (past w2's
+    # lease, which handed p1's only message back)
+    _beat(client, "w2", {"r": ["p1"]}, ttl=2)
+    started = time.monotonic()
+    # When w1 takes that message: Then it goes ahead with p1 once the heartbeat has expired (none
+    # newer came), instead of dropping the message as a duplicate
+    assert elsewhere(client, "r", "p1", "w1", ["w2"], patience=30) is None
+    assert 1.0 <= time.monotonic() - started < 10
 
 
 def test_a_live_worker_that_does_not_list_the_prompt_is_asked_again_by_its_next_heartbeat(client):

@@ -13,7 +13,14 @@ import logging
 import os
 import signal
 
-from celery import signals
+# First of all: the libraries whose internals the worker stands on are the versions constraints.txt
+# pins, or it does not start (before anything of theirs is imported: another version may not import).
+from contract.versions import refusal as _version_refusal
+
+if (_wrong_versions := _version_refusal()) is not None:
+    raise SystemExit(_wrong_versions)
+
+from celery import signals  # noqa: E402
 from pydantic import ValidationError
 
 from contract import kombu_listen, kombu_redis

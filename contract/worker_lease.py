@@ -34,8 +34,7 @@ or a failover lost the entry) takes back those of its deliveries that the
 sweep has not restored yet (`reclaim`): it still runs them.
 
 kombu's sweep reads `ZRANGE unacked_index <cut-off> 0 BYSCORE REV` (5.7.0),
-so a score below 0 is never restored by it; `kombu_redis.check` refuses a
-kombu whose sweep reads otherwise.
+so a score below 0 is never restored by it (kombu is pinned: `constraints.txt`).
 """
 from __future__ import annotations
 

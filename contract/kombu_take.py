@@ -28,8 +28,8 @@ they were read) and changes only how many commands carry them:
   such a tag later only settles the channel's memory (`kombu_redis.settled`).
 
 A take whose reply is lost (the connection cut after Redis ran the script) strands nothing:
-each take carries a token, and the script records, per holder, the last take's token and what
-it recorded (`TAKE_PREFIX`); the same take run again (redis-py's one fail-fast retry, or the
+each take carries a token, and the script records, per holder and taking thread, the last take's
+token and what it recorded (`TAKE_PREFIX`); the same take run again (redis-py's one fail-fast retry, or the
 worker's next channel after a reconnect: `workers/intake/transport.py`) takes nothing more and
 returns what the first run recorded.
 
@@ -50,13 +50,14 @@ from .worker_lease import Holder
 MOST_PER_TAKE = 100  # messages one TAKE may take besides BRPOP's (~1 ms of Redis at most)
 RECORD_SECONDS = 3600  # a holder's last take stays readable this long (a reconnect replays it well before)
 
-# KEYS: the unacked hash, its index, the leases, the holder's take record, then the lists in BRPOP's
+# KEYS: the unacked hash, its index, the leases, the holder's take records, then the lists in BRPOP's
 # order. ARGV: the holder and its score, the most to take, the message BRPOP took (its tag and unacked
-# entry; '' when none), the take's token ('' for none: no record). The lease is scored on Redis's own
+# entry; '' when none), the take's token ('' for none: no record) and its lane (the taking thread:
+# a process's threads take side by side, each its own record). The lease is scored on Redis's own
 # clock (TIME). Returns, per message, its list, the message, and how to read it: 1 recorded, 0 not
 # recorded (kombu's path judges it), 2 an unacked entry `[message, exchange, routing key]` (a replay),
 # 3 BRPOP's message, recorded (first, under the list '', its body not sent back).
-# A take whose token is the one recorded for its holder already ran (its reply was lost): it takes
+# A take whose token is the one recorded for its holder and lane already ran (its reply was lost): it takes
 # nothing more and returns what that take recorded that is still unacknowledged, BRPOP's message
 # among them under the list '' (one acknowledged or restored since is left out), each re-scored
 # under the holder's lease.
@@ -64,7 +65,7 @@ TAKE = Lua("""
 local t = redis.call('TIME')
 local now = tonumber(t[1]) + tonumber(t[2]) / 1000000
 if a.token ~= '' then
-  local last = redis.call('GET', KEYS[4])
+  local last = redis.call('HGET', KEYS[4], a.lane)
   if last then
     local done = cjson.decode(last)
     if done[1] == a.token then
@@ -127,10 +128,11 @@ if #scores > 0 then
   redis.call('HSET', KEYS[1], unpack(entries))
 end
 if a.token ~= '' then
-  redis.call('SET', KEYS[4], cjson.encode({a.token, done}), 'EX', a.keep)
+  redis.call('HSET', KEYS[4], a.lane, cjson.encode({a.token, done}))
+  redis.call('EXPIRE', KEYS[4], a.keep)
 end
 return out
-""", head=("holder", "score", "most", "tag", "entry", "token", "keep"))
+""", head=("holder", "score", "most", "tag", "entry", "token", "lane", "keep"))
 
 
 class Taken(NamedTuple):
@@ -149,15 +151,17 @@ def unacked_entry(payload: dict) -> str:
 
 
 def take(client, lists: list[str], first: dict | None, most: int, holder: Holder,
-         token: str = "", entry: str | None = None) -> list[Taken]:
+         token: str = "", entry: str | None = None, lane: str = "") -> list[Taken]:
     """Record `first` (the message BRPOP took, if any) as unacknowledged under `holder`'s lease,
     and take up to `most` more from `lists` (BRPOP's order), each recorded in the same script;
-    returns them in order, `first` at the head under the list ''. With a `token` (`new_token()`), the take is idempotent: run again with the same token (its
-    reply was lost), it takes nothing more and returns what it recorded, leaving out what was
-    acknowledged or restored since. `entry`: the unacked
-    entry to record for `first` (kombu's own `[raw, exchange, routing key]`), else built from it."""
+    returns them in order, `first` at the head under the list ''. With a `token` (`new_token()`),
+    the take is idempotent within its `lane` (the taking thread; a lane's new take replaces its
+    record): run again with the same token (its reply was lost), it takes nothing more and
+    returns what it recorded, leaving out what was acknowledged or restored since. `entry`: the
+    unacked entry to record for `first` (kombu's own `[raw, exchange, routing key]`), else built
+    from it."""
     head = {"holder": holder.name, "score": repr(holder.score), "most": max(0, min(most, MOST_PER_TAKE)),
-            "tag": "", "entry": "", "token": token, "keep": RECORD_SECONDS}
+            "tag": "", "entry": "", "token": token, "lane": lane, "keep": RECORD_SECONDS}
     if first is not None:
         head.update(tag=first["properties"]["delivery_tag"], entry=entry or unacked_entry(first))
     reply = TAKE(client, [UNACKED, UNACKED_INDEX, LEASES, TAKE_PREFIX + holder.name, *lists], head)
@@ -176,7 +180,7 @@ def record(client, tag: str, entry: str, holder: Holder) -> None:
     read, which kombu's path delivered): the take's script, taking nothing more."""
     TAKE(client, [UNACKED, UNACKED_INDEX, LEASES, TAKE_PREFIX + holder.name],
          {"holder": holder.name, "score": repr(holder.score), "most": 0, "tag": tag, "entry": entry,
-          "token": "", "keep": RECORD_SECONDS})
+          "token": "", "lane": "", "keep": RECORD_SECONDS})
 
 
 def new_token() -> str:

@@ -150,3 +150,18 @@ def test_a_take_whose_script_never_ran_runs_whole_with_its_token(client):
     client.lpush("q", json.dumps(_message("t0")))
     taken = kombu_take.take(client, ["q"], _message("brpop"), 5, HOLDER, token=kombu_take.new_token())
     assert [t.payload["properties"]["delivery_tag"] for t in taken] == ["brpop", "t0"]
+
+
+def test_takes_of_two_threads_side_by_side_each_read_back_their_own(client):
+    # Given two threads of one worker each taking (Flower's remote-control replies take beside its events)
+    client.lpush("q", *[json.dumps(_message(f"t{i}")) for i in range(4)])
+    a, b = kombu_take.new_token(), kombu_take.new_token()
+    first_a = kombu_take.take(client, ["q"], None, 2, HOLDER, token=a, lane="A")
+    kombu_take.take(client, ["q"], None, 2, HOLDER, token=b, lane="B")
+
+    # When the first one's answer was lost and it runs again with its token
+    again = kombu_take.take(client, ["q"], None, 2, HOLDER, token=a, lane="A")
+
+    # Then it gets its own two back, not the other thread's
+    assert [t.payload for t in again] == [t.payload for t in first_a]
+    assert [t.payload["properties"]["delivery_tag"] for t in again] == ["t0", "t1"]

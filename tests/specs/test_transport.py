@@ -2,10 +2,12 @@
 `workers/reporting/heart.py`): selected through kombu's and Celery's own settings, on a real Redis."""
 from __future__ import annotations
 
+import json
 from types import SimpleNamespace
 
 from celery.worker.consumer import Consumer
 from kombu import Connection
+from kombu.utils.json import dumps
 
 from workers.intake import transport
 from workers.intake.consumer import FleetConsumer
@@ -35,6 +37,8 @@ def test_a_failed_connect_behind_sentinel_keeps_the_workers_transport():
     # Then the transport is still the worker's (kombu's own switch would parse the URL's scheme back)
     assert connection.get_transport_cls() is transport.SentinelTransport
     assert (connection.hostname, connection.port) == ("h1", 26379)
+    # and the connection's description still encodes as JSON (`celery inspect stats` sends it)
+    assert json.loads(dumps(connection.info()))["failover_strategy"] == transport.keep_transport.NAME
 
 
 def test_the_transport_builds_its_own_poller(server):

@@ -13,11 +13,11 @@ another Celery app, gets kombu's transport unchanged. What the subclasses add:
   `QoS.append` leaves what the script recorded to the channel's memory, and
   `QoS.ack` / `QoS.reject` leave what a group commit acknowledged
   (`kombu_redis.settled`). A take whose reply is lost (the connection cut after
-  Redis ran the script) strands nothing: it carries a token, stays pending in
-  this process until its reply is read, and is run again with the same token,
-  by redis-py's one fail-fast retry or, after a reconnect, before the next
-  channel's first BRPOP (`_PENDING`): the script then returns what that take
-  recorded instead of taking more.
+  Redis ran the script) strands nothing: it carries a token, stays pending on
+  its thread until its reply is read, and is run again with the same token, by
+  redis-py's one fail-fast retry or, after a reconnect, before the next
+  channel's first BRPOP on that thread (`_PENDING`): the script then returns
+  what that take recorded instead of taking more.
 - **one client per channel for kombu's short calls** (`_create_client`): every
   QoS append, ack, restore and publish goes through the worker's shared client
   (`redis_pool.shared`), and so does a new channel's check of Redis (its
@@ -93,12 +93,27 @@ def refusal(broker_url: str, transport_options: dict) -> str | None:
     return None
 
 
-def keep_transport(alternates: list) -> Any:
+class _KeepTransport:
     """`broker_failover_strategy`: a `sentinel://h1;sentinel://h2` URL is one broker whose Sentinels
     the transport asks itself, so a failed connect "switches" to the same first host. kombu's own
-    switch would parse a full URL again and put kombu's transport back in this one's place."""
-    first = urlsplit(alternates[0]).hostname if alternates and "://" in str(alternates[0]) else alternates[0]
-    return itertools.repeat(first)
+    switch would parse a full URL again and put kombu's transport back in this one's place. Shown
+    by its name where Celery reports the connection (`celery inspect stats`: kombu's JSON)."""
+    NAME = "workers.intake.transport:keep_transport"
+
+    def __call__(self, alternates: list) -> Any:
+        first = alternates[0] if alternates else None
+        if isinstance(first, str) and "://" in first:
+            first = urlsplit(first).hostname
+        return itertools.repeat(first)
+
+    def __json__(self) -> str:
+        return self.NAME
+
+    def __repr__(self) -> str:
+        return self.NAME
+
+
+keep_transport = _KeepTransport()
 
 
 class _Pending(NamedTuple):
@@ -111,25 +126,23 @@ class _Pending(NamedTuple):
     most: int
 
 
-class _PendingTakes:
-    """Takes sent and not read back, process-wide: a reconnect builds a new channel (and
-    connection), and the first thing it does is read them back."""
+class _PendingTakes(threading.local):
+    """Takes sent and not read back, per thread: a reconnect builds a new channel (and connection)
+    on the thread that lost the old one (Celery's consumer), and the first thing it does is read
+    them back. Other threads (Flower's remote-control replies) take on their own connections, each
+    in its own lane."""
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
         self._takes: dict[str, _Pending] = {}
 
     def add(self, take: _Pending) -> None:
-        with self._lock:
-            self._takes[take.token] = take
+        self._takes[take.token] = take
 
     def done(self, token: str) -> None:
-        with self._lock:
-            self._takes.pop(token, None)
+        self._takes.pop(token, None)
 
     def all(self) -> list[_Pending]:
-        with self._lock:
-            return list(self._takes.values())
+        return list(self._takes.values())
 
 
 _PENDING = _PendingTakes()
@@ -137,7 +150,7 @@ _SENTINEL_POOLS: "weakref.WeakSet" = weakref.WeakSet()
 
 
 def pending_takes() -> int:
-    """How many takes of this process wait to be read back (0 but just after a lost reply)."""
+    """How many takes of this thread wait to be read back (0 but just after a lost reply)."""
     return len(_PENDING.all())
 
 
@@ -315,7 +328,7 @@ class _Fleet:
         """Run a take (again, with its token, where its reply was lost) and deliver what it holds."""
         with self.conn_or_acquire() as client:
             taken = kombu_take.take(client, take.lists, take.first, take.most, worker_lease.HOLDER,
-                                    token=take.token, entry=take.entry)
+                                    token=take.token, entry=take.entry, lane=str(threading.get_ident()))
         _PENDING.done(take.token)
         qos = self.qos
         for message in taken:  # BRPOP's message first (list ''), then the rest in order

@@ -137,17 +137,6 @@ def renew(client, holder: Holder, now: float, lease_seconds: float, page: int = 
     return Round(bool(missing), int(reaped))
 
 
-def hold(client, holder: Holder, now: float, tags: Iterable[str]) -> None:
-    """Put deliveries recorded some other way (kombu's own record, scored by time) under
-    `holder`'s lease: its entry first, so that no delivery names a holder without one."""
-    tags = list(tags)
-    if tags:
-        with client.pipeline() as pipe:
-            pipe.zadd(LEASES, {holder.name: now})
-            pipe.zadd(UNACKED_INDEX, dict.fromkeys(tags, holder.score), xx=True)
-            pipe.execute()
-
-
 def reclaim(client, holder: Holder, now: float, tags: Iterable[str]) -> int:
     """Score again as `holder`'s those of `tags` that lapsed and are not restored yet."""
     tags = list(tags)

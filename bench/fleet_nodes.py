@@ -15,8 +15,9 @@ work through the project's own functions, shaped as a node at `rate` shapes it
 (`node_shape`), as fast as the clients can:
 
 - kombu's take after a group commit's acks: BRPOP of the run's queue lists
-  (kombu's loop, `kombu_redis._read_and_take`), then `kombu_take.take` of as
-  many more as the acks freed (the group, less BRPOP's one);
+  (kombu's loop, the worker transport's `Channel._read_and_take`), then
+  `kombu_take.take` of as many more as the acks freed (the group, less BRPOP's
+  one), with its token, as the worker takes;
 - each message's intake (`confirmed_intake.take`: `Ledger.intake` on a Redis
   without replicas), naming the driven node;
 - the group commit's ledger steps (`ShardBook.writing` before the shard write,
@@ -148,7 +149,6 @@ class Node:
     def group(self) -> int:
         """Take a group's messages, take each in, commit them, flush the group's events: samples stored."""
         from contract import kombu_take
-        from contract.clock import CLOCK
         from kombu.utils.json import loads
         from workers.intake import confirmed_intake
 
@@ -156,9 +156,9 @@ class Node:
         if popped is None:
             return 0
         first = loads(popped[1].decode())
-        more = kombu_take.take(self.client, self.lists, first, self.drive.shape.group - 1, CLOCK.now(self.client),
-                               self.holder)
-        messages = [first, *(t.payload for t in more)]
+        taken = kombu_take.take(self.client, self.lists, first, self.drive.shape.group - 1, self.holder,
+                                token=kombu_take.new_token(), lane=str(threading.get_ident()))
+        messages = [t.payload for t in taken]  # BRPOP's first, then the rest
         prompt_ids = [message["headers"]["id"].split(":", 1)[1] for message in messages]
         # each message's task takes its prompt in on its own thread, all starting together, as a
         # worker's do after a take (their intakes share round trips: `group_intake`)

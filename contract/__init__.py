@@ -15,9 +15,10 @@ function that uses it. Parts, one idea each:
 - `codec`: how token ids are packed in Redis and in dead letters.
 - `publish`: prompts onto the broker as Celery protocol-2 messages.
 - `broker`: the Celery/kombu settings both sides must agree on.
-- `kombu_redis` / `kombu_take` / `kombu_listen`: the one door to kombu's Redis transport
-  internals; its take and acknowledgement batched; its subscriptions heard again after a reconnect.
-- `patches`: how a replacement of a library's function is installed once and reads the library's own.
+- `kombu_redis` / `kombu_take`: what the fleet reads of kombu's Redis transport; its take and
+  acknowledgement batched, a take replayed by its token (the worker's transport,
+  `workers/intake/transport.py`, subclasses kombu's to use them).
+- `versions`: the library versions a worker is built for (`constraints.txt`), and its refusal of others.
 - `connections` / `retries`: Redis clients, and URLs safe to print; how long a call waits out an outage.
 - `clock`: Redis's clock, the one every process compares times on.
 - `replication`: writes confirmed on a replica before they are reported (failover).

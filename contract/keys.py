@@ -16,6 +16,7 @@ AUDIT_PREFIX = "fleet:audit:run:"
 REPLICATED = "fleet:replicated"      # counter: a write whose replication confirms every earlier one (replication.py)
 WORKERS = "fleet:workers"            # sorted set: worker -> time of its last heartbeat
 LEASES = "fleet:leases"              # sorted set: lease holder (a worker process's number) -> its last lease round (worker_lease.py)
+TAKE_PREFIX = "fleet:take:"         # hash per lease holder: taking thread -> its last take's token and what it recorded (kombu_take.py)
 SHARERS_PREFIX = "fleet:sharers:"    # sorted set per server URL (redacted): worker -> its last health round there
 SOLO_PREFIX = "fleet:solo:"          # string per server URL (redacted): the worker sending a crash suspect alone there
 TASK_NAME = "fleet.generate"         # the one Celery task

@@ -34,8 +34,7 @@ or a failover lost the entry) takes back those of its deliveries that the
 sweep has not restored yet (`reclaim`): it still runs them.
 
 kombu's sweep reads `ZRANGE unacked_index <cut-off> 0 BYSCORE REV` (5.7.0),
-so a score below 0 is never restored by it; `kombu_redis.check` refuses a
-kombu whose sweep reads otherwise.
+so a score below 0 is never restored by it (kombu is pinned: `constraints.txt`).
 """
 from __future__ import annotations
 
@@ -136,17 +135,6 @@ def renew(client, holder: Holder, now: float, lease_seconds: float, page: int = 
         "holder": holder.name, "now": repr(now), "cutoff": repr(now - lease_seconds), "page": page,
         "holders": LAPSED_PER_ROUND})
     return Round(bool(missing), int(reaped))
-
-
-def hold(client, holder: Holder, now: float, tags: Iterable[str]) -> None:
-    """Put deliveries recorded some other way (kombu's own record, scored by time) under
-    `holder`'s lease: its entry first, so that no delivery names a holder without one."""
-    tags = list(tags)
-    if tags:
-        with client.pipeline() as pipe:
-            pipe.zadd(LEASES, {holder.name: now})
-            pipe.zadd(UNACKED_INDEX, dict.fromkeys(tags, holder.score), xx=True)
-            pipe.execute()
 
 
 def reclaim(client, holder: Holder, now: float, tags: Iterable[str]) -> int:

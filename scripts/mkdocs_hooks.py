@@ -267,6 +267,7 @@ def reasons_markdown() -> str:
 KEY_KIND = re.compile(r"^(hash|string|set|sorted set|counter|list)( per [^:]+)?: ")
 # What stands after a key prefix: the name of one of its keys
 KEY_PREFIXES = {"WORKER_PREFIX": "<worker>", "AUDIT_PREFIX": "<run>", "SHARERS_PREFIX": "<server URL>",
+                "TAKE_PREFIX": "<holder>",
                 "state_prefix": "<n>"}
 
 

@@ -11,11 +11,13 @@ case "$role" in
   demo) extras="producer,worker,standin" ;;
   *) echo "usage: scripts/setup.sh [test|demo]" >&2; exit 2 ;;
 esac
-hash="$(sha256sum pyproject.toml | cut -c1-16)"
+# constraints.txt pins the libraries whose internals the worker stands on (contract/versions.py): every
+# install goes through it, and a change to it installs again.
+hash="$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)"
 if [ ! -f ".venv/.installed-$hash-test" ] && [ ! -f ".venv/.installed-$hash-$role" ]; then
   [ -d .venv ] || "$PYTHON" -m venv .venv
   .venv/bin/python -m pip install --quiet --upgrade pip
-  .venv/bin/python -m pip install --quiet -e ".[$extras]"
+  .venv/bin/python -m pip install --quiet -c constraints.txt -e ".[$extras]"
   rm -f .venv/.installed-*
   touch ".venv/.installed-$hash-$role"
 fi

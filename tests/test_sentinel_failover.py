@@ -18,7 +18,7 @@ their default (120 s), so a done mark lost with the old primary would show
 as a late `status` and a second generation, not hide inside a short lease.
 The switchover is also struck during `enqueue --turns all` conversations, and
 a switchover and a freeze with Flower running on `sentinel://` across them:
-it hears the workers again afterwards (`contract/kombu_listen.py`).
+it hears the workers again afterwards (`workers/intake/transport.py`'s poller).
 
 `FLEET_FAILOVER_PROMPTS` sets the run's size, `FLEET_FAILOVER_AT` the share
 stored at the first fault, `FLEET_FAILOVER_TIMES` how many faults, and

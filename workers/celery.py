@@ -13,12 +13,18 @@ import logging
 import os
 import signal
 
-from celery import signals
+# First of all: the libraries whose internals the worker stands on are the versions constraints.txt
+# pins, or it does not start (before anything of theirs is imported: another version may not import).
+from contract.versions import refusal as _version_refusal
+
+if (_wrong_versions := _version_refusal()) is not None:
+    raise SystemExit(_wrong_versions)
+
+from celery import signals  # noqa: E402
 from pydantic import ValidationError
 
-from contract import kombu_listen, kombu_redis
-from contract.broker import celery_app
-from contract.clock import CLOCK
+from contract import kombu_redis
+from contract.broker import broker_url, celery_app
 from contract.settings import settings_refusal
 
 from .reporting import flower_guard  # noqa: F401  (Flower refuses to listen beyond localhost without auth)
@@ -30,23 +36,18 @@ from .intake.failover import FailoverWatch
 from .intake.gate import HealthGate
 from .intake import heap
 from .intake.lease import LeaseKeeper
-from .intake.redis_pool import configure as configure_redis, worker_redis
+from .intake import transport
+from .intake.redis_pool import configure as configure_redis
 from .intake.runtime import close_runtime
 from .settings import Settings
 from .intake.shutdown import ShutdownGrace, farewell
 
-kombu_redis.require()  # the kombu and Celery internals the fleet relies on are where it read them
 try:
     settings = Settings()
 except ValidationError as _refused:  # OUTPUT_DIR=gs://... and the like: the worker does not start
     raise SystemExit(f"worker refused to start: {settings_refusal(_refused)}") from None
-configure_redis(settings.redis_connections)  # every short Redis call shares a few connections
-kombu_redis.share_client(lambda: worker_redis(settings.redis_url))  # kombu's too
-kombu_redis.batch_takes()  # many messages taken per script, acknowledged with their group commit
-kombu_redis.heartbeats_never_wait()  # a heartbeat sent during an outage never holds the event loop
-kombu_redis.follow_sentinel_pools()  # a failover drops their connections to the old primary (workers/intake/failover.py)
-kombu_listen.follow_reconnects()  # a subscription Redis closed (Sentinel demoting a primary) is heard again (Flower)
-kombu_redis.use_clock(lambda: CLOCK.now(worker_redis(settings.redis_url)))  # lease scores on Redis's clock
+# Every short Redis call shares a few connections, kombu's too: the worker's transport hands them out.
+configure_redis(settings.redis_connections, settings.redis_url)
 logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per request is noise
 if not settings.task_log:  # FLEET_TASK_LOG: Celery checks these levels once, when it builds its tracer
     for name in ("celery.app.trace", "celery.worker.strategy"):
@@ -54,19 +55,27 @@ if not settings.task_log:  # FLEET_TASK_LOG: Celery checks these levels once, wh
 # Its "Started consuming from"/"Canceling queue" lines repeat the health gate's one line per change.
 logging.getLogger("celery.worker.consumer.consumer").setLevel(logging.WARNING)
 
+# kombu's Redis transport, extended by subclassing (workers/intake/transport.py): the batched take,
+# the shared client, lease scores on Redis's clock, detaching on a lost connection, acks confirmed
+# after a failover, subscriptions heard again. Selected here, so no other process's kombu changes.
+_TRANSPORT_OPTIONS = {
+    "visibility_timeout": settings.lease_seconds,
+    "unacked_restore_interval": settings.restore_interval,
+    "unacked_restore_throttle": 1,
+    # A worker killed during a restore sweep leaves the sweep's lock behind;
+    # kombu's 5 minutes would stall every restore for that long.
+    "unacked_mutex_expire": max(10, int(settings.lease_seconds / 2)),
+    # kombu's sweep reads every lapsed lease at once by default: after a mass death, one reply of
+    # hundreds of thousands. A page a sweep (one every restore interval, by some worker).
+    "unacked_restore_limit": kombu_redis.RESTORE_PAGE,
+}
+if (_unshared := transport.refusal(broker_url(settings.redis_url)[0], _TRANSPORT_OPTIONS)) is not None:
+    raise SystemExit(_unshared)
 app = celery_app(
     settings.redis_url, name="workers", queue=settings.queue_prefix,
-    transport={
-        "visibility_timeout": settings.lease_seconds,
-        "unacked_restore_interval": settings.restore_interval,
-        "unacked_restore_throttle": 1,
-        # A worker killed during a restore sweep leaves the sweep's lock behind;
-        # kombu's 5 minutes would stall every restore for that long.
-        "unacked_mutex_expire": max(10, int(settings.lease_seconds / 2)),
-        # kombu's sweep reads every lapsed lease at once by default: after a mass death, one reply of
-        # hundreds of thousands. A page a sweep (one every restore interval, by some worker).
-        "unacked_restore_limit": kombu_redis.RESTORE_PAGE,
-    },
+    transport=_TRANSPORT_OPTIONS,
+    broker_transport=transport.transport_for(settings.redis_url),
+    broker_failover_strategy=transport.keep_transport,
     include=["workers.intake.tasks"],
     task_acks_late=True,
     task_reject_on_worker_lost=True,

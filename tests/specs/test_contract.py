@@ -11,7 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from contract import kombu_redis
 from contract.keys import RunKeys, queue_for, task_id
 from contract.names import Reason
 from contract.scripts import Lua
@@ -99,10 +98,6 @@ def test_a_reason_is_its_own_value_in_json_and_text():
 
     assert json.dumps({"reason": Reason.TRUNCATED}) == '{"reason": "truncated"}'
     assert f"{Reason.TRUNCATED}" == "truncated" == str(Reason.TRUNCATED)
-
-
-def test_kombus_redis_internals_are_where_the_fleet_reads_them():
-    assert kombu_redis.check() == []
 
 
 @pytest.mark.parametrize("module, forbidden", [

@@ -1,5 +1,5 @@
 """A fanout subscriber on `drain_events` (Flower's event receiver) hears again after Redis closed its
-connection (`contract/kombu_listen.py`), on a real Redis and a real kombu with the fleet's broker options."""
+connection (`workers/intake/transport.py`'s poller), on a real Redis and a real kombu with the fleet's broker options."""
 from __future__ import annotations
 
 import socket
@@ -9,8 +9,8 @@ import time
 import redis
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
-from contract import kombu_listen
 from contract.broker import broker_url
+from workers.intake import transport
 
 EVENTS = Exchange("celeryev", type="fanout")  # Celery's event exchange on Redis: PSUBSCRIBE
 
@@ -21,11 +21,10 @@ def _subscriber_ids(client: redis.Redis) -> list[str]:
 
 def test_a_subscriber_whose_connection_redis_closed_hears_what_is_published_after(server, client):
     # Given a receiver consuming the event exchange as Flower does (drain_events, no event loop),
-    # with the fleet's broker options (a failed read is retried: redis-py reconnects inside it)
-    kombu_listen.follow_reconnects()
+    # with the fleet's transport and broker options (a failed read is retried: redis-py reconnects inside it)
     url, options = broker_url(server)
     heard: list[int] = []
-    receiver = Connection(url, transport_options=options)
+    receiver = Connection(url, transport=transport.PATH, transport_options=options)
     Consumer(receiver, [Queue("celeryev.spec", EVENTS, routing_key="#", auto_delete=True)],
              callbacks=[lambda body, _: heard.append(body["n"])], no_ack=True).consume()
     publisher = Producer(Connection(url, transport_options=options))
@@ -69,10 +68,6 @@ def test_a_subscriber_whose_connection_redis_closed_hears_what_is_published_afte
         if not draining.is_alive():
             receiver.release()
         publisher.connection.release()
-
-
-def test_the_kombu_internals_it_relies_on_are_where_it_read_them():
-    assert kombu_listen.problems() == []
 
 
 def _until(predicate, what: str, timeout: float = 10) -> None:

@@ -10,6 +10,7 @@ from contract import kombu_redis, kombu_take
 from contract.keys import LEASES
 from contract.kombu_redis import UNACKED, UNACKED_INDEX
 from contract.worker_lease import Holder
+from workers.intake import transport
 
 HOLDER = Holder.draw()
 
@@ -27,11 +28,11 @@ def test_take_records_what_brpop_took_and_takes_more_oldest_first_each_recorded(
     first = _message("brpop")
 
     # When the message BRPOP took is handed over with room for three more
-    taken = kombu_take.take(client, ["q"], first, 3, 1000.5, HOLDER)
+    taken = kombu_take.take(client, ["q"], first, 3, HOLDER)
 
     # Then the three oldest are taken, in order, and two stay queued
-    assert [t.payload["properties"]["delivery_tag"] for t in taken] == ["t0", "t1", "t2"]
-    assert all(t.recorded and t.source == "q" for t in taken)
+    assert [t.payload["properties"]["delivery_tag"] for t in taken] == ["brpop", "t0", "t1", "t2"]
+    assert taken[0].source == "" and all(t.recorded and t.source == "q" for t in taken[1:])
     assert client.llen("q") == 2
     # and each of the four is unacknowledged as kombu records it: [message, exchange, routing key], held
     # under the taking worker's lease, which the take renewed
@@ -39,7 +40,8 @@ def test_take_records_what_brpop_took_and_takes_more_oldest_first_each_recorded(
         message, exchange, routing_key = json.loads(client.hget(UNACKED, tag))
         assert message["properties"]["delivery_tag"] == tag and (exchange, routing_key) == ("q", "q")
         assert client.zscore(UNACKED_INDEX, tag) == HOLDER.score < 0
-    assert client.zscore(LEASES, HOLDER.name) == 1000.5
+    seconds, micros = client.time()  # the lease scored on Redis's own clock, by the script
+    assert 0 <= seconds + micros / 1e6 - client.zscore(LEASES, HOLDER.name) < 5
 
 
 def test_take_follows_brpops_order_of_lists_and_never_takes_past_its_room(client):
@@ -48,7 +50,7 @@ def test_take_follows_brpops_order_of_lists_and_never_takes_past_its_room(client
     client.lpush("q", *[json.dumps(_message(f"low{i}")) for i in range(3)])
 
     # When there is room for two, none taken by BRPOP
-    taken = kombu_take.take(client, ["q", "q\x06\x163"], None, 2, 1.0, HOLDER)
+    taken = kombu_take.take(client, ["q", "q\x06\x163"], None, 2, HOLDER)
 
     # Then the lists are emptied in the order given, two messages in all
     assert [(t.source, t.payload["properties"]["delivery_tag"]) for t in taken] == [("q", "low0"), ("q", "low1")]
@@ -60,7 +62,7 @@ def test_a_message_the_script_cannot_read_is_handed_back_unrecorded_for_kombu_to
     odd = {"body": "x", "properties": {"delivery_tag": "odd"}}
     client.lpush("q", json.dumps(odd), json.dumps(_message("good")))
 
-    taken = kombu_take.take(client, ["q"], None, 10, 1.0, HOLDER)
+    taken = kombu_take.take(client, ["q"], None, 10, HOLDER)
 
     assert [(t.payload["properties"]["delivery_tag"], t.recorded) for t in taken] == [("odd", False), ("good", True)]
     assert client.hkeys(UNACKED) == [b"good"]
@@ -68,14 +70,13 @@ def test_a_message_the_script_cannot_read_is_handed_back_unrecorded_for_kombu_to
 
 def test_one_take_is_bounded_whatever_the_room(client):
     client.lpush("q", *[json.dumps(_message(f"m{i}")) for i in range(kombu_take.MOST_PER_TAKE + 50)])
-    assert len(kombu_take.take(client, ["q"], None, 10_000, 1.0, HOLDER)) == kombu_take.MOST_PER_TAKE
+    assert len(kombu_take.take(client, ["q"], None, 10_000, HOLDER)) == kombu_take.MOST_PER_TAKE
 
 
 @pytest.fixture
 def kombu_connection(server):
-    assert kombu_redis.batch_takes()  # this kombu is the one read: installed
-    assert kombu_redis.batch_takes()  # idempotent
-    with Connection(server, transport_options={"visibility_timeout": 3600}) as connection:
+    """A kombu connection on the worker's transport (selected as Celery's `broker_transport` selects it)."""
+    with Connection(server, transport=transport.PATH, transport_options={"visibility_timeout": 3600}) as connection:
         yield connection
 
 
@@ -116,3 +117,51 @@ def test_a_consumer_gets_every_message_once_each_recorded_and_a_group_commits_ac
     assert client.hkeys(UNACKED) == [tags[0].encode()]
     assert client.zcard(UNACKED_INDEX) == 0
     channel.close()
+
+
+def test_a_take_run_again_with_its_token_returns_what_it_recorded_and_takes_nothing_more(client):
+    # Given a take of BRPOP's message and three more, whose answer was lost (the script ran)
+    client.lpush("q", *[json.dumps(_message(f"t{i}")) for i in range(6)])
+    token = kombu_take.new_token()
+    first = kombu_take.take(client, ["q"], _message("brpop"), 3, HOLDER, token=token)
+
+    # When one of them is acknowledged meanwhile (never, in a worker: it was not delivered) and the
+    # take is run again with its token, as the fail-fast retry or the next channel runs it
+    with client.pipeline() as pipe:
+        kombu_take.forget(pipe, ["t1"])
+        pipe.execute()
+    again = kombu_take.take(client, ["q"], _message("brpop"), 3, HOLDER, token=token)
+
+    # Then it returns the same messages as recorded, in order, but the acknowledged one, and took no more
+    tags = [t.payload["properties"]["delivery_tag"] for t in first]
+    assert tags == ["brpop", "t0", "t1", "t2"]
+    assert [(t.source, t.payload["properties"]["delivery_tag"], t.recorded) for t in again] == [
+        ("", "brpop", True), ("q", "t0", True), ("q", "t2", True)]
+    assert again[1].payload == first[1].payload
+    assert client.llen("q") == 3 and client.hlen(UNACKED) == 3
+    assert {client.zscore(UNACKED_INDEX, t) for t in ("brpop", "t0", "t2")} == {HOLDER.score}
+
+    # and a new take (a new token) takes on from the queue
+    assert [t.payload["properties"]["delivery_tag"] for t in kombu_take.take(
+        client, ["q"], None, 1, HOLDER, token=kombu_take.new_token())] == ["t3"]
+
+
+def test_a_take_whose_script_never_ran_runs_whole_with_its_token(client):
+    client.lpush("q", json.dumps(_message("t0")))
+    taken = kombu_take.take(client, ["q"], _message("brpop"), 5, HOLDER, token=kombu_take.new_token())
+    assert [t.payload["properties"]["delivery_tag"] for t in taken] == ["brpop", "t0"]
+
+
+def test_takes_of_two_threads_side_by_side_each_read_back_their_own(client):
+    # Given two threads of one worker each taking (Flower's remote-control replies take beside its events)
+    client.lpush("q", *[json.dumps(_message(f"t{i}")) for i in range(4)])
+    a, b = kombu_take.new_token(), kombu_take.new_token()
+    first_a = kombu_take.take(client, ["q"], None, 2, HOLDER, token=a, lane="A")
+    kombu_take.take(client, ["q"], None, 2, HOLDER, token=b, lane="B")
+
+    # When the first one's answer was lost and it runs again with its token
+    again = kombu_take.take(client, ["q"], None, 2, HOLDER, token=a, lane="A")
+
+    # Then it gets its own two back, not the other thread's
+    assert [t.payload for t in again] == [t.payload for t in first_a]
+    assert [t.payload["properties"]["delivery_tag"] for t in again] == ["t0", "t1"]

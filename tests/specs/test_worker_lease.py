@@ -9,6 +9,7 @@ from contract.clock import CLOCK
 from contract.keys import LEASES
 from contract.kombu_redis import UNACKED, UNACKED_INDEX
 from contract.worker_lease import Holder
+from workers.intake import transport
 from workers.intake.lease import Leases
 from workers.intake.consumer import Delivery
 
@@ -18,8 +19,8 @@ QUEUE = Queue("work", Exchange("work", "direct"), routing_key="work")
 
 @pytest.fixture
 def kombu(server, client):
-    """A kombu connection whose sweep restores what lapsed a second ago, and a channel on it."""
-    with Connection(server, transport_options={"visibility_timeout": 1}) as connection:
+    """A connection on the worker's transport whose sweep restores what lapsed a second ago, and a channel on it."""
+    with Connection(server, transport=transport.PATH, transport_options={"visibility_timeout": 1}) as connection:
         channel = connection.channel()
         yield channel
         channel.close()
@@ -32,8 +33,11 @@ def publish(channel, n: int) -> None:
 
 
 def take(client, holder: Holder, n: int, at: float) -> list[str]:
-    """Tags of `n` messages taken from the queue by `holder` at `at`, as a worker's take records them."""
-    return [t.payload["properties"]["delivery_tag"] for t in kombu_take.take(client, ["work"], None, n, at, holder)]
+    """Tags of `n` messages taken from the queue by `holder`, as a worker's take records them, its
+    lease last renewed at `at` (the take renews it on Redis's clock: dated back here)."""
+    tags = [t.payload["properties"]["delivery_tag"] for t in kombu_take.take(client, ["work"], None, n, holder)]
+    client.zadd(LEASES, {holder.name: at})
+    return tags
 
 
 def sweep(channel) -> None:

@@ -45,6 +45,7 @@ from celery.worker.consumer import Consumer
 
 from contract import kombu_redis, retries
 
+from ..reporting import heart
 from .recent import ACKED
 from .runtime import get_runtime
 
@@ -102,6 +103,12 @@ HEART_INTERVAL = 10.0
 
 
 class FleetConsumer(Consumer):
+    class Blueprint(Consumer.Blueprint):
+        """Celery's consumer steps, its heartbeat step the fleet's (`workers/reporting/heart.py`:
+        heartbeats sent without kombu's retry loop, which held the event loop through an outage)."""
+        default_steps = [heart.STEP if step == heart.CELERY_STEP else step
+                         for step in Consumer.Blueprint.default_steps]
+
     def __init__(self, *args, worker_options=None, **kwargs):
         """Gossip and mingle off whatever the command line says (`kombu_redis.GROWS_WITH_FLEET`): a plain
         `celery -A workers worker` runs neither, as `--without-gossip --without-mingle` would have it."""

@@ -18,7 +18,7 @@ generates it). The rest is this module's:
 - a thread asks the Sentinels every `FLEET_FAILOVER_CHECK_INTERVAL` where the
   primary is (one short command to one Sentinel);
 - when it moved, every Sentinel pool of the process (the worker's own and
-  every one kombu built, publishing included: `kombu_redis.sentinel_pools`)
+  every one kombu built, publishing included: `transport.sentinel_pools`)
   drops its idle connections, so the next command goes to the new primary;
 - then the worker asserts on the new primary what a live worker holds and
   stored: its deliveries of the prompts it holds past their intake
@@ -58,7 +58,7 @@ from contract import kombu_redis
 from contract.connections import is_sentinel, redact_url
 from contract.names import PromptState
 
-from . import deliveries
+from . import deliveries, transport
 from ..reporting import lifeline
 from ..output import turns
 from .deliveries import STARTED
@@ -149,7 +149,6 @@ class FailoverWatch(bootsteps.StartStopStep):
         rt = get_runtime(c.app.fleet_settings, c.hostname)
         if not is_sentinel(rt.settings.redis_url):
             return
-        kombu_redis.on_ack(ACKED.add)
         if self._thread is None:
             warn_without_min_replicas(rt.redis, rt.settings.redis_url)
             self._thread = threading.Thread(target=lifeline.guarded("failover watch", self._run), args=(c.app, rt),
@@ -186,7 +185,7 @@ class FailoverWatch(bootsteps.StartStopStep):
 
     def _moved(self, app, rt: Runtime, old: tuple, new: tuple) -> None:
         log.warning("the Sentinels name a new primary (%s:%s, was %s:%s): moving there", *new, *old)
-        for pool in kombu_redis.sentinel_pools():
+        for pool in transport.sentinel_pools():
             try:
                 pool.get_master_address()
             except redis.RedisError as exc:

@@ -21,9 +21,8 @@ lapses only after three quarters of a lease (90 s at the default 120 s)
 without a round (a broker outage, a stalled process, a partition). A round's
 Redis work does not grow with what the worker holds: one script renews the
 lease and hands a page of lapsed holders' deliveries to the sweep, and at most
-`CHECKS_PER_ROUND` prompts' states are read. Where kombu's own take is kept
-(`kombu_redis.batch_takes` refused a kombu that moved), deliveries carry kombu's
-time scores, and each round re-scores every one, as kombu has it.
+`CHECKS_PER_ROUND` prompts' states are read. (`Leases(by_holder=False)`, a
+delivery scored by time as kombu's own take does, re-scores each one a round.)
 
 Two things end a lease that would otherwise be renewed forever:
 - a delivery whose prompt the ledger records as done or dead at two checks in
@@ -44,8 +43,8 @@ A worker whose lease was found lapsed while it lived (it froze past the lease)
 takes back, at its next round, those of its deliveries the sweep has not
 restored yet (`worker_lease.reclaim`).
 
-Scores are times on Redis's clock (`contract/clock.py`), as kombu's own are
-(`kombu_redis.use_clock`): each round first measures it again, so a worker
+Scores are times on Redis's clock (`contract/clock.py`), as the worker
+transport's are (its scripts read `TIME`): each round first measures it again, so a worker
 whose own clock is off renews a lease that every other worker reads as fresh.
 """
 from __future__ import annotations
@@ -200,8 +199,7 @@ class LeaseKeeper(bootsteps.StartStopStep):
 
     def _run(self, c) -> None:
         rt = get_runtime(c.app.fleet_settings, c.hostname)
-        leases = Leases(rt.redis, hold_limit(rt.settings), rt.settings.lease_seconds,
-                        by_holder=kombu_redis.takes_batched())
+        leases = Leases(rt.redis, hold_limit(rt.settings), rt.settings.lease_seconds)
         period = round_period(rt.settings.lease_seconds)
         trouble = lifeline.Trouble("lease renewal")
         while True:

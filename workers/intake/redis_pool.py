@@ -10,7 +10,7 @@ thread waits for a free one rather than opening another, so a worker holds
 at most 4 connections in steady state however many threads and servers it
 has, and Redis's `maxclients` (10,000 by default) is not what limits the
 fleet (measured: 10 to 15 per worker before, gossip off). kombu's own short
-calls reach it through `kombu_redis.share_client`. The client retries a call
+calls reach it through the worker's kombu transport (`transport.py`). The client retries a call
 through an outage, except one its event loop makes (`contract/retries.py`:
 the consumer's thread fails fast, on the same connections).
 
@@ -28,12 +28,21 @@ from contract.connections import redis_for
 
 DEFAULT_CONNECTIONS = 2
 _connections = DEFAULT_CONNECTIONS
+_url: str | None = None
 
 
-def configure(connections: int) -> None:
-    """Set the shared pool's size, once, at the worker's entry point (before any client is built)."""
-    global _connections
+def configure(connections: int, url: str | None = None) -> None:
+    """Set the shared pool's size, once, at the worker's entry point (before any client is built),
+    and the Redis every channel of the worker's transport shares it for (`transport.py`)."""
+    global _connections, _url
     _connections = max(1, int(connections))
+    _url = url
+
+
+def shared() -> redis.Redis | None:
+    """The worker's client for the Redis `configure` named (None where none was named: a process
+    that is not a worker keeps kombu's own clients)."""
+    return worker_redis(_url) if _url is not None else None
 
 
 def worker_redis(url: str) -> redis.Redis:

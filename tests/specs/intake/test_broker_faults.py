@@ -3,75 +3,27 @@ message names. The real-process tests are tests/intake/test_broker_faults.py."""
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 from types import SimpleNamespace
 
 import pytest
 import redis
 from kombu import Connection, Consumer, Exchange, Producer, Queue
-from kombu.transport import redis as kombu_redis_transport
 from kombu.transport.virtual import base
 
 from contract import kombu_redis
+from workers.intake import redis_pool, transport
 from workers.intake.consumer import prompt_of
 from workers.intake.lease import Leases, hold_limit, round_period
 from workers.settings import Settings
 
 
 def _qos_holding(*tags: str):
-    """kombu's own Redis QoS, holding deliveries as its channel's consumer would have appended them."""
-    qos = kombu_redis_transport.QoS(SimpleNamespace(do_restore=True), prefetch_count=10)
+    """The worker transport's QoS, holding deliveries as its channel's consumer would have appended them."""
+    qos = transport.QoS(SimpleNamespace(do_restore=True), prefetch_count=10)
     for tag in tags:
         base.QoS.append(qos, SimpleNamespace(delivery_tag=tag), tag)
     return qos
-
-
-def test_the_kombu_and_celery_internals_the_fleet_reads_are_where_it_reads_them():
-    assert kombu_redis.check() == []
-    kombu_redis.require()  # and the worker starts
-
-
-def test_a_worker_refuses_to_start_on_a_kombu_or_celery_whose_internals_moved(monkeypatch):
-    # Given an upgrade that moved the unacked index's restore, the QoS's dirty set and the
-    # event dispatcher's buffer
-    from celery.events.dispatcher import EventDispatcher
-
-    monkeypatch.delattr(kombu_redis_transport.QoS, "restore_by_tag")
-    monkeypatch.setattr(base.QoS, "__init__", _dirty_as_list(base.QoS.__init__))
-    monkeypatch.setattr(EventDispatcher, "__init__", _without_outbound_buffer(EventDispatcher.__init__))
-
-    # Then the check names each, and the worker's start says which versions are installed
-    assert kombu_redis.check() == [
-        "kombu.transport.redis.QoS.restore_by_tag is gone",
-        "kombu.transport.virtual.base.QoS has no _dirty set",
-        "celery's EventDispatcher has no _outbound_buffer",
-    ]
-    with pytest.raises(RuntimeError) as refused:
-        kombu_redis.require()
-    import celery
-    import kombu
-    import redis
-
-    assert f"celery {celery.__version__}, kombu {kombu.__version__}, redis-py {redis.__version__}" in str(refused.value)
-    assert "restore_by_tag" in str(refused.value) and "read from 5.7.0" in str(refused.value)
-
-
-def _dirty_as_list(init):
-    @functools.wraps(init)
-    def __init__(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        self._on_collect.cancel()  # no restore at exit for this stand-in of a changed QoS
-        self._dirty = list(self._dirty)
-    return __init__
-
-
-def _without_outbound_buffer(init):
-    @functools.wraps(init)
-    def __init__(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        self._pending = self.__dict__.pop("_outbound_buffer")
-    return __init__
 
 
 def test_a_detached_channel_restores_nothing_when_it_closes_and_settles_through_the_fleet():
@@ -97,7 +49,7 @@ def test_a_channel_detached_twice_keeps_its_settlement():
     kombu_redis.detach(SimpleNamespace(_qos=qos), acked.append, acked.append)
     kind = type(qos)
     kombu_redis.detach(SimpleNamespace(_qos=qos), acked.append, acked.append)
-    assert type(qos) is kind
+    assert type(qos) is kind is transport.QoS  # no class swapped
     qos.reject("t1")
     assert acked == ["t1"]
 
@@ -166,64 +118,63 @@ def test_a_live_workers_lease_lapses_only_after_three_quarters_of_a_lease_withou
     assert lease_seconds - oldest_before_a_round >= 3 * lease_seconds / 4
 
 
-def test_every_channel_hands_out_the_workers_shared_client_for_its_short_calls():
-    # Given kombu's Redis channels with the worker's shared client (no connection is opened)
-    original = kombu_redis_transport.Channel.__init__, kombu_redis_transport.Channel._create_client
-    shared = SimpleNamespace(name="the worker's client")
-    try:
-        kombu_redis.share_client(lambda: shared)
-        kombu_redis.share_client(lambda: shared)  # idempotent: kombu's own builder stays underneath
-        channels = [object.__new__(kombu_redis_transport.Channel) for _ in range(2)]
-        built = []
-        for channel in channels:
-            channel.__dict__["_async_pool"] = None
-            channel._get_pool = lambda asynchronous=False: built.append(asynchronous) or SimpleNamespace(
-                connection_kwargs={})
-            channel.Client = lambda connection_pool, **_: SimpleNamespace(connection_pool=connection_pool)
+@pytest.fixture
+def shared_for(server):
+    """The worker's shared client configured for `server`, as its entry point configures it; reset after."""
+    redis_pool.configure(redis_pool.DEFAULT_CONNECTIONS, server)
+    yield redis_pool.shared()
+    redis_pool.configure(redis_pool.DEFAULT_CONNECTIONS, None)
+
+
+def test_every_channel_hands_out_the_workers_shared_client_for_its_short_calls(server, shared_for):
+    # Given two channels of the worker's transport, in a process whose shared client is configured
+    with Connection(server, transport=transport.PATH) as connection:
+        channels = [connection.channel() for _ in range(2)]
 
         # When each serves appends and acks, and the event loop asks for its blocking client
         short = [channel._create_client() for channel in channels for _ in range(3)]
-        blocking = channels[0]._create_client(asynchronous=True)
 
-        # Then every short call got the one shared client, no pool of kombu's was built for them,
-        # and the blocking fetch still gets a client on kombu's own asynchronous pool
-        assert all(client is shared for client in short)
-        assert blocking is not shared and built == [True]
-    finally:
-        kombu_redis_transport.Channel.__init__, kombu_redis_transport.Channel._create_client = original
+        # Then every short call got the one shared client, and the blocking fetch still gets a client
+        # on kombu's own asynchronous pool
+        assert all(client is shared_for for client in short)
+        assert all(channel.client is not shared_for for channel in channels)
+        assert channels[0].client.connection_pool is channels[0].async_pool
 
 
+def test_a_new_channel_checks_redis_on_the_shared_client_and_opens_no_connection_for_it(server, shared_for):
+    # Given the worker's shared client, connected, and the worker's transport handing it out
+    observer = redis.Redis.from_url(server)
+    shared_for.ping(), observer.ping()
+    with Connection(server, transport=transport.PATH) as connection:
+        connection.connect()
+        received = observer.info("stats")["total_connections_received"]
 
-def test_a_new_channel_checks_redis_on_the_shared_client_and_opens_no_connection_for_it(server):
-    # Given the worker's shared client, connected, and kombu's channels handing it out
-    shared, observer = redis.Redis.from_url(server), redis.Redis.from_url(server)
-    shared.ping(), observer.ping()
-    original = kombu_redis_transport.Channel.__init__, kombu_redis_transport.Channel._create_client
-    try:
-        kombu_redis.share_client(lambda: shared)
-        with Connection(server) as connection:
-            connection.connect()
-            received = observer.info("stats")["total_connections_received"]
+        # When threads that publish open channels (kombu's producer pool, its channels busy)
+        channels = [connection.channel() for _ in range(3)]
 
-            # When threads that publish open channels (kombu's producer pool, its channels busy)
-            channels = [connection.channel() for _ in range(3)]
+        # Then Redis saw no new connection for their checks of it (a fifth, for a moment, before)
+        assert observer.info("stats")["total_connections_received"] == received
+        # and an event one of them publishes reaches a subscriber (the same fanout topic, `/0.`)
+        events = Exchange("events", type="fanout")
+        heard: list = []
+        with Connection(server) as listening:
+            consumer = Consumer(listening.channel(), [Queue("flower", events, auto_delete=True)],
+                                callbacks=[lambda body, message: heard.append(body)], accept=["json"])
+            with consumer:
+                with contextlib.suppress(TimeoutError):  # the subscription starts with the first poll
+                    listening.drain_events(timeout=0.2)
+                Producer(channels[0], exchange=events).publish({"type": "worker-online"}, serializer="json")
+                with contextlib.suppress(TimeoutError):
+                    listening.drain_events(timeout=5)
+        assert heard == [{"type": "worker-online"}]
+        # and each channel's blocking client is still its own, for BRPOP
+        assert all(channel.client is not shared_for for channel in channels)
 
-            # Then Redis saw no new connection for their checks of it (a fifth, for a moment, before)
-            assert observer.info("stats")["total_connections_received"] == received
-            # and an event one of them publishes reaches a subscriber (the same fanout topic, `/0.`)
-            events = Exchange("events", type="fanout")
-            heard: list = []
-            with Connection(server) as listening:
-                consumer = Consumer(listening.channel(), [Queue("flower", events, auto_delete=True)],
-                                    callbacks=[lambda body, message: heard.append(body)], accept=["json"])
-                with consumer:
-                    with contextlib.suppress(TimeoutError):  # the subscription starts with the first poll
-                        listening.drain_events(timeout=0.2)
-                    Producer(channels[0], exchange=events).publish({"type": "worker-online"}, serializer="json")
-                    with contextlib.suppress(TimeoutError):
-                        listening.drain_events(timeout=5)
-            assert heard == [{"type": "worker-online"}]
-            # and each channel's blocking client is still its own, for BRPOP
-            assert all(channel.client is not shared for channel in channels)
-    finally:
-        kombu_redis_transport.Channel.__init__, kombu_redis_transport.Channel._create_client = original
+
+def test_a_broker_url_or_options_the_shared_client_cannot_honour_are_refused_at_start():
+    assert transport.refusal("redis://127.0.0.1:1/0", {"visibility_timeout": 5}) is None
+    assert "global_keyprefix is not supported" in transport.refusal("redis://h/0", {"global_keyprefix": "x:"})
+    assert "credential_provider is not supported" in transport.refusal(
+        "redis://h/0?credential_provider=redis.CredentialProvider", {})
+    assert "credential_provider is not supported" in transport.refusal(
+        "sentinel://h1:26379/0;sentinel://h2:26379/0?credential_provider=x.Y", {})

@@ -2,8 +2,8 @@
 
 The worker stands on the internals of a few libraries (its kombu transport
 subclasses kombu's Redis channel, QoS and poller, `workers/intake/transport.py`;
-its heartbeat step Celery's; its retries redis-py's connections; the `/generate`
-deadline httpx's transport). An internal can change in any release, a patch
+its heartbeat step Celery's; its retries redis-py's connections). An internal can
+change in any release, a patch
 release included, so those libraries are pinned exactly, in one file that every
 install reads (`constraints.txt`: `pip install -c constraints.txt ...`), and a
 worker that finds another version of any library named there refuses to start,

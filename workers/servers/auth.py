@@ -7,7 +7,7 @@ metrics labels, the shards' `server` column, dead letters) holds
 HTTP Basic header of each server's origin (scheme, host, port), built once from
 the raw URLs: `basic_by_origin` for the `/generate` client
 (`workers/servers/sglang_client.py`), and `ServerCredentials`, an httpx `Auth`, for the
-health monitor's client. Either adds the header to a request for that origin, as
+health monitor's reads (`workers/servers/reads.py`: httpx's client over the same HTTP stack). Either adds the header to a request for that origin, as
 httpx itself would have done from the URL; a server without credentials in its
 URL gets its request untouched (with `SGLANG_API_KEY`'s bearer header, when set).
 """

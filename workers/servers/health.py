@@ -36,7 +36,7 @@ sends its head and then a byte now and then) is marked down within
 `health_interval x health_failures + health_timeout` (plus a scheduling
 delay) where `health_timeout <= health_interval`, as by default: every
 request of this thread ends within `health_timeout` in all
-(`workers/servers/deadlines.deadline_client`, not per read), rounds start every
+(`workers/servers/reads.deadline_client`, not per read), rounds start every
 `health_interval` however long the last one took (back to back if it took
 longer, so with a longer timeout the bound is `health_timeout` per failure),
 and a server's load is read only after a good probe. On that
@@ -54,7 +54,7 @@ import httpx
 
 from ..reporting import lifeline
 from .capacity import WINDOW_SECONDS
-from .deadlines import deadline_client
+from .reads import deadline_client
 from .gateway_answers import OUTAGE, gateway_failure
 from .preflight import Unreadable, settle_context
 from .preflight import preflight as preflight_server

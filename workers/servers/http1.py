@@ -1,4 +1,4 @@
-"""One HTTP/1.1 POST on a pooled keep-alive socket: the bytes out, the status and body back.
+"""One HTTP/1.1 request on a pooled keep-alive socket: the bytes out, the status and body back.
 
 Why not urllib3 or `http.client`: at hundreds of samples a second the worker is
 CPU-bound, and their per-request Python (header objects, `email.parser` for the
@@ -11,6 +11,13 @@ keep-alive connection per server. The socket, the pool and the deadline are
 here; the answer is parsed by llhttp (Node's parser, through `httptools`),
 chosen over h11 by CPU per request (`python -m bench --parts http`); everything
 about what the answer means stays in `sglang_client.py`.
+
+It is the worker's one HTTP stack: the health, preflight, tokenizer-probe,
+load and crash reads (`reads.py`, an httpx client over this module) go through
+the same pools, one per origin and keep-alive in the process (`shared_pool`),
+as `/generate`, with its one TLS context (`tls.py`). A read is a GET (or a
+small POST) whose answer's headers are kept (`read_answer(headers=True)`);
+`/generate`'s answers keep none, and pay nothing for the option.
 
 Invariants:
 - Framing is llhttp's, strict: a 1xx, 204 or 304 has no body (interim 1xx
@@ -34,9 +41,12 @@ Invariants:
 - A failure before the request was written says which (`NotSent`), and so
   does a close with no byte of answer (`NoAnswer`): the caller can tell a
   stale reused connection (try once more on a fresh one) from a server that
-  went away. Every read waits at most the read timeout; the whole exchange's
-  deadline is the caller's (its watchdog shuts the socket, and `read_answer`
-  checks it between reads).
+  went away (`exchange` does: once, on a fresh connection, within the same
+  deadline). Connecting waits at most the connect timeout; every read at most
+  the read timeout, both given per request (a connection serves requests with
+  different ones: it is set on its socket only when it changes); the whole
+  exchange's deadline is the caller's (its watchdog shuts the socket, and
+  `read_answer` checks it between reads).
 """
 from __future__ import annotations
 
@@ -45,7 +55,9 @@ import socket
 import ssl
 import threading
 import time
+import weakref
 from dataclasses import dataclass
+from typing import Mapping, Protocol
 
 import httptools
 
@@ -76,15 +88,23 @@ class Exchange:
     body: bytes       # at most the cap
     complete: bool    # False: the body went on past the cap and was cut off there
     reusable: bool    # read to its exact end, keep-alive: the connection may serve another request
+    headers: list[tuple[bytes, bytes]] | None = None  # the answer's, as sent; None unless asked for
 
 
 class Connection:
-    """A socket, when its last answer ended, and whether it has served one before this request."""
+    """A socket, when its last answer ended, whether it has served one before this request, and the
+    read timeout set on it."""
 
-    __slots__ = ("sock", "idle_since", "reused")
+    __slots__ = ("sock", "idle_since", "reused", "timeout")
 
-    def __init__(self, sock: socket.socket):
-        self.sock, self.idle_since, self.reused = sock, 0.0, False
+    def __init__(self, sock: socket.socket, timeout: float | None = None):
+        self.sock, self.idle_since, self.reused, self.timeout = sock, 0.0, False, timeout
+
+    def wait_at_most(self, timeout: float) -> None:
+        """Each read and write of this request waits at most `timeout` (a system call only on a change)."""
+        if timeout != self.timeout:
+            self.sock.settimeout(timeout)
+            self.timeout = timeout
 
     def dropped(self) -> bool:
         """Closed, reset or written to by the server while idle: not to be used again."""
@@ -114,8 +134,9 @@ class Pool:
         if port != (443 if scheme == "https" else 80):
             self.host_header += f":{port}"
 
-    def get(self) -> Connection:
-        """An idle connection still fresh and open, else a new one (`ConnectFailed` if none is made)."""
+    def get(self, connect_timeout: float | None = None, read_timeout: float | None = None) -> Connection:
+        """An idle connection still fresh and open, else a new one (`ConnectFailed` if none is made); its
+        reads wait at most `read_timeout` (the pool's own timeouts where not given)."""
         while True:
             stale: list[Connection] = []
             with self._lock:
@@ -126,9 +147,13 @@ class Pool:
             for old in stale:
                 old.close()
             if conn is None:
-                return self.connect()
+                return self.connect(connect_timeout, read_timeout)
             if not conn.dropped():
                 conn.reused = True
+                if read_timeout is None:
+                    read_timeout = self._read_timeout
+                if conn.timeout != read_timeout:  # last set by a request with another
+                    conn.wait_at_most(read_timeout)
                 return conn
             conn.close()
 
@@ -146,33 +171,64 @@ class Pool:
         for conn in idle:
             conn.close()
 
-    def connect(self) -> Connection:
+    def connect(self, connect_timeout: float | None = None, read_timeout: float | None = None) -> Connection:
         """A new connection (TCP, then TLS for https), each step within the connect timeout."""
+        if connect_timeout is None:
+            connect_timeout = self._connect_timeout
+        if read_timeout is None:
+            read_timeout = self._read_timeout
         try:
-            sock = socket.create_connection((self.host, self.port), timeout=self._connect_timeout)
+            sock = socket.create_connection((self.host, self.port), timeout=connect_timeout)
         except OSError as exc:
             raise ConnectFailed(f"no connection to {self.host}:{self.port}: {_said(exc)}") from exc
         try:
             sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             if self._tls is not None:
                 sock = self._tls.wrap_socket(sock, server_hostname=self.host)
-            sock.settimeout(self._read_timeout)
+            sock.settimeout(read_timeout)
         except OSError as exc:
             sock.close()
             raise ConnectFailed(f"TLS handshake with {self.host}:{self.port} failed: {_said(exc)}") from exc
         except BaseException:
             sock.close()
             raise
-        return Connection(sock)
+        return Connection(sock, read_timeout)
+
+
+_shared: weakref.WeakValueDictionary[tuple, Pool] = weakref.WeakValueDictionary()
+_shared_lock = threading.Lock()
+
+
+def shared_pool(scheme: str, host: str, port: int, size: int, connect_timeout: float, read_timeout: float,
+                keepalive: float, tls: ssl.SSLContext | None) -> Pool:
+    """The process's one pool for an origin (scheme, host, port) under this keep-alive and TLS context:
+    `/generate` and the reads to a server share its idle connections. It lives while a client holds it
+    (weakly kept here); it keeps the most idle connections any holder asked for. The timeouts are only
+    its defaults: each holder gives its own per request (`Pool.get`)."""
+    tls = tls if scheme == "https" else None
+    key = (scheme, host, port, keepalive, tls)
+    with _shared_lock:
+        pool = _shared.get(key)
+        if pool is None:
+            pool = _shared[key] = Pool(scheme, host, port, size, connect_timeout, read_timeout, keepalive, tls)
+        elif pool.size < size:
+            pool.size = size
+    return pool
 
 
 def _said(exc: OSError) -> str:
     return f"{exc.__class__.__name__}: {exc}" if str(exc) else exc.__class__.__name__
 
 
-def request_head(pool: Pool, path: str, headers: dict[str, str], length: int) -> bytes:
-    lines = [f"POST {path} HTTP/1.1", f"Host: {pool.host_header}", f"Content-Length: {length}",
-             "Accept-Encoding: identity", *(f"{k}: {v}" for k, v in headers.items())]
+def request_head(pool: Pool, path: str, headers: Mapping[str, str], length: int, method: str = "POST") -> bytes:
+    """The request's head: `method` (POST by default), `path` with its query, `Host`, the body's length
+    (none for a GET or HEAD without a body), `Accept-Encoding: identity`, then `headers`."""
+    if length or method not in ("GET", "HEAD"):
+        lines = [f"{method} {path} HTTP/1.1", f"Host: {pool.host_header}", f"Content-Length: {length}",
+                 "Accept-Encoding: identity", *(f"{k}: {v}" for k, v in headers.items())]
+    else:
+        lines = [f"{method} {path} HTTP/1.1", f"Host: {pool.host_header}", "Accept-Encoding: identity",
+                 *(f"{k}: {v}" for k, v in headers.items())]
     return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
 
 
@@ -226,15 +282,38 @@ class _Answer:
         if 100 <= self.status < 200:  # interim (100 Continue, 103 Early Hints): the answer follows
             self.head_done = self.framed = False
             self.pieces, self.size = [], 0
+            self.interim()
             return
         self.done, self.keep = True, self.parser.should_keep_alive()
 
+    def interim(self) -> None:
+        pass
 
-def read_answer(conn: Connection, deadline: float, max_bytes: int) -> Exchange:
-    """The answer to the request just sent: its head, then its body up to `max_bytes`.
-    Raises `TimeoutError` (a read outlasted the read timeout), `NoAnswer`, `ProtocolError`, `OSError`,
-    or `DeadlinePassed` (between reads, past `deadline`)."""
-    answer = _Answer()
+
+class _Headed(_Answer):
+    """An answer whose headers are kept (the final answer's; an interim answer's are dropped)."""
+
+    __slots__ = ("headers",)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.headers: list[tuple[bytes, bytes]] = []
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        if not self.head_done:
+            self.headers.append((name, value))
+            if name.lower() in (b"content-length", b"transfer-encoding"):
+                self.framed = True
+
+    def interim(self) -> None:
+        self.headers = []
+
+
+def read_answer(conn: Connection, deadline: float, max_bytes: int, headers: bool = False) -> Exchange:
+    """The answer to the request just sent: its head, then its body up to `max_bytes`; its headers
+    too, where asked for. Raises `TimeoutError` (a read outlasted the read timeout), `NoAnswer`,
+    `ProtocolError`, `OSError`, or `DeadlinePassed` (between reads, past `deadline`)."""
+    answer = _Headed() if headers else _Answer()
     parser = answer.parser = httptools.HttpResponseParser(answer)
     read = 0
     try:
@@ -244,7 +323,7 @@ def read_answer(conn: Connection, deadline: float, max_bytes: int) -> Exchange:
                 if not read:
                     raise NoAnswer("the server closed the connection before any answer")
                 if answer.head_done and not answer.framed:  # framed by the end of the stream
-                    return Exchange(answer.status, b"".join(answer.pieces), True, False)
+                    return Exchange(answer.status, b"".join(answer.pieces), True, False, _kept(answer))
                 raise ProtocolError("the server closed the connection before the answer's end")
             if not answer.head_done and read + len(chunk) > MAX_HEAD:  # the head's bytes bounded, however split
                 room = MAX_HEAD - read
@@ -256,11 +335,17 @@ def read_answer(conn: Connection, deadline: float, max_bytes: int) -> Exchange:
             read += len(chunk)
             _feed(parser, answer, chunk)
             if answer.size > max_bytes:
-                return Exchange(answer.status, b"".join(answer.pieces)[:max_bytes], False, False)
+                return Exchange(answer.status, b"".join(answer.pieces)[:max_bytes], False, False, _kept(answer))
     finally:
         answer.parser = None  # no cycle left for the collector
     body = b"".join(answer.pieces) if len(answer.pieces) != 1 else answer.pieces[0]
+    if headers:
+        return Exchange(answer.status, body, True, answer.keep and not answer.after, answer.headers)
     return Exchange(answer.status, body, True, answer.keep and not answer.after)
+
+
+def _kept(answer: _Answer) -> list[tuple[bytes, bytes]] | None:
+    return answer.headers if isinstance(answer, _Headed) else None
 
 
 def _feed(parser: httptools.HttpResponseParser, answer: _Answer, chunk: bytes) -> None:
@@ -283,3 +368,49 @@ def _recv(conn: Connection, deadline: float, size: int, read: int) -> bytes:
         if read:
             raise
         raise NoAnswer(f"the server reset the connection before any answer ({exc})") from exc
+
+
+class Watched(Protocol):
+    """A request's deadline watch (`deadlines.Watch`): armed on the socket, disarmed after."""
+
+    fired: bool
+
+    def arm(self, sock: socket.socket) -> None: ...
+
+    def disarm(self) -> bool: ...
+
+
+def exchange(pool: Pool, watch: Watched, request: bytes, deadline: float, max_bytes: int, connect_timeout: float,
+             read_timeout: float, headers: bool = False) -> Exchange:
+    """`request` (head and body) on a pooled connection, its answer read under the cap and the deadline;
+    if that connection was reused and failed before a byte of answer (the server closed it while idle),
+    once more on a fresh one within the same deadline: the server never saw the first. Raises what
+    `Pool.get`, `send_request` and `read_answer` raise; `watch.fired` then says whether the watchdog
+    (the deadline, or a cut) ended it."""
+    conn = pool.get(connect_timeout, read_timeout)
+    try:
+        return _once(pool, conn, watch, request, deadline, max_bytes, headers)
+    except (NotSent, NoAnswer):
+        if not conn.reused or watch.fired:
+            raise
+    left = deadline - time.monotonic()
+    if left <= 0:
+        raise DeadlinePassed(0)
+    return _once(pool, pool.connect(min(connect_timeout, left), read_timeout), watch, request, deadline,
+                 max_bytes, headers)
+
+
+def _once(pool: Pool, conn: Connection, watch: Watched, request: bytes, deadline: float, max_bytes: int,
+          headers: bool) -> Exchange:
+    reusable = False
+    try:
+        watch.arm(conn.sock)  # from here the watchdog bounds the exchange
+        send_request(conn, request)
+        answer = read_answer(conn, deadline, max_bytes, headers)
+        reusable = answer.reusable
+        return answer
+    finally:
+        if watch.disarm() and reusable:
+            pool.put(conn)
+        else:
+            conn.close()  # never pool a connection cut off, or with unread bytes

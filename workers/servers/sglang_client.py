@@ -45,7 +45,8 @@ request goes once more on a fresh connection, within the same deadline.
 Every server's TLS is the worker's one context (`tls.py`: the system's store).
 
 The client is our own HTTP/1.1 exchange on pooled keep-alive sockets
-(`http1.py`, answers parsed by llhttp), chosen by measurement (`python -m bench.http_clients`,
+(`http1.py`, answers parsed by llhttp; the health monitor's reads, `reads.py`,
+go through the same pools), chosen by measurement (`python -m bench.http_clients`,
 bench/README.md): one last-in-first-out pool per server, so a request costs
 the same CPU with 16 or 2,048 in flight, and about a quarter of urllib3's
 CPU per request (`http.client`'s header parsing and urllib3's wrappers were a
@@ -64,13 +65,13 @@ from urllib.parse import urlsplit, urlunsplit
 
 from .answers import read_answer
 from .cache_hits import cached_tokens
-from .deadlines import DeadlineWatchdog, Watch
+from .deadlines import WATCHDOG, Watch
 from .gateway_answers import OUTAGE, gateway_failure
 from .auth import Origin, basic_by_origin, origin
 from .http1 import DeadlinePassed, Pool, request_head
 from . import http1, tls
 
-_WATCHDOG = DeadlineWatchdog()
+_WATCHDOG = WATCHDOG  # the process's one (`deadlines.py`), the reads' too
 
 
 class GenerateError(Exception):
@@ -126,13 +127,14 @@ class Reply:
 
 class Client:
     """One pool of keep-alive connections per server origin (`http1.Pool`, last in first out),
-    shared by the task threads, and the headers each origin gets: `SGLANG_API_KEY`'s bearer,
-    or the HTTP Basic credentials its URL carried (`workers/servers/auth.py`)."""
+    shared by the task threads and with the health monitor's reads (`http1.shared_pool`), and the
+    headers each origin gets: `SGLANG_API_KEY`'s bearer, or the HTTP Basic credentials its URL
+    carried (`workers/servers/auth.py`)."""
 
     def __init__(self, pool_size: int, connect_timeout: float, request_timeout: float,
                  api_key: str | None, server_urls: list[str], keepalive: float):
         self._size = pool_size + 8
-        self._connect_timeout, self._request_timeout, self._keepalive = connect_timeout, request_timeout, keepalive
+        self.connect_timeout, self.request_timeout, self._keepalive = connect_timeout, request_timeout, keepalive
         self._headers = {"Content-Type": "application/json"}
         if api_key:
             self._headers["Authorization"] = f"Bearer {api_key}"
@@ -153,8 +155,9 @@ class Client:
 
     def _open(self, key: Origin) -> Pool:
         scheme, host, port = key
-        pool = self._pools[key] = Pool(scheme, host, port, self._size, self._connect_timeout, self._request_timeout,
-                                       self._keepalive, tls.context() if scheme == "https" else None)
+        pool = self._pools[key] = http1.shared_pool(scheme, host, port, self._size, self.connect_timeout,
+                                                    self.request_timeout, self._keepalive,
+                                                    tls.context() if scheme == "https" else None)
         return pool
 
     def watch(self, url: str, deadline: float) -> Watch:
@@ -218,7 +221,8 @@ def send(client: Client, url: str, payload: bytes, *, timeout: float, max_bytes:
     request = request_head(pool, path, headers, len(payload)) + payload
     watch = client.watch(url, deadline)
     try:
-        answer = _exchange(pool, watch, request, deadline, max_bytes)
+        answer = http1.exchange(pool, watch, request, deadline, max_bytes, client.connect_timeout,
+                                client.request_timeout)
         return Reply(answer.status, answer.body, answer.complete)
     except DeadlinePassed as exc:
         raise TransientError(f"{url}: no complete answer within {timeout:.0f}s "
@@ -233,34 +237,6 @@ def send(client: Client, url: str, payload: bytes, *, timeout: float, max_bytes:
         raise _late(url, timeout, watch) or ServerUnavailable(f"{url}: {exc.__class__.__name__}: {exc}") from exc
     finally:
         client.unwatch(url, watch)
-
-
-def _exchange(pool: Pool, watch: Watch, request: bytes, deadline: float, max_bytes: int) -> http1.Exchange:
-    """The request on a pooled connection; if that one was reused and failed before a byte of answer
-    (the server closed it while idle), once more on a fresh one: the server never saw the first."""
-    conn = pool.get()
-    try:
-        return _once(pool, conn, watch, request, deadline, max_bytes)
-    except (http1.NotSent, http1.NoAnswer):
-        if not conn.reused or watch.fired:
-            raise
-    return _once(pool, pool.connect(), watch, request, deadline, max_bytes)
-
-
-def _once(pool: Pool, conn: http1.Connection, watch: Watch, request: bytes, deadline: float,
-          max_bytes: int) -> http1.Exchange:
-    reusable = False
-    try:
-        watch.arm(conn.sock)  # from here the watchdog bounds the exchange
-        http1.send_request(conn, request)
-        answer = http1.read_answer(conn, deadline, max_bytes)
-        reusable = answer.reusable
-        return answer
-    finally:
-        if watch.disarm() and reusable:
-            pool.put(conn)
-        else:
-            conn.close()  # never pool a connection cut off, or with unread bytes
 
 
 def _late(url: str, timeout: float, watch: Watch) -> GenerateError | None:

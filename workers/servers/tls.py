@@ -1,7 +1,8 @@
 """The one TLS context of every request this worker makes to a server.
 
 `/generate` (`sglang_client.py`) and the health, preflight, tokenizer-probe,
-load and crash reads (`deadlines.deadline_client`) verify a server against
+load and crash reads (`reads.py`) go through one HTTP stack (`http1.py`,
+whose pools are per origin and shared by both) and verify a server against
 the same trust: the system's certificate store, as OpenSSL finds it
 (`ssl.create_default_context()`), so `SSL_CERT_FILE` (a bundle that
 replaces the default one) and `SSL_CERT_DIR` (a hashed folder, as

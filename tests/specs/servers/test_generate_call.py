@@ -25,7 +25,8 @@ import pytest
 from contract.connections import redact_url
 import httpx
 
-from workers.servers.deadlines import DeadlineWatchdog, Watch, deadline_client
+from workers.servers.deadlines import DeadlineWatchdog, Watch
+from workers.servers.reads import deadline_client
 from workers.servers.sglang_client import ServerCut, ServerUnavailable, TransientError, make_client, send
 
 READ_TIMEOUT = 30.0  # far beyond every deadline below: only the watchdog can end those calls early

@@ -2,7 +2,8 @@
 
 Given a server, then a health read and a `/generate` to it share one pool
 (`http1.shared_pool`, per origin and keep-alive) and the worker's one TLS
-context: over TLS, one handshake serves both. A read is a GET without a body
+context: over TLS, one handshake serves both; a read's short timeout is the
+read's, never left on the connection a `/generate` takes up next. A read is a GET without a body
 (or a small POST), its auth header sent, the answer's headers kept for httpx
 (`response.json()`, its `Content-Type`). Its failures are httpx's, as the
 callers catch them: a malformed answer is `httpx.RemoteProtocolError` (the
@@ -18,6 +19,7 @@ import json
 import socket
 import ssl
 import threading
+import time
 
 import httpx
 import pytest
@@ -30,7 +32,7 @@ from workers.servers.health import HealthMonitor
 from workers.servers.sglang_client import make_client, send
 from workers.settings import Settings
 
-from .test_generate_call import ANSWER, Scripted, reply, serve  # noqa: F401  (the scripted server)
+from .test_generate_call import ANSWER, reply, serve  # noqa: F401  (the scripted server)
 from .test_http_answers import MALFORMED, scripted
 
 
@@ -193,3 +195,22 @@ def test_an_answer_past_the_reads_cap_is_refused(serve):
     client = httpx.Client(transport=reads.Transport(5.0, http1.KEEPALIVE, max_bytes=1024))
     with pytest.raises(reads.AnswerTooLong):
         client.get(f"{server.url}/server_info")
+
+
+def test_a_reads_short_timeout_stays_with_the_read_not_with_the_connection_generate_reuses(serve):
+    # Given a server that answers reads at once and takes 1.5 s over a /generate
+    def behave(conn: socket.socket, head: bytes) -> None:
+        if head.startswith(b"POST /generate "):
+            time.sleep(1.5)
+        reply(conn)
+    server = serve(behave)
+    health = reads.deadline_client(1.0, {})
+    generate = make_client(4, connect_timeout=5, request_timeout=30, api_key=None)
+
+    # When a read with a 1 s deadline leaves its connection idle and a /generate takes it up
+    assert health.get(f"{server.url}/health").status_code == 200
+    answer = send(generate, f"{server.url}/generate", b"{}", timeout=10.0, max_bytes=1 << 20)
+
+    # Then the /generate waits with its own timeout on that same connection, and is answered
+    assert (answer.status, answer.body) == (200, ANSWER)
+    assert server.connections == 1

@@ -251,7 +251,7 @@ def elsewhere(client: redis.Redis, run: str, prompt_id: str, worker: str, held_b
     # a live worker's too, until its writes, backing off, get through: a name that wrote none
     # since is waited for until Redis has been up a heartbeat's life (`patience`)
     silent_until = deadline - patience + max(0.0, patience - (up := _up_for(client)))
-    silent = set(_silent_since(client, others, since - up)) if up < patience else set()
+    silent = set(_silent_since(client, others, since - up - 1)) if up < patience else set()  # whole seconds
     while True:
         records = heartbeats.read(client, others)
         fresh = [r for r in records if r is not None and r["at"] > since]

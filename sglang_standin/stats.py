@@ -7,7 +7,11 @@ generations per prompt) and benchmarks to measure how busy the "GPU" was
 `attempts` (the rid when the request gave one, else the prompt's sha256).
 `prompt_tokens` and `cached_tokens` are the two /metrics counters (`metrics`).
 `generating` lists the keys whose generation has started and not been answered
-yet (a fault test's "what was being generated at the instant it struck").
+yet (a fault test's "what was being generated at the instant it struck");
+`spans` gives, per key generated more than once, each generation's start and
+end (wall clock, `time.time()`; end null while it runs, or when its client left
+and the stand-in has not noticed yet): a test tells by them whether a second
+generation began while the first still ran, or after it was answered.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ class Stats:
         self.attempts: dict[str, int] = defaultdict(int)
         self.generations: dict[str, int] = defaultdict(int)
         self.generating: dict[str, int] = defaultdict(int)  # started and not yet answered (fault tests)
+        self.spans: dict[str, list[list[float | None]]] = defaultdict(list)  # [start, end] of each generation
         self.bad_outputs: dict[str, list[str]] = defaultdict(list)
         self.trickled: dict[str, int] = defaultdict(int)
         self.wedged: dict[str, int] = defaultdict(int)
@@ -48,12 +53,17 @@ class Stats:
         """A generation for `key` was started (not a fault-injected 500/503)."""
         self.generations[key] += 1
         self.generating[key] += 1
+        self.spans[key].append([time.time(), None])
 
     def note_answered(self, key: str) -> None:
         """The generation for `key` ended (answered, or its client left)."""
         self.generating[key] -= 1
         if self.generating[key] <= 0:
             del self.generating[key]
+        for span in self.spans.get(key, ()):
+            if span[1] is None:  # the oldest one still open
+                span[1] = time.time()
+                break
 
     def note_bad_output(self, key: str, kind: str) -> None:
         """An answer for `key` was sent with the bad-output fault `kind`."""
@@ -102,6 +112,7 @@ class Stats:
             "requests": self.requests,
             "generations": dict(self.generations),
             "generating": sorted(self.generating),
+            "spans": {k: [list(span) for span in v] for k, v in self.spans.items() if len(v) > 1},
             "attempts": dict(self.attempts),
             "bad_outputs": {k: list(v) for k, v in self.bad_outputs.items()},
             "trickled": dict(self.trickled),

@@ -153,8 +153,8 @@ class LostMessageAudit(bootsteps.StartStopStep):
             batch += [(pid, count_ids(raw), None) for pid, raw in zip(page, client.hmget(RunKeys(run).token_ids, page))
                       if raw]
         publish_prompts(app, run, queue, batch)
-        log.warning("audit: republished %d prompts of run %s whose messages were lost: %s",
-                    len(batch), run, ", ".join(p for p, _, _ in batch[:10]))
+        shown = ", ".join(p for p, _, _ in batch[:10]) + (f" and {len(batch) - 10} more" if len(batch) > 10 else "")
+        log.warning("audit: republished %d prompts of run %s whose messages were lost: %s", len(batch), run, shown)
         return len(batch)
 
 

@@ -55,7 +55,13 @@ dies). A heartbeat written before the delivery is no proof of life: a killed
 worker's last one outlives it by a heartbeat's life, maybe past its lease, and
 the message its lease handed back is then the prompt's only one; so a delivery
 that finds only such a heartbeat waits for the next (one health round for a
-live worker) or for it to expire, and then generates the prompt.
+live worker) or for it to expire, and then generates the prompt. A named
+worker with no heartbeat at all is dead, except just after a Redis restart: an
+outage longer than a heartbeat's life lost the live workers' heartbeats too,
+until their writes, backing off, get through; so a name with none written since
+Redis came back is waited for until Redis has been up a heartbeat's life (a
+live worker writes one each health round, listing the prompt), and only then
+is the prompt generated here.
 """
 from __future__ import annotations
 
@@ -230,6 +236,10 @@ def elsewhere(client: redis.Redis, run: str, prompt_id: str, worker: str, held_b
     a heartbeat late by a failover's retries is still a live worker's (going ahead without
     it would generate the prompt twice), and a worker that writes none by then is dead or
     frozen past its heartbeat, whose prompts are another's to generate, as its lease says.
+    A name with no heartbeat at all, none of it heard since Redis came back less than `patience`
+    ago (a restart after an outage longer than a heartbeat's life: a live worker's heartbeat is
+    gone until its writes, backing off, get through), is waited for until Redis has been up
+    `patience` (a live worker's second message taken then was generated twice).
     A name that is this worker's is a predecessor's (a restart under the same name: a second
     message of a prompt this process holds is found before its intake, with `STARTED.holds`)."""
     others = [name for name in dict.fromkeys(held_by) if name != worker]
@@ -237,16 +247,37 @@ def elsewhere(client: redis.Redis, run: str, prompt_id: str, worker: str, held_b
         return None
     since = CLOCK.latest(client)
     deadline = time.monotonic() + patience
+    # A Redis that came back moments ago (a restart) lost every heartbeat its outage outlived,
+    # a live worker's too, until its writes, backing off, get through: a name that wrote none
+    # since is waited for until Redis has been up a heartbeat's life (`patience`)
+    silent_until = deadline - patience + max(0.0, patience - (up := _up_for(client)))
+    silent = set(_silent_since(client, others, since - up - 1)) if up < patience else set()  # whole seconds
     while True:
-        records = [r for r in heartbeats.read(client, others) if r is not None]
-        fresh = [r for r in records if r["at"] > since]
+        records = heartbeats.read(client, others)
+        fresh = [r for r in records if r is not None and r["at"] > since]
         for record in fresh:
             if prompt_id in (record.get("holding") or {}).get(run, ()):
                 return record["worker"]
-        if len(fresh) == len(records) or time.monotonic() > deadline:
-            why = ("no heartbeat left" if not records else "a newer heartbeat does not list it"
-                   if len(fresh) == len(records) else f"no newer heartbeat within {patience:.0f}s")
+        waited = [n for n, r in zip(others, records) if (r is not None and r["at"] <= since)
+                  or (r is None and n in silent and time.monotonic() < silent_until)]
+        if not waited or time.monotonic() > deadline:
+            present = [r for r in records if r is not None]
+            why = ("no heartbeat left" if not present and not silent else
+                   f"none written since Redis came back {up:.0f}s before" if not present else
+                   "a newer heartbeat does not list it" if not waited else
+                   f"no newer heartbeat within {patience:.0f}s")
             log.info("prompt %s of run %s was delivered to %s before, not generating it now (%s): generated here",
                      prompt_id, run, ", ".join(others), why)
             return None
         time.sleep(0.2)
+
+
+def _up_for(client: redis.Redis) -> float:
+    """Seconds since Redis (this primary) started."""
+    return float(client.info("server").get("uptime_in_seconds", 0))
+
+
+def _silent_since(client: redis.Redis, names: list[str], started: float) -> list[str]:
+    """The names whose last heartbeat (the registry's score) is older than `started` (Redis's
+    start, on its clock), or unknown: none of theirs reached this Redis since it came back."""
+    return [n for n, at in zip(names, heartbeats.last_seen(client, names)) if at is None or at < started]

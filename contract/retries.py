@@ -23,6 +23,14 @@ count is unchanged. Nor does such a thread wait long for a free connection
 (`PoolWait`): during an outage the other threads hold the pool's few
 connections for as long as they retry (seen next: the loop waiting in
 `BlockingConnectionPool.get_connection` once its own calls failed fast).
+And once such a wait ran out, that thread's next waits on the pool are
+`STARVED_WAIT` (a busy pool's milliseconds, not an outage's minutes) until it
+gets a connection again (`STARVED_FOR` at most): during an
+outage the loop's backlog (an acknowledgement for each task that gave up)
+would otherwise cost it `FAIL_FAST_WAIT` each, one after another, and a
+backlog that grows as fast as it drains kept it from ever reading its broker
+connection and noticing the loss (seen: 31 acknowledgements, 2 s each, a
+minute after Redis was SIGKILLed, with task threads retrying on both connections).
 kombu and Celery treat a connection error on the event loop as a lost broker
 (reconnect, and skip a sweep or a publish until then), as they did with
 kombu's own clients, which never retried.
@@ -30,6 +38,7 @@ kombu's own clients, which never retried.
 from __future__ import annotations
 
 import threading
+import time
 from contextlib import contextmanager
 from typing import Iterator
 
@@ -47,6 +56,9 @@ FAIL_FAST = Retry(NoBackoff(), 1, supported_errors=(redis.ConnectionError,))
 # after it went on at 5 s, up to 12 s at 2 s. A Redis stalled past it reads as a lost broker,
 # which costs a reconnect, never a prompt.
 FAIL_FAST_WAIT = 2.0
+# seconds after a thread failing fast found no free connection within FAIL_FAST_WAIT during which it
+# waits STARVED_WAIT at most (unless it gets one meanwhile): an outage is evident, its backlog drains.
+STARVED_FOR, STARVED_WAIT = 10.0, 0.05
 
 _marks = threading.local()
 
@@ -61,17 +73,34 @@ class SharedRetry(Retry):
 
 class PoolWait:
     """A blocking pool's wait for a free connection (redis-py reads it as `timeout` at each
-    checkout): `FAIL_FAST_WAIT` at most for a thread failing fast, the pool's own otherwise."""
+    checkout): `FAIL_FAST_WAIT` at most for a thread failing fast, `STARVED_WAIT` while such a wait
+    has lately run out (`STARVED_FOR`), the pool's own otherwise."""
+
+    _starved_at = float("-inf")  # when a thread failing fast last found no free connection in time
 
     @property
     def timeout(self) -> float | None:
         if not _failing():
             return self._wait
+        if time.monotonic() - self._starved_at < STARVED_FOR:
+            return STARVED_WAIT
         return FAIL_FAST_WAIT if self._wait is None else min(self._wait, FAIL_FAST_WAIT)  # None: for ever
 
     @timeout.setter
     def timeout(self, seconds: float | None) -> None:
         self._wait = seconds
+
+    def get_connection(self, *args, **kwargs):
+        if not _failing():
+            return super().get_connection(*args, **kwargs)
+        try:
+            connection = super().get_connection(*args, **kwargs)
+        except redis.ConnectionError as exc:
+            if str(exc) == "No connection available.":  # redis-py's words for a wait that ran out
+                self._starved_at = time.monotonic()
+            raise
+        self._starved_at = float("-inf")
+        return connection
 
 
 def shared() -> Retry:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import socket
 import threading
+import time
 
 import pytest
 import redis
@@ -80,3 +81,32 @@ def _ignoring_errors(call, *args) -> None:
         call(*args)
     except redis.RedisError:
         pass
+
+
+def test_once_its_wait_ran_out_the_failing_fast_thread_waits_no_more_until_it_gets_a_connection(server):
+    # Given a shared pool whose one connection another thread holds, and the event loop's thread
+    # (failing fast) that already waited for one in vain
+    client = redis_for(server, 1)
+    held = client.connection_pool.get_connection()
+    with retries.failing_fast(), pytest.raises(redis.ConnectionError, match="No connection available"):
+        client.ping()
+
+    # When it makes its next calls (its backlog during an outage: an acknowledgement per task)
+    started = time.monotonic()
+    for _ in range(5):
+        with retries.failing_fast(), pytest.raises(redis.ConnectionError, match="No connection available"):
+            client.ping()
+
+    # Then each fails at once, not after another wait: five waits would take 5 x FAIL_FAST_WAIT
+    assert time.monotonic() - started < retries.FAIL_FAST_WAIT
+
+    # and once a connection is free it is served, and a later shortage is waited for again
+    client.connection_pool.release(held)
+    with retries.failing_fast():
+        assert client.ping()
+    held = client.connection_pool.get_connection()
+    started = time.monotonic()
+    with retries.failing_fast(), pytest.raises(redis.ConnectionError, match="No connection available"):
+        client.ping()
+    assert time.monotonic() - started >= retries.FAIL_FAST_WAIT * 0.9
+    client.connection_pool.release(held)

@@ -78,6 +78,7 @@ from contract import deliveries as entry
 from contract import heartbeats
 from contract.clock import CLOCK
 from contract.keys import RunKeys
+from contract.ledger import DEAD, DONE, Ledger
 from contract.scripts import Lua
 
 log = logging.getLogger(__name__)
@@ -217,6 +218,19 @@ def _by_run(keys: set[tuple[str, str]]) -> dict[str, list[str]]:
 
 
 STARTED = Started()
+
+
+def settled_meanwhile(client: redis.Redis, run: str, prompt_id: str, worker: str,
+                      held_by: list[str]) -> str | None:
+    """The prompt's state if another worker named in `held_by` stored it (or dead-lettered it) since
+    this delivery's intake was read: `elsewhere` waits for that worker's next heartbeat, which no
+    longer lists a prompt it settled meanwhile, and the intake read before the wait still said
+    queued (seen: an audit's second message of a prompt another worker was committing, generated
+    and stored twice). Read only when another worker is named: no one else can have settled it."""
+    if not any(name != worker for name in held_by):
+        return None
+    state = Ledger(client, run).state(prompt_id)
+    return str(state) if state in (DONE, DEAD) else None
 
 
 def elsewhere(client: redis.Redis, run: str, prompt_id: str, worker: str, held_by: list[str],

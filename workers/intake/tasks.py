@@ -94,6 +94,12 @@ def _generate(self, run: str, prompt_id: str, max_new_tokens: int | None) -> str
                 log.info("prompt %s of run %s: a second message, acknowledged (%s generates it)", prompt_id, run,
                          other)
                 return f"nothing to do: prompt is generating on {other}"
+            if intake.noted and (settled := deliveries.settled_meanwhile(
+                    rt.redis, run, prompt_id, rt.worker, intake.held_by)):
+                deliveries.undo(rt.redis, run, prompt_id, rt.worker)  # not a delivery: a late duplicate
+                log.info("prompt %s of run %s: a second message, acknowledged (%s by another worker meanwhile)",
+                         prompt_id, run, settled)
+                return f"nothing to do: prompt is {settled}"
             if intake.noted:  # the common case: ids read and this delivery noted, one round trip
                 STARTED.counted(run, prompt_id)
         raw, writing = intake.ids, intake.writing

@@ -7,7 +7,9 @@ import time
 
 from contract import heartbeats
 from contract.clock import RedisClock
-from workers.intake.deliveries import Started, elsewhere
+from contract.codec import pack_ids
+from contract.ledger import Ledger
+from workers.intake.deliveries import Started, elsewhere, settled_meanwhile
 from workers.settings import Settings
 
 
@@ -94,3 +96,18 @@ def test_heartbeats_are_timed_and_aged_on_redis_clock(client):
     (record,) = heartbeats.read_all(client)
     assert abs(record["at"] - clock.now()) < 1.0
     assert heartbeats.held(client) == {"r": {"p1"}}
+
+
+def test_a_prompt_another_worker_stored_while_this_delivery_waited_is_not_generated_again(client):
+    # Given p1 and p2 queued in run r2; p1 then stored by w2 (its heartbeat, awaited by w1's second
+    # message, no longer lists it), p2 still queued
+    ledger = Ledger(client, "r2")
+    ledger.enqueue({"p1": pack_ids([1, 2, 3]), "p2": pack_ids([4, 5])})
+    ledger.mark_done("p1", 3, "part-w2.parquet")
+
+    # When w1's delivery, whose note named w2 before it, looks again after its wait
+    # Then p1 is settled (done), so w1 acknowledges it; p2 is not, and neither is a prompt whose note
+    # named only w1's predecessor (no one else can have stored it: the ledger is not read)
+    assert settled_meanwhile(client, "r2", "p1", "w1", ["w2"]) == "done"
+    assert settled_meanwhile(client, "r2", "p2", "w1", ["w2"]) is None
+    assert settled_meanwhile(client, "r2", "p1", "w1", ["w1"]) is None

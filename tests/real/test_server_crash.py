@@ -62,7 +62,10 @@ def test_a_prompt_that_kills_its_server_is_dead_lettered_and_its_neighbours_are_
     crashes = letters[0]["excerpt"]["crashes"]
     assert [c["alone"] for c in crashes] == [False, True, True]
     assert {c["server"] for c in crashes} == {supervisor.server.url}
-    assert all(abs(c["at"] - died) < 30 for c, died in zip(crashes, supervisor.deaths))
+    # each noted when its request met the closed port: before the supervisor saw the launcher gone (its
+    # process lingers after its scheduler's crash, longer on a loaded machine), never well after
+    assert all(died - 120 < c["at"] < died + 30 for c, died in zip(crashes, supervisor.deaths)), \
+        (crashes, supervisor.deaths)
     # and its seven neighbours, in flight beside it at the first crash, are stored, none blamed
     assert states == {"done": 7, "dead": 1}
     assert sorted(row["id"] for row in fleet.rows()) == [f"p{i}" for i in range(8) if i != 5]

@@ -384,20 +384,28 @@ def exchange(pool: Pool, watch: Watched, request: bytes, deadline: float, max_by
              read_timeout: float, headers: bool = False) -> Exchange:
     """`request` (head and body) on a pooled connection, its answer read under the cap and the deadline;
     if that connection was reused and failed before a byte of answer (the server closed it while idle),
-    once more on a fresh one within the same deadline: the server never saw the first. Raises what
+    once more on a fresh one within the same deadline: the server never saw the first; where no fresh
+    connection can be made, the first failure is raised (the server went away: a crash drops its
+    connections, then closes its port). Raises what
     `Pool.get`, `send_request` and `read_answer` raise; `watch.fired` then says whether the watchdog
     (the deadline, or a cut) ended it."""
     conn = pool.get(connect_timeout, read_timeout)
     try:
         return _once(pool, conn, watch, request, deadline, max_bytes, headers)
-    except (NotSent, NoAnswer):
+    except (NotSent, NoAnswer) as failed:
         if not conn.reused or watch.fired:
             raise
+        first = failed
     left = deadline - time.monotonic()
     if left <= 0:
         raise DeadlinePassed(0)
-    return _once(pool, pool.connect(min(connect_timeout, left), read_timeout), watch, request, deadline,
-                 max_bytes, headers)
+    try:
+        fresh = pool.connect(min(connect_timeout, left), read_timeout)
+    except ConnectFailed:
+        # No fresh connection: the first one met the server going away (a crash closes every connection,
+        # then the port), not an idle close: that drop is what the caller must see (a crash is noted by it).
+        raise first from None
+    return _once(pool, fresh, watch, request, deadline, max_bytes, headers)
 
 
 def _once(pool: Pool, conn: Connection, watch: Watched, request: bytes, deadline: float, max_bytes: int,

@@ -29,7 +29,7 @@ import pytest
 from private_ca import make_ca
 from workers.servers import http1
 from workers.servers.deadlines import DeadlineWatchdog
-from workers.servers.sglang_client import ServerUnavailable, TransientError, make_client, send
+from workers.servers.sglang_client import ServerDropped, ServerUnavailable, TransientError, make_client, send
 
 from .test_generate_call import ANSWER, Scripted, call, client, reply, serve  # noqa: F401  (the scripted server)
 
@@ -212,6 +212,31 @@ def test_a_reused_connection_closed_as_the_request_went_out_is_sent_again_on_a_f
     # When the next call goes out on the kept connection, then it is answered, on a second connection
     assert call(c, server.url).body == ANSWER
     assert server.connections == 2
+
+
+def test_a_reused_connection_dropped_by_a_server_that_then_refuses_connections_is_its_drop(serve):
+    # Given a server that answers its first request, then takes the next one on the kept connection and
+    # goes away: its listener closed (no new connection is accepted), that connection closed unanswered
+    # (a crash of its engine)
+    holder: list = []
+
+    def behave(conn: socket.socket, _) -> None:
+        if holder:
+            holder[0].listener.shutdown(socket.SHUT_RDWR)  # the port closes
+            holder[0].close()
+            conn.shutdown(socket.SHUT_RDWR)
+        else:
+            holder.append(server)
+            reply(conn)
+    server = serve(behave)
+    c = client()
+    call(c, server.url)
+
+    # When the next call goes out on the kept connection, then it is the server's drop (a crash is noted by
+    # it), not a refused fresh connection, and never sent a second time
+    with pytest.raises(ServerDropped):
+        call(c, server.url)
+    assert server.connections == 1
 
 
 def test_a_connection_idle_past_the_keepalive_is_not_used_again(serve):

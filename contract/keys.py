@@ -68,6 +68,10 @@ class RunKeys:
         self.shard_homes = f"{base}:homes"
         # hash: prompt id -> packed token ids (codec.py), while not done or dead
         self.token_ids = f"{base}:ids"
+        # hash: prompt id (a line's id, not a sample's key) -> what a worker needs of its line beyond
+        # its ids (JSON: its own `sampling`, and its fields for a verifier), kept for the run's life
+        # (line_fields.py)
+        self.line_fields = f"{base}:lines"
         # A run of conversations (`enqueue --turns all`; `conversation_ledger.py` owns these):
 
         # hash: conversation id -> its number of turns, kept for the run's life

@@ -72,6 +72,15 @@ class RunSpec:
     # the tokenizer probe (contract/tokenizer_probe.py): texts and the run's ids for them, which a
     # server's own tokenizer must give before any prompt of the run goes there (None: an older spec)
     probe: dict | None = None
+    # `enqueue --samples N`: samples of each prompt, each keyed and seeded by contract/samples.py
+    samples: int = 1
+    # `enqueue --until-verified K`: sample a prompt until K of its samples pass the verifier, at most
+    # `samples` in all (None: every prompt gets `samples` samples)
+    until_verified: int | None = None
+    verify: str | None = None        # `enqueue --verify NAME`: the verifier each sample's answer is checked by
+    logprobs: int | None = None      # `enqueue --logprobs K`: the top-K log-probabilities of each output token
+    # whether some lines carry their own sampling or fields a worker reads (contract/line_fields.py)
+    line_fields: bool = False
     created_at: float = field(default_factory=time.time)
     layout: int = LAYOUT  # the layout of the run's keys (`keys.LAYOUT`); 0 in a spec written before the field
 
@@ -79,7 +88,10 @@ class RunSpec:
         """What must match for two enqueues to belong to the same run."""
         keep = ("tokenizer_fingerprint", "template_fingerprint", "sampling", "thinking",
                 "think_start_id", "think_end_id", "served_model", "disabled_rules", "turns")
-        return {k: getattr(self, k) for k in keep}
+        # fields added later count only where set, so an older run's identity (and fingerprint) stays
+        newer = {"samples": 1, "until_verified": None, "verify": None, "logprobs": None}
+        return {**{k: getattr(self, k) for k in keep},
+                **{k: getattr(self, k) for k, unset in newer.items() if getattr(self, k) != unset}}
 
     def fingerprint(self) -> str:
         blob = json.dumps(self.identity(), sort_keys=True).encode()

@@ -1,0 +1,55 @@
+"""Several samples of one prompt: each sample's key in the ledger, and its seed.
+
+`enqueue --samples N` makes N samples of each prompt (a line's `id`), each its
+own `/generate` request, its own entry in the ledger and its own row in a shard.
+A sample's *key* (what the ledger, the queue message and the dead-letter hash
+name) is the prompt's id when the run takes one sample of each prompt, so a run
+of one sample is keyed exactly as before; with N > 1 every key is
+`<prompt id>~<index>`, so a key always splits back into one prompt and one
+index (`rpartition`), whatever characters the prompt's own id holds. A shard's
+row keeps the prompt's own id in `id`, the index in `sample` and the seed it was
+asked with in `seed`: (`id`, `sample`) names a row, and the key is derived from
+them (`row_key`) wherever rows are matched against the ledger.
+
+**A re-run asks the same seeds.** A sample's `sampling_seed` is derived from the
+run's name, the prompt's id and the sample's index (sha256, 31 bits), or, where
+the prompt's line gives its own `sampling.seed` S, it is S + index (mod 2^31):
+the same three things give the same seed on any machine, in any order, after
+any retry. Seeds differ between a prompt's samples, so under SGLang's
+deterministic inference (where a request without a seed of its own gets the
+same default seed) the samples of a prompt still differ.
+"""
+from __future__ import annotations
+
+import hashlib
+
+SEPARATOR = "~"
+SEED_MODULUS = 2**31  # SGLang's sampling_seed is an int; keep it a positive int32
+
+
+def sample_key(prompt_id: str, index: int, samples: int) -> str:
+    """The ledger key of sample `index` of `prompt_id` in a run of `samples` samples a prompt."""
+    return prompt_id if samples == 1 else f"{prompt_id}{SEPARATOR}{index}"
+
+
+def split_sample_key(key: str, samples: int) -> tuple[str, int]:
+    """(prompt id, sample index) of a ledger key in a run of `samples` samples a prompt."""
+    if samples == 1:
+        return key, 0
+    prompt_id, _, index = key.rpartition(SEPARATOR)
+    if not prompt_id or not index.isdigit():
+        raise ValueError(f"{key!r} is not a sample key (<prompt id>{SEPARATOR}<index>)")
+    return prompt_id, int(index)
+
+
+def row_key(prompt_id: str, sample: int | None, samples: int) -> str:
+    """The ledger key of a shard row (a row written before samples had no `sample`: sample 0)."""
+    return sample_key(prompt_id, sample or 0, samples)
+
+
+def sample_seed(run: str, prompt_id: str, index: int, line_seed: int | None = None) -> int:
+    """The `sampling_seed` of sample `index` of a prompt (module docstring)."""
+    if line_seed is not None:
+        return (line_seed + index) % SEED_MODULUS
+    digest = hashlib.sha256(f"{run}\0{prompt_id}\0{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % SEED_MODULUS

@@ -11,9 +11,14 @@ for its shard while the writer retries, and a wait that outlasts
 `FLEET_SHARD_COMMIT_TIMEOUT` gives the prompt back (its sample withdrawn)
 rather than dead-lettering it. Only a sample the shard schema cannot hold
 (`BadSample`) is the prompt's own `bad_output`.
+
+In a run with a verifier (`enqueue --verify`), a sample that passed the think
+checks has its answer checked before it goes to its shard (`output/verdicts.py`):
+pass or fail, it is stored, with its verdict.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
@@ -45,6 +50,8 @@ from ..servers.sglang_client import (GatewayOutage, Generation, ServerCut, Serve
                                      ServerRejected, ServerUnavailable, TransientError, generate)
 from ..output.turns import turn_columns
 from ..output.verify import Verdict, think_positions, verify
+from ..output.verdicts import verdict_of
+from contract.verifiers import verdict_class
 
 log = logging.getLogger(__name__)
 
@@ -194,6 +201,10 @@ def _store(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], tr
     """Into a shard, which the writer marks done in the ledger with the rest of its group
     (`reconcile.ShardBook`); a sample no shard can hold is the prompt's bad_output."""
     row = _row(rt, spec, prompt_id, prompt_ids, tries, generation, verdict)
+    if spec.verify:  # the answer's check (a process of its own: never raises for what the check does)
+        verified, label = verdict_of(rt.verdicts, rt.redis, spec, prompt_id, generation.output_ids)
+        row = dataclasses.replace(row, verified=verified, verdict=label)
+        metrics.VERDICTS.labels(verdict_class(verified, label)).inc()
     try:
         return _commit(rt, spec.name, prompt_id, row, submit)
     except BadSample as exc:

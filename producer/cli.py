@@ -255,6 +255,9 @@ def export(dest: str = typer.Argument(..., metavar="DEST", help="A new or empty 
            complete_only: bool = typer.Option(False, "--complete-only", help="A run of conversations "
                                               "(--turns all): only the turns of conversations whose every "
                                               "turn is stored."),
+           verified_only: bool = typer.Option(False, "--verified-only", help="A run with a verifier (enqueue "
+                                              "--verify): only the samples whose answer passed (verified true); "
+                                              "the others are counted by verdict in the manifest's left_out."),
            redis_url: Optional[str] = redis_option()) -> None:
     """Write the finished dataset (each done id once) and a manifest to DEST.
 
@@ -267,7 +270,9 @@ def export(dest: str = typer.Argument(..., metavar="DEST", help="A new or empty 
     done (the shards read in the wrong place, or some gone) fails (exit 1) and
     leaves DEST as it was. --index-only copies nothing: readers of the shards in
     place (DuckDB, Spark) semi-join them with DEST/keep-*.parquet. --format writes
-    the same rows for a trainer (docs/data/exports.md).
+    the same rows for a trainer (docs/data/exports.md). --verified-only keeps
+    only the samples the run's verifier passed, and counts the others by verdict
+    (verdict:fail, verdict:error) among those left out.
     """
     from .formats import FormatRefused
 
@@ -286,6 +291,8 @@ def export(dest: str = typer.Argument(..., metavar="DEST", help="A new or empty 
     if complete_only and spec.turns != "all":
         raise fail(f"--complete-only is for a run of conversations (enqueue --turns all); run {name!r} "
                    f"has one generation per prompt")
+    if verified_only and not spec.verify:
+        raise fail(f"--verified-only is for a run with a verifier (enqueue --verify NAME); run {name!r} has none")
     where = shards_of(settings, client, spec)
     try:
         if not is_bucket(dest):  # raises UnsupportedOutput (gs://...)
@@ -298,7 +305,7 @@ def export(dest: str = typer.Argument(..., metavar="DEST", help="A new or empty 
                                   on_progress=lambda n: bar.update(task, completed=n),
                                   jobs=jobs, redis_url=settings.redis_url, index_only=index_only, format=format,
                                   format_options={"prompts": prompts, "trust_remote_code": trust_remote_code},
-                                  complete_only=complete_only)
+                                  complete_only=complete_only, verified_only=verified_only)
     except (ExportRefused, FormatRefused, UnsupportedOutput) as exc:
         raise fail(str(exc))
     except Shortfall as exc:
@@ -308,7 +315,7 @@ def export(dest: str = typer.Argument(..., metavar="DEST", help="A new or empty 
     what = "indexed" if index_only else "exported"
     target = dest if is_bucket(dest) else Path(dest).resolve()
     out.print(f"{what} {manifest['rows']:,} samples ({manifest['duplicates_dropped']:,} duplicates dropped, "
-              f"left out as not done: {left_out}) into {len(manifest['files']):,} files under {target}, "
+              f"left out{' as not done or not verified' if verified_only else ' as not done'}: {left_out}) into {len(manifest['files']):,} files under {target}, "
               f"from {manifest['source']}; dead letters: {letters}", highlight=False, soft_wrap=True)
     if "format" in manifest:
         figures = manifest["format"]

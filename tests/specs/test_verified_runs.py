@@ -132,3 +132,34 @@ def test_without_verified_only_every_done_sample_is_exported_with_its_verdict(cl
 def test_a_sample_row_without_verdicts_reads_as_nulls():
     table = samples_to_table([sample("p", None, None)])
     assert table.column("verified").to_pylist() == [None] and table.column("verdict").to_pylist() == [None]
+
+
+@pytest.mark.parametrize("name,says", [
+    ("maths", "names no verifier"), ("regex:[", "not a regular expression"),
+    ("no_such_checks_module:grade", "cannot import grade from no_such_checks_module")])
+def test_enqueue_refuses_a_verifier_it_cannot_run_in_one_line_before_anything_is_queued(server, client, tmp_path,
+                                                                                       name, says):
+    from typer.testing import CliRunner
+
+    from contract.keys import RUNS
+    from producer.cli import app
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "What is 2+2?", "answer": "4"}\n')
+    result = CliRunner().invoke(app, ["enqueue", str(prompts), "--verify", name],
+                                env={"REDIS_URL": server, "COLUMNS": "300"})
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert result.exit_code == 2 and len(lines) == 1 and says in lines[0], result.output
+    assert not client.exists(RUNS)
+
+
+def test_enqueue_refuses_a_verifier_for_a_run_of_conversations(server, client, tmp_path):
+    from typer.testing import CliRunner
+
+    from producer.cli import app
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "What is 2+2?", "answer": "4"}\n')
+    result = CliRunner().invoke(app, ["enqueue", str(prompts), "--verify", "exact", "--turns", "all"],
+                                env={"REDIS_URL": server, "COLUMNS": "300"})
+    assert result.exit_code == 2 and "does not go with --turns all" in result.output

@@ -146,7 +146,7 @@ class ShardBook:
         def fill(pipe) -> None:
             Ledger(self.client, run).mark_group_done(samples, shard, pipe)
             done_replies.append(len(pipe))
-            deliveries.clear(pipe, run, *(pid for pid, _ in samples))
+            deliveries.clear(pipe, run, *(sample[0] for sample in samples))
             kombu_take.forget(pipe, tags)
         replies = confirmed(self.client, fill)
         return Ledger.found(replies[:done_replies[-1]])

@@ -90,6 +90,12 @@ def test_a_verifier_that_raises_costs_its_sample_an_error_verdict_and_the_sample
     assert status["verification"] == {"verifier": "my_checks:grade", "passed": 5, "failed": 4, "error": 3,
                                       "checked": 12, "pass_rate": round(5 / 12, 4), "samples_per_verified": 2.4}
     assert "verification (my_checks:grade)" in fleet.producer("status", COLUMNS="200").stdout
+    # and so does the run report, on its cards and in its data
+    fleet.producer("report", "--out", str(tmp_path / "report.html"))
+    page = (tmp_path / "report.html").read_text()
+    data = json.loads(page.split("id='report-data'>", 1)[1].split("</script>", 1)[0].replace("<\\/", "</"))
+    assert data["status"]["verification"] == status["verification"]
+    assert "data-figure='pass rate'>41.7%<" in page and "data-figure='samples per verified'>2.40<" in page
 
     # When the run is exported with --verified-only
     result = fleet.producer("export", str(tmp_path / "dest"), "--verified-only")

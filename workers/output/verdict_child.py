@@ -12,13 +12,16 @@ and SymPy for `math`, the user's module for `module:function`), and one line
 says so (`{"ready": true}`, or the import's failure, then kept as every
 answer's `error` verdict), so the import's seconds never count against the
 first answer's limit. The protocol has stdout to itself: a check's prints go
-to stderr, the worker's log.
+to stderr, the worker's log. It ends with its worker: at the end of its stdin, or,
+in a check that never returns, within a second of the worker's exit.
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
+import threading
+import time
 
 from contract.verifiers import BadVerifier, CheckError, error_verdict, judge, load_function, parse_name
 
@@ -30,7 +33,16 @@ def _warm(verifier) -> None:
         load_function(verifier.target)
 
 
+def _orphaned_exit(parent: int) -> None:
+    """End this process once its worker is gone, even in the middle of a check that never returns
+    (the worker's end closes stdin, which a hung check never reads)."""
+    while os.getppid() == parent:
+        time.sleep(1.0)
+    os._exit(0)
+
+
 def main(name: str) -> None:
+    threading.Thread(target=_orphaned_exit, args=(os.getppid(),), name="verdict-orphan", daemon=True).start()
     reply = os.fdopen(os.dup(1), "wb", buffering=0)
     os.dup2(2, 1)  # a check's print() goes to the worker's log, never into the replies
     sys.stdout = sys.stderr

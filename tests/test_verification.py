@@ -96,6 +96,9 @@ def test_a_verifier_that_raises_costs_its_sample_an_error_verdict_and_the_sample
     data = json.loads(page.split("id='report-data'>", 1)[1].split("</script>", 1)[0].replace("<\\/", "</"))
     assert data["status"]["verification"] == status["verification"]
     assert "data-figure='pass rate'>41.7%<" in page and "data-figure='samples per verified'>2.40<" in page
+    # and `show` prints a sample's verdict
+    shown = fleet.producer("show", "q9", COLUMNS="300").stdout
+    assert "error: RuntimeError: verifier bug on q9 (not passed my_checks:grade)" in shown
 
     # When the run is exported with --verified-only
     result = fleet.producer("export", str(tmp_path / "dest"), "--verified-only")

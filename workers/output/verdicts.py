@@ -23,8 +23,8 @@ verifier NAME, started when first needed; a task waits for a free one (that
 wait is not counted against the limit, nor is a child's start: `verdict_child`
 imports what the check needs before it says it is ready). The answer is
 decoded here with the run's tokenizer (`turns.chat_for`, loaded once per
-process) and the line's fields read from the run's line records
-(`contract/line_fields.py`).
+process) and checked against the line's fields, read from the run's line records
+(`contract/line_fields.py`) before the sample is generated.
 """
 from __future__ import annotations
 
@@ -199,28 +199,22 @@ def answer_text(spec: RunSpec, output_ids: list[int]) -> str:
 
 
 def line_fields(client: redis.Redis, spec: RunSpec, key: str) -> dict:
-    """The fields of the line whose sample is `key` (a prompt id, or `<id>~<index>`)."""
+    """The fields of the line whose sample is `key` (a prompt id, or `<id>~<index>`), read once a
+    sample, before its generation (a Redis failure then costs no generation); {} where none."""
     if not spec.line_fields:
         return {}
     prompt_id, _ = split_sample_key(key, spec.samples)
     return LineFields(client, spec.name).get(prompt_id).get("fields") or {}
 
 
-def verdict_of(verdicts: Verdicts, client: redis.Redis, spec: RunSpec, key: str,
-               output_ids: list[int]) -> tuple[bool | None, str | None]:
-    """The sample's (verified, verdict); (None, None) in a run without a verifier. A failure to
-    read what the check needs (the tokenizer, the line's fields) is the sample's `error` verdict;
-    only Redis failing is raised, for the task to handle as any outage."""
+def verdict_of(verdicts: Verdicts, spec: RunSpec, fields: dict, output_ids: list[int]) -> tuple[bool | None, str | None]:
+    """The sample's (verified, verdict) against its line's `fields` (`line_fields`); (None, None) in a
+    run without a verifier. Never raises: an answer that cannot be decoded here (the run's tokenizer
+    does not load on this worker) is the sample's `error` verdict, as is anything its check does."""
     if not spec.verify:
         return None, None
     try:
-        fields = line_fields(client, spec, key)
-    except redis.RedisError:
-        raise
-    except Exception as exc:
-        return False, error_verdict(f"the line's fields cannot be read: {exc.__class__.__name__}: {exc}")
-    try:
         answer = answer_text(spec, output_ids)
-    except Exception as exc:  # the run's tokenizer does not load here (TemplateMismatch), say
+    except Exception as exc:  # TemplateMismatch, a tokenizer that does not load here
         return False, error_verdict(f"the answer cannot be decoded here: {exc.__class__.__name__}: {exc}")
     return verdicts.judge(spec.verify, fields, answer)

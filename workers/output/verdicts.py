@@ -103,12 +103,13 @@ class _Child:
         """The child's next reply line; None at its end (it died); TimeoutError past `timeout`."""
         deadline = time.monotonic() + timeout
         out = self.proc.stdout.fileno()
+        poller = select.poll()  # not select(): a busy worker's descriptors go past its 1,024
+        poller.register(out, select.POLLIN)
         while b"\n" not in self._buffer:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise TimeoutError
-            readable, _, _ = select.select([out], [], [], left)
-            if not readable:
+            if not poller.poll(max(1, int(left * 1000))):
                 continue
             chunk = os.read(out, 65536)
             if not chunk:

@@ -175,3 +175,25 @@ def test_the_check_process_runs_the_workers_own_python():
         assert child.proc.args[0] == sys.executable
     finally:
         verdicts.close()
+
+
+def test_a_worker_holding_more_than_1024_descriptors_still_checks_answers():
+    # Given a process with descriptors numbered past select()'s 1,024 (a busy worker's connections)
+    import os
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1200:
+        pytest.skip(f"this machine allows {hard} descriptors")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, 1200), hard))
+    held = [os.open(os.devnull, os.O_RDONLY) for _ in range(1100)]
+    verdicts = Verdicts(timeout=30)
+    try:
+        # When an answer is checked
+        # Then its verdict comes back as usual
+        assert verdicts.judge("regex:4", {}, "42") == (True, "pass")
+    finally:
+        verdicts.close()
+        for fd in held:
+            os.close(fd)
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

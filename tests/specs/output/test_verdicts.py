@@ -197,3 +197,39 @@ def test_a_worker_holding_more_than_1024_descriptors_still_checks_answers():
         for fd in held:
             os.close(fd)
         resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
+# -- the answer a check reads -----------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def chat():
+    from contract.bundled import bundled_tokenizer_dir
+    from contract.chat import ChatTokenizer
+
+    return ChatTokenizer(str(bundled_tokenizer_dir()))
+
+
+def run_spec(chat, thinking: str):
+    import dataclasses
+
+    from producer.enqueue import new_spec
+
+    return dataclasses.replace(new_spec(chat, "r", chat.name, 64, 0.6, 0.95, thinking), verify="exact")
+
+
+def test_the_answer_is_the_text_after_think_end_without_the_stop_token(chat):
+    from workers.output.verdicts import answer_text
+
+    spec = run_spec(chat, "prompt")
+    reasoning, answer = chat.tok.encode("Half of one.", add_special_tokens=False), \
+        chat.tok.encode("  \\boxed{0.5}\n", add_special_tokens=False)
+    output = reasoning + [spec.think_end_id] + answer + spec.stop_ids[:1]
+    assert answer_text(spec, output) == "\\boxed{0.5}"
+
+
+def test_in_a_run_that_does_not_think_the_answer_is_the_whole_output(chat):
+    from workers.output.verdicts import answer_text
+
+    spec = run_spec(chat, "off")
+    output = chat.tok.encode("a </think> b", add_special_tokens=False) + spec.stop_ids[:1]
+    assert answer_text(spec, output) == "a </think> b"

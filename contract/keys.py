@@ -52,7 +52,8 @@ class RunKeys:
         # read by the ledger's scripts without decoding a letter
         self.dead_reasons = f"{base}:dead:reasons"
         # hash: enqueued, prompt_tokens, output_tokens, state:queued|done|dead, reason:CODE
-        # (dead letters by reason), and the conversations' counts (conversation_ledger.py)
+        # (dead letters by reason), verdict:pass|fail|error (stored samples by verdict class, in a run
+        # with a verifier: contract/verifiers.py), and the conversations' counts (conversation_ledger.py)
         self.counters = f"{base}:counters"
         self.crashes = f"{base}:crashes"    # hash: prompt id -> unexpected task failures
         # hash: prompt id -> JSON list of the server crashes it was in flight at ({server, at}; server_crashes.py)

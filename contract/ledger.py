@@ -22,8 +22,9 @@ prompt cannot be rendered) in the same atomic step that moves the
 conversation past the turn before it.
 
 Any other call is a no-op that returns the state it found, for the caller to
-log. The counts by state (`state:queued|done|dead`) and by dead-letter reason
-(`reason:CODE`) are kept in the run's counters hash by the same scripts, so
+log. The counts by state (`state:queued|done|dead`), by dead-letter reason
+(`reason:CODE`) and, in a run with a verifier, of stored samples by verdict class
+(`verdict:pass|fail|error`, counted as each becomes done) are kept in the run's counters hash by the same scripts, so
 `status` and `dead stats` read them in O(1) and they always add up:
 queued + done + dead == enqueued. A dead letter exists exactly while its
 prompt is dead (purging one keeps the prompt dead), so `dead list` never
@@ -154,13 +155,15 @@ class Tally:
     reasons: dict[str, int] = field(default_factory=dict)  # dead letters by reason
     prompt_tokens: int = 0
     output_tokens: int = 0
+    verdicts: dict[str, int] = field(default_factory=dict)  # stored samples by verdict class (pass, fail, error)
 
     @classmethod
     def from_counters(cls, counters: dict[str, int]) -> "Tally":
         return cls(enqueued=counters.get("enqueued", 0), queued=counters.get("state:queued", 0),
                    done=counters.get("state:done", 0), dead=counters.get("state:dead", 0),
                    reasons={k[7:]: v for k, v in sorted(counters.items()) if k.startswith("reason:") and v > 0},
-                   prompt_tokens=counters.get("prompt_tokens", 0), output_tokens=counters.get("output_tokens", 0))
+                   prompt_tokens=counters.get("prompt_tokens", 0), output_tokens=counters.get("output_tokens", 0),
+                   verdicts={k[8:]: v for k, v in sorted(counters.items()) if k.startswith("verdict:") and v > 0})
 
     def by_state(self) -> dict[str, int]:
         return {str(s): n for s, n in ((QUEUED, self.queued), (DONE, self.done), (DEAD, self.dead)) if n}
@@ -287,20 +290,24 @@ class Ledger:
         return [pid for pid, moved in zip(payloads, (m for reply in replies for m in reply)) if moved]
 
     def mark_done(self, prompt_id: str, output_tokens: int, shard: str | Path,
-                  pipe: redis.client.Pipeline | None = None) -> str | None:
+                  pipe: redis.client.Pipeline | None = None, verdict: str | None = None) -> str | None:
         """The prompt's sample is durable in `shard` (its canonical copy, unless the prompt
         was done already); returns the state it was in (done: nothing changed; None: not in
-        the run, or on `pipe`)."""
-        found = self.mark_group_done([(prompt_id, output_tokens)], shard, pipe)
+        the run, or on `pipe`). `verdict`: its verdict class, counted if it becomes done."""
+        found = self.mark_group_done([(prompt_id, output_tokens, verdict)], shard, pipe)
         return None if found is None else found[0]
 
-    def mark_group_done(self, samples: list[tuple[str, int]], shard: str | Path,
+    def mark_group_done(self, samples: list[tuple], shard: str | Path,
                         pipe: redis.client.Pipeline | None = None) -> list[str | None] | None:
-        """A group's samples, (prompt id, output tokens) each, are durable in `shard`: one
-        script call per `READ_CHUNK` of them (a group commit's whole ledger step). Returns
-        the state each prompt was in, as `mark_done` does."""
+        """A group's samples, (prompt id, output tokens) or (prompt id, output tokens, verdict
+        class) each, are durable in `shard`: one script call per `READ_CHUNK` of them (a group
+        commit's whole ledger step). A sample's verdict class (pass, fail, error:
+        `contract.verifiers.verdict_class`) is counted in `verdict:<class>` by the same step that
+        makes it done, so once whatever the retries. Returns the state each prompt was in, as
+        `mark_done` does."""
         head = {"minute": int(CLOCK.now(self.client) // 60), "code": shard_code(shard)}
-        replies = self._in_chunks(lua.DONE, [pid for pid, _ in samples], samples, head, pipe)
+        records = [(s[0], s[1], (s[2] if len(s) > 2 else None) or "") for s in samples]
+        replies = self._in_chunks(lua.DONE, [s[0] for s in samples], records, head, pipe)
         return None if pipe is not None else self.found(replies)
 
     def bury(self, prompt_id: str, reason: str, letter: str, forgotten: bool = False) -> str | None:

@@ -117,7 +117,10 @@ return out
 """, prelude=PRELUDE, each=("field", "id", "ids"), key_offset="B")
 
 # Per prompt the state found ('' if none). Every prompt's writing entry goes: a done prompt needs
-# none. The entries and the stored prompts' ids go in one HDEL each, not one per prompt.
+# none. The entries and the stored prompts' ids go in one HDEL each, not one per prompt. A sample's
+# verdict class (pass, fail or error; '' without a verifier: contract/verifiers.py) is counted
+# (`verdict:<class>`) in the same step that makes it done, so a sample counts once, however often
+# its group is marked.
 DONE = Lua("""
 local out, stored, tokens, every, gone = {}, 0, 0, {}, {}
 for i, p in ipairs(prompts) do
@@ -129,6 +132,7 @@ for i, p in ipairs(prompts) do
     gone[#gone + 1] = p.id
     add('state:' .. found, -1)
     stored, tokens = stored + 1, tokens + tonumber(p.tokens)
+    if p.verdict ~= '' then add('verdict:' .. p.verdict, 1) end
   end
   out[i] = found or ''
 end
@@ -143,7 +147,7 @@ if stored > 0 then
 end
 flush()
 return out
-""", prelude=PRELUDE, head=("minute", "code"), each=("field", "id", "tokens"), key_offset="B")
+""", prelude=PRELUDE, head=("minute", "code"), each=("field", "id", "tokens", "verdict"), key_offset="B")
 
 # KEYS[B + 1]: the prompt's bucket. The state found ('' if none); only a queued or dead prompt
 # gets the letter, or (`forgotten`) one whose entries Redis lost, counted queued when enqueued.

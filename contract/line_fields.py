@@ -27,11 +27,18 @@ class LineFields:
         self.client = client
         self.key = RunKeys(run).line_fields
 
-    def put(self, pipe, records: dict[str, dict]) -> None:
-        """Add `records` (prompt id -> record) to `pipe` (a pipeline the caller executes)."""
-        if records:
-            pipe.hset(self.key, mapping={pid: json.dumps(r, separators=(",", ":"), sort_keys=True)
-                                         for pid, r in records.items()})
+    def put(self, pipe, records: dict[str, dict], keep: bool = False) -> None:
+        """Add `records` (prompt id -> record) to `pipe` (a pipeline the caller executes). `keep`:
+        a record already there stays (HSETNX), so a later line repeating an id (a duplicate, which
+        the ledger does not queue) never replaces the record of the line whose prompt it queued."""
+        if not records:
+            return
+        encoded = {pid: json.dumps(r, separators=(",", ":"), sort_keys=True) for pid, r in records.items()}
+        if not keep:
+            pipe.hset(self.key, mapping=encoded)
+            return
+        for pid, record in encoded.items():
+            pipe.hsetnx(self.key, pid, record)
 
     def get(self, prompt_id: str) -> dict:
         """The record of `prompt_id`'s line; empty where it has none."""

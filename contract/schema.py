@@ -16,7 +16,10 @@ its output ids, exactly as for a single prompt, whose two columns are null.
 
 `cached_tokens` is the server's `meta_info.cached_tokens` for the stored
 generation (prompt tokens found in its prefix cache), null where the server
-did not say. Columns are only ever added at the end: readers open shards with
+did not say. `verified` and `verdict` are the run's verifier's judgement of the
+answer (`enqueue --verify`, `contract/verifiers.py`): whether it passed, and
+its label (`pass`, `fail`, a user function's own, `error: ...` where the check
+raised or ran out of time); null in a run without a verifier. Columns are only ever added at the end: readers open shards with
 `arrow_schema()`, so an older shard without a newer column reads as nulls.
 """
 from __future__ import annotations
@@ -54,6 +57,8 @@ class Sample:
     conversation: str | None = None  # the conversation's id; None for a single prompt
     turn: int | None = None          # 0-based index of the assistant turn in it; None for a single prompt
     cached_tokens: int | None = None  # prompt tokens the server found in its prefix cache; None: not reported
+    verified: bool | None = None     # the run's verifier passed the answer (`enqueue --verify`); None: no verifier
+    verdict: str | None = None       # its label: pass, fail, a function's own, or `error: ...` (contract/verifiers.py)
 
 
 # Arrow type of each column, by name: the order is Sample's.
@@ -65,6 +70,7 @@ _TYPES = {
     "template_fingerprint": "string", "e2e_latency": "float32", "started_at": "timestamp[ms, UTC]",
     "finished_at": "timestamp[ms, UTC]",
     "conversation": "string", "turn": "int16", "cached_tokens": "int32",
+    "verified": "bool_", "verdict": "string",
 }
 COLUMNS = tuple(f.name for f in fields(Sample))
 

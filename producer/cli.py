@@ -81,6 +81,13 @@ def enqueue(
                                    help="Hold back while the queue is deeper than this (0: never)."),
     max_line_bytes: int = typer.Option(MAX_LINE_BYTES, min=1, metavar="N", help="A longer line is reported and "
                                        "skipped (default 16 MiB), never held in memory."),
+    verify: Optional[str] = typer.Option(None, "--verify", metavar="NAME",
+                                         help="Check each sample's answer while the run goes on, and store the "
+                                              "verdict with it (columns verified, verdict): math (the last "
+                                              "\\boxed{} against the line's answer field, by math-verify), exact "
+                                              "(the answer equals the line's answer field), regex:PATTERN (re.search "
+                                              "finds PATTERN in the answer), or module:function (your own check, "
+                                              "importable here and on every worker; docs/data/verification.md)."),
     run: Optional[str] = run_option(),
     redis_url: Optional[str] = redis_option(),
 ) -> None:
@@ -94,11 +101,15 @@ def enqueue(
     and reason and skipped; the others are published, and the exit status is 1.
     A file with no prompt at all (empty, or blank lines only) fails (exit 1), as
     does a tokenizer that is neither a folder nor a hub id (exit 2), each in one
-    line; the summary names the tokenizer used.
+    line; the summary names the tokenizer used. A --verify NAME that names no
+    verifier (an unknown name, a pattern that is no regular expression, a
+    module:function that does not import here) is refused (exit 2).
     """
     from .tokenizer_choice import TokenizerUnavailable, choose, load_chat
 
     name = run_name(run)
+    if verify is not None:
+        _check_verifier(verify, turns)
     try:
         chosen = choose(tokenizer)
     except TokenizerUnavailable as exc:
@@ -115,7 +126,7 @@ def enqueue(
     except TokenizerUnavailable as exc:
         raise fail(str(exc))
     spec = new_spec(chat, name, chosen.name, max_new_tokens, temperature, top_p, thinking,
-                    served_model, disable_rule, turns, trust_remote_code)
+                    served_model, disable_rule, turns, trust_remote_code, verify)
     try:
         spec = prepare_run(client, spec)
     except (RunMismatch, OlderLayout) as exc:
@@ -140,6 +151,18 @@ def enqueue(
         raise no_prompts(prompts)
     if summary.rejected:
         raise typer.Exit(1)
+
+
+def _check_verifier(name: str, turns: str) -> None:
+    """A --verify NAME the workers can run, or exit 2 with one line (contract/verifiers.py)."""
+    from contract.verifiers import BadVerifier, check_importable, parse_name
+
+    if turns == ALL:
+        raise fail("--verify checks one answer per prompt; it does not go with --turns all")
+    try:
+        check_importable(parse_name(name))
+    except BadVerifier as exc:
+        raise fail(str(exc))
 
 
 def _print_enqueue_summary(summary, mode: str) -> None:
@@ -232,6 +255,9 @@ def export(dest: str = typer.Argument(..., metavar="DEST", help="A new or empty 
            complete_only: bool = typer.Option(False, "--complete-only", help="A run of conversations "
                                               "(--turns all): only the turns of conversations whose every "
                                               "turn is stored."),
+           verified_only: bool = typer.Option(False, "--verified-only", help="A run with a verifier (enqueue "
+                                              "--verify): only the samples whose answer passed (verified true); "
+                                              "the others are counted by verdict in the manifest's left_out."),
            redis_url: Optional[str] = redis_option()) -> None:
     """Write the finished dataset (each done id once) and a manifest to DEST.
 
@@ -244,7 +270,9 @@ def export(dest: str = typer.Argument(..., metavar="DEST", help="A new or empty 
     done (the shards read in the wrong place, or some gone) fails (exit 1) and
     leaves DEST as it was. --index-only copies nothing: readers of the shards in
     place (DuckDB, Spark) semi-join them with DEST/keep-*.parquet. --format writes
-    the same rows for a trainer (docs/data/exports.md).
+    the same rows for a trainer (docs/data/exports.md). --verified-only keeps
+    only the samples the run's verifier passed, and counts the others by verdict
+    (verdict:fail, verdict:error) among those left out.
     """
     from .formats import FormatRefused
 
@@ -263,6 +291,8 @@ def export(dest: str = typer.Argument(..., metavar="DEST", help="A new or empty 
     if complete_only and spec.turns != "all":
         raise fail(f"--complete-only is for a run of conversations (enqueue --turns all); run {name!r} "
                    f"has one generation per prompt")
+    if verified_only and not spec.verify:
+        raise fail(f"--verified-only is for a run with a verifier (enqueue --verify NAME); run {name!r} has none")
     where = shards_of(settings, client, spec)
     try:
         if not is_bucket(dest):  # raises UnsupportedOutput (gs://...)
@@ -275,7 +305,7 @@ def export(dest: str = typer.Argument(..., metavar="DEST", help="A new or empty 
                                   on_progress=lambda n: bar.update(task, completed=n),
                                   jobs=jobs, redis_url=settings.redis_url, index_only=index_only, format=format,
                                   format_options={"prompts": prompts, "trust_remote_code": trust_remote_code},
-                                  complete_only=complete_only)
+                                  complete_only=complete_only, verified_only=verified_only)
     except (ExportRefused, FormatRefused, UnsupportedOutput) as exc:
         raise fail(str(exc))
     except Shortfall as exc:
@@ -285,7 +315,7 @@ def export(dest: str = typer.Argument(..., metavar="DEST", help="A new or empty 
     what = "indexed" if index_only else "exported"
     target = dest if is_bucket(dest) else Path(dest).resolve()
     out.print(f"{what} {manifest['rows']:,} samples ({manifest['duplicates_dropped']:,} duplicates dropped, "
-              f"left out as not done: {left_out}) into {len(manifest['files']):,} files under {target}, "
+              f"left out{' as not done or not verified' if verified_only else ' as not done'}: {left_out}) into {len(manifest['files']):,} files under {target}, "
               f"from {manifest['source']}; dead letters: {letters}", highlight=False, soft_wrap=True)
     if "format" in manifest:
         figures = manifest["format"]

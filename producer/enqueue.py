@@ -26,6 +26,11 @@ other prompts of the batch are published.
 regenerated (`contract/conversations.py`): only turn 0 is rendered and queued
 here, as prompt `<id>#0`, after its conversation is registered; each later
 turn is rendered and queued by the worker that stored the turn before it.
+
+`--verify NAME` keeps each line's own fields (`answer`, ...) for the workers'
+verifier: recorded per prompt (`contract/line_fields.py`) in the same
+transaction that queues it (`_enqueue`), so a worker never takes a prompt whose
+fields are not there yet; a later line repeating an id never replaces them.
 """
 from __future__ import annotations
 
@@ -48,6 +53,7 @@ from contract.conversations import ALL, LAST, skeleton, turn_history, turn_id, t
 from contract.keys import queue_for
 from contract.kombu_redis import queue_depth
 from contract.ledger import AGAIN, NEW, Entry, Ledger
+from contract.line_fields import LineFields
 from contract.names import PromptState, Thinking
 from contract.publish import publish_prompts
 from contract.replication import replicated
@@ -123,7 +129,8 @@ def _first_turn(item: Prompt | BadLine) -> FirstTurn | BadLine:
     if isinstance(item, BadLine):
         return item
     shape = skeleton(item.messages)
-    return FirstTurn(item.line, turn_id(item.id, 0), turn_history(shape, [], 0), item.id, shape, turns(shape))
+    return FirstTurn(item.line, turn_id(item.id, 0), turn_history(shape, [], 0), conversation=item.id, shape=shape,
+                     turns=turns(shape))
 
 
 class RunMismatch(Exception):
@@ -132,8 +139,10 @@ class RunMismatch(Exception):
 
 def new_spec(chat: ChatTokenizer, name: str, tokenizer: str, max_new_tokens: int, temperature: float,
              top_p: float, thinking: str = "auto", served_model: str | None = None,
-             disabled_rules: Iterable[str] = (), turns: str = LAST, trust_remote_code: bool = False) -> RunSpec:
-    """The spec `enqueue` records for a run: tokenizer identity, sampling, think tokens."""
+             disabled_rules: Iterable[str] = (), turns: str = LAST, trust_remote_code: bool = False,
+             verify: str | None = None) -> RunSpec:
+    """The spec `enqueue` records for a run: tokenizer identity, sampling, think tokens, and the
+    verifier of its answers (`verify`, whose lines' fields are kept for workers)."""
     return RunSpec(
         name=name, tokenizer=tokenizer, tokenizer_fingerprint=chat.fingerprint(),
         template_fingerprint=chat.template_fingerprint(),
@@ -144,7 +153,7 @@ def new_spec(chat: ChatTokenizer, name: str, tokenizer: str, max_new_tokens: int
         stop_ids=chat.stop_ids(), served_model=served_model, disabled_rules=sorted(disabled_rules),
         vocab_size=len(chat.tok), turns=turns, trust_remote_code=trust_remote_code,
         history_reasoning=turns == ALL and chat.renders_history_reasoning(),
-        probe=make_probe(chat.tok).to_dict(),
+        probe=make_probe(chat.tok).to_dict(), verify=verify, line_fields=verify is not None,
     )
 
 
@@ -286,7 +295,7 @@ def _publish(ready: list[tuple[Prompt, list[int]]], spec: RunSpec, app, queue: s
         if spec.turns == ALL:  # the conversation first, so no worker finds its turn 0 without it
             ConversationLedger(ledger.client, spec.name).register(
                 [(p.conversation, p.turns, p.shape) for p, _ in ready])
-        outcomes = ledger.enqueue([(p.id, pack_ids(ids)) for p, ids in ready], call)
+        outcomes = _enqueue(ledger, spec, ready, call)
         new = []
         for (prompt, ids), outcome in zip(ready, outcomes):
             if outcome == NEW:
@@ -296,3 +305,32 @@ def _publish(ready: list[tuple[Prompt, list[int]]], spec: RunSpec, app, queue: s
         publish_prompts(app, spec.name, queue, [(p.id, len(ids), None) for p, ids in new])
     summary.published += len(new)
     summary.prompt_tokens += sum(len(ids) for _, ids in new)
+
+
+def line_record(prompt: Prompt, spec: RunSpec) -> dict:
+    """What a worker needs of the prompt's line beyond its ids (`contract/line_fields.py`): its
+    fields where the run has a verifier (`--verify`), which reads them; {} where nothing."""
+    record = {}
+    if spec.verify:
+        record["fields"] = prompt.fields
+    return record
+
+
+def _enqueue(ledger: Ledger, spec: RunSpec, ready: list[tuple[Prompt, list[int]]], call: str) -> list[str]:
+    """The ledger's enqueue of `ready`; in a run whose lines carry records for workers, in one
+    transaction with them (the first line of an id keeps its record), so no worker takes a prompt
+    whose record is not there yet."""
+    payloads = [(p.id, pack_ids(ids)) for p, ids in ready]
+    if not spec.line_fields:
+        return ledger.enqueue(payloads, call)
+    records: dict[str, dict] = {}
+    for prompt, _ in ready:
+        record = line_record(prompt, spec)
+        if record and prompt.id not in records:
+            records[prompt.id] = record
+    with ledger.client.pipeline(transaction=True) as pipe:
+        LineFields(ledger.client, spec.name).put(pipe, records, keep=True)
+        before = len(pipe)
+        ledger.enqueue(payloads, call, pipe=pipe)
+        replies = pipe.execute()
+    return Ledger.outcomes(replies[before:])

@@ -36,6 +36,11 @@ Invariants, and why they hold:
   folder and removed before the swap, so the selection above is the one code
   path; the manifest's `format` entry (rows, id-set digest, token counts) is
   computed the same way for every format, Parquet included.
+- **Only what passed** (`verified_only`, `export --verified-only`): of the rows
+  above, those whose `verified` is true; the others (failed, an `error`
+  verdict, or never checked) are counted in the manifest's `left_out` by
+  verdict class (`verdict:fail`, `verdict:error`, `verdict:none`). Every shard
+  is then read row by row (a shard's footer does not say all its rows passed).
 """
 from __future__ import annotations
 
@@ -62,6 +67,7 @@ from contract.schema import arrow_schema
 from contract.shard_home import check_found
 from contract.spec import RunSpec, check_run_name
 from contract.storage import store_for
+from contract.verifiers import verdict_class
 
 from . import formats
 from .export_bucket import Uploader, is_bucket, previous_parts, publish
@@ -70,6 +76,7 @@ from .export_writer import RollingWriter
 
 BATCH_ROWS = 2048           # rows read (and looked up in the ledger) at a time
 JOB_BYTES = 2**30           # jobs=0: a process per this much of shards (a process costs ~1 s to start)
+VERDICT_LEFT_OUT = "verdict:"  # `left_out` keys of done samples `--verified-only` leaves out, by verdict class
 KEEP_SCHEMA = pa.schema([("shard", pa.string()), ("row", pa.int64()), ("id", pa.string())])
 
 
@@ -77,7 +84,7 @@ def export_run(spec: RunSpec, client: redis.Redis, output_dir: str, dest: Path |
                rows_per_file: int = 10_000, on_progress: Callable[[int], None] | None = None,
                jobs: int = 1, redis_url: str | None = None, index_only: bool = False,
                format: str = formats.PARQUET, format_options: dict | None = None,
-               complete_only: bool = False) -> dict:
+               complete_only: bool = False, verified_only: bool = False) -> dict:
     """Write the export into a fresh folder beside `dest`, then swap it into place. With
     `jobs` > 1 (and `redis_url`, for the other processes) the shards are shared out; 0:
     a process per `JOB_BYTES` of shards, at most one per core (and 8). A `format` other
@@ -88,7 +95,7 @@ def export_run(spec: RunSpec, client: redis.Redis, output_dir: str, dest: Path |
         raise ValueError(f"format {format!r} is not one of {formats.NAMES}, or comes with --index-only")
     if is_bucket(str(dest)):
         return _export_to_bucket(spec, client, output_dir, str(dest), rows_per_file, on_progress, index_only,
-                                 format, complete_only)
+                                 format, complete_only, verified_only)
     dest = Path(dest).resolve()  # a symlinked DEST: its target is replaced, the link stays
     check_replaceable(dest)
     dest.parent.mkdir(parents=True, exist_ok=True)
@@ -97,7 +104,7 @@ def export_run(spec: RunSpec, client: redis.Redis, output_dir: str, dest: Path |
         rows = staging if format == formats.PARQUET else staging / ".rows"
         rows.mkdir(exist_ok=True)
         manifest = _write_export(spec, client, output_dir, rows, rows_per_file, on_progress,
-                                 jobs, redis_url, index_only, complete_only)
+                                 jobs, redis_url, index_only, complete_only, verified_only=verified_only)
         if not index_only:
             manifest = _add_format(manifest, spec, rows, staging, format, format_options or {})
         swap_into_place(staging, dest)
@@ -108,7 +115,7 @@ def export_run(spec: RunSpec, client: redis.Redis, output_dir: str, dest: Path |
 
 def _export_to_bucket(spec: RunSpec, client: redis.Redis, output_dir: str, dest: str, rows_per_file: int,
                       on_progress: Callable[[int], None] | None, index_only: bool, format: str,
-                      complete_only: bool) -> dict:
+                      complete_only: bool, verified_only: bool = False) -> dict:
     """The export at `s3://bucket/dest` (`export_bucket.py`): each part uploaded as it is
     written, the manifest last; the previous export's parts deleted after."""
     if format != formats.PARQUET:
@@ -118,7 +125,7 @@ def _export_to_bucket(spec: RunSpec, client: redis.Redis, output_dir: str, dest:
     staging = Path(tempfile.mkdtemp(prefix=".export-"))  # private scratch, uploaded and removed
     try:
         manifest = _write_export(spec, client, output_dir, staging, rows_per_file, on_progress, 1, None,
-                                 index_only, complete_only, on_file=uploader)
+                                 index_only, complete_only, on_file=uploader, verified_only=verified_only)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
     manifest["export_id"] = uploader.export_id
@@ -160,6 +167,7 @@ class _Share:
     left_out: Counter = field(default_factory=Counter)
     models: set = field(default_factory=set)
     complete_only: bool = False  # only the turns of complete conversations (`--complete-only`)
+    verified_only: bool = False  # only the samples the run's verifier passed (`--verified-only`)
     whole: int = 0       # shards exported as they are
     rewritten: int = 0   # shards read row by row (some rows left out, or too many for a file)
 
@@ -167,7 +175,7 @@ class _Share:
 def _write_export(spec: RunSpec, client: redis.Redis, output_dir: str, folder: Path, rows_per_file: int,
                   on_progress: Callable[[int], None] | None, jobs: int, redis_url: str | None,
                   index_only: bool, complete_only: bool = False,
-                  on_file: Callable[[Path], str] | None = None) -> dict:
+                  on_file: Callable[[Path], str] | None = None, verified_only: bool = False) -> dict:
     store = store_for(output_dir)
     done_before = Ledger(client, spec.name).tally().done  # each of these has its shard by now
     sizes = store.sizes(spec.name)
@@ -176,7 +184,7 @@ def _write_export(spec: RunSpec, client: redis.Redis, output_dir: str, folder: P
         jobs = min(os.cpu_count() or 1, 8, sum(sizes.values()) // JOB_BYTES)
     jobs = max(1, min(jobs if redis_url else 1, len(sources)))
     shares = [_Share(n, spec.name, sources[n::jobs], str(folder), rows_per_file, index_only, output_dir, redis_url,
-                     complete_only=complete_only) for n in range(jobs)]
+                     complete_only=complete_only, verified_only=verified_only) for n in range(jobs)]
     if jobs == 1:
         shares = [_export_share(shares[0], client, on_progress, on_file)]
     else:
@@ -187,7 +195,9 @@ def _write_export(spec: RunSpec, client: redis.Redis, output_dir: str, folder: P
     left_out = sum((s.left_out for s in shares), Counter())
     # every prompt done before the export began is exported, or left out as part of an
     # incomplete conversation; fewer: the shards were read in the wrong place, or some are gone
-    check_found(spec.name, done_before, rows + left_out["incomplete_conversation"], store.where(spec.name))
+    # or left out by its verdict (`--verified-only`)
+    judged = sum(n for k, n in left_out.items() if k.startswith(VERDICT_LEFT_OUT))
+    check_found(spec.name, done_before, rows + left_out["incomplete_conversation"] + judged, store.where(spec.name))
     manifest = {
         "run": spec.name,
         "exported_at": time.time(),
@@ -205,6 +215,7 @@ def _write_export(spec: RunSpec, client: redis.Redis, output_dir: str, folder: P
         "source": store.where(spec.name),
         "index_only": index_only,
         "complete_only": complete_only,
+        "verified_only": verified_only,
         "dead_letters": dict(tally.reasons),
         "ledger": tally.by_state(),
         "files": files,
@@ -278,7 +289,7 @@ def _export_shard(path: str, source, ledger: Ledger, writer: "RollingWriter", sh
     rows = shard.metadata.num_rows
     whole = (rows and shard.schema_arrow.equals(arrow_schema())
              and (share.index_only or rows <= share.rows_per_file) and ledger.canonical_rows(path) == rows
-             and not share.complete_only)
+             and not share.complete_only and not share.verified_only)
     if whole:
         share.whole += 1
         share.source_rows += rows
@@ -313,7 +324,7 @@ def _export_rows(name: str, source, ledger: Ledger, writer: "RollingWriter", sha
     """The shard's rows a batch at a time, each kept iff the ledger says its prompt is done
     with its canonical copy in this shard."""
     canonical = b"%d" % shard_code(name)  # the stored state of a prompt done in this shard
-    columns = ["id"] if share.index_only else None
+    columns = (["id", "verified", "verdict"] if share.verified_only else ["id"]) if share.index_only else None
     dataset = _dataset(source)
     seen: set[str] = set()  # this shard's ids: a row written twice into one shard counts once
     offset = 0  # the batch's first row number in the shard
@@ -323,6 +334,8 @@ def _export_rows(name: str, source, ledger: Ledger, writer: "RollingWriter", sha
         keep = [_keep(prompt_id, raw, canonical, seen, share) for prompt_id, raw in zip(ids, ledger.raw_entries(ids))]
         if share.complete_only:
             keep = _of_complete_conversations(ledger, ids, keep, share)
+        if share.verified_only:
+            keep = _verified(batch, keep, share)
         keep = pa.array(keep, type=pa.bool_())
         kept = batch.filter(keep)
         share.rows += kept.num_rows
@@ -359,6 +372,19 @@ def _of_complete_conversations(ledger: Ledger, ids: list[str], keep: list[bool],
         if kept and not whole:
             share.left_out["incomplete_conversation"] += 1
         out.append(kept and whole)
+    return out
+
+
+def _verified(batch: pa.RecordBatch, keep: list[bool], share: _Share) -> list[bool]:
+    """`--verified-only`: a kept sample stays only if the run's verifier passed it (the others are
+    counted in `left_out` by verdict class: `verdict:fail`, `verdict:error`, `verdict:none` where
+    it was never checked)."""
+    verified, verdicts = batch.column("verified").to_pylist(), batch.column("verdict").to_pylist()
+    out = []
+    for kept, passed, verdict in zip(keep, verified, verdicts):
+        if kept and passed is not True:
+            share.left_out[VERDICT_LEFT_OUT + (verdict_class(passed, verdict) or "none")] += 1
+        out.append(kept and passed is True)
     return out
 
 

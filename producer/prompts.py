@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
@@ -40,11 +40,17 @@ _SKIP_CHUNK = 2**20           # an over-long line is read past in pieces of this
 _BOM = b"\xef\xbb\xbf"
 
 
+MESSAGE_KEYS = ("messages", "prompt", "conversations")  # the line's conversation; its other keys are its fields
+
+
 @dataclass(frozen=True)
 class Prompt:
     line: int
     id: str
     messages: list[dict]
+    # the line's other top-level keys but `sampling` (`answer`, `id`, ...), which a verifier reads
+    # (`enqueue --verify`: contract/verifiers.py), as the JSON gave them
+    fields: dict = field(default_factory=dict, compare=False)
 
 
 @dataclass(frozen=True)
@@ -109,7 +115,8 @@ def parse_line(raw: bytes, number: int) -> Prompt:
     if not isinstance(record, dict):
         raise InvalidPrompt(f"not a JSON object but {_kind(record)}")
     messages = _messages(record)
-    return Prompt(number, _prompt_id(record, messages), messages)
+    fields = {k: v for k, v in record.items() if k not in MESSAGE_KEYS and k != "sampling"}
+    return Prompt(number, _prompt_id(record, messages), messages, fields)
 
 
 def _messages(record: dict) -> list[dict]:

@@ -128,6 +128,9 @@ def sample_view(rows: list[dict], spec: RunSpec) -> Shown:
         ("template", f"fingerprint {row['template_fingerprint']}"
          + ("" if row["template_fingerprint"] == spec.template_fingerprint else f", spec has {spec.template_fingerprint}")),
     ]
+    if row.get("verdict") is not None:  # a run with a verifier (enqueue --verify)
+        shown.fields.append(("verdict", f"{row['verdict']} ({'passed' if row.get('verified') else 'not passed'} "
+                                        f"{spec.verify or 'the verifier'})"))
     shown.sections.append(Section(f"prompt ({prompt_len:,} tokens, as the chat template rendered it)", ids[:prompt_len]))
     if end is None:
         shown.sections.append(Section(f"output ({len(output):,} tokens, no think-end)", output, prompt_len))

@@ -6,7 +6,8 @@ health, the output storage's state and each server's prefix-cache hit share over
 the last minutes from the workers' own heartbeats (each worker's
 view of the servers it is bound to and of `OUTPUT_DIR`, found through the
 workers' registry, never a scan of the keyspace), and the queue depth from
-the broker. So `status` sends the same few commands whatever the run's size
+the broker; a run with a verifier adds its samples by verdict (passed,
+failed, error), counted by the ledger as each is stored. So `status` sends the same few commands whatever the run's size
 (`tests/test_scale.py`, `python -m bench --parts scale`).
 """
 from __future__ import annotations
@@ -58,7 +59,22 @@ def collect_status(client: redis.Redis, spec: RunSpec, queue_prefix: str) -> dic
         "cache_hits": _cache_hits(workers),
         "finished": pending == 0,
         **_conversations(spec, counters, done, dead, pending),
+        **_verification(spec, tally),
     }
+
+
+def verification(spec: RunSpec, tally: Tally) -> dict:
+    """A run with a verifier (`enqueue --verify`): its stored samples by verdict class, the pass
+    rate among them, and the samples spent (stored or dead-lettered) per passing one."""
+    passed, failed, errors = (tally.verdicts.get(k, 0) for k in ("pass", "fail", "error"))
+    checked = passed + failed + errors
+    return {"verifier": spec.verify, "passed": passed, "failed": failed, "error": errors, "checked": checked,
+            "pass_rate": round(passed / checked, 4) if checked else None,
+            "samples_per_verified": round((tally.done + tally.dead) / passed, 2) if passed else None}
+
+
+def _verification(spec: RunSpec, tally: Tally) -> dict:
+    return {"verification": verification(spec, tally)} if spec.verify else {}
 
 
 def _conversations(spec: RunSpec, counters: dict[str, int], done: int, dead: int, pending: int) -> dict:

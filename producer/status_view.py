@@ -5,11 +5,12 @@ import time
 from typing import Callable
 
 from rich.console import Group
+from rich.markup import escape
 from rich.table import Table
 
 from contract.cache_hits import share_text
 
-from .visible import cell
+from .visible import cell, visible
 
 
 def _duration(seconds: float | None) -> str:
@@ -17,6 +18,16 @@ def _duration(seconds: float | None) -> str:
         return "unknown"
     hours, rest = divmod(int(seconds), 3600)
     return f"{hours}h{rest // 60:02d}m{rest % 60:02d}s" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
+def _verification(figures: dict) -> Table:
+    table = Table(title=f"verification ({escape(visible(figures['verifier']))}): stored samples by verdict")
+    for column in ("passed", "failed", "error", "pass rate", "samples per verified"):
+        table.add_column(column, justify="right")
+    rate, spent = figures["pass_rate"], figures["samples_per_verified"]
+    table.add_row(*(f"{figures[k]:,}" for k in ("passed", "failed", "error")),
+                  "-" if rate is None else f"{rate:.1%}", "-" if spent is None else f"{spent:,.2f}")
+    return table
 
 
 def render_status(report: dict) -> Group:
@@ -37,6 +48,8 @@ def render_status(report: dict) -> Group:
         talks.add_row(*(f"{report['conversations'][k]:,}" for k in
                         ("enqueued", "complete", "stopped", "in_progress", "turns", "turns_done")))
         parts.append(talks)
+    if "verification" in report:
+        parts.append(_verification(report["verification"]))
     if report["dead_by_reason"]:
         dead = Table(title="dead letters by reason")
         dead.add_column("reason")

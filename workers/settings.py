@@ -89,6 +89,13 @@ class Settings(SharedSettings):
                                  "before it becomes a `poison` dead letter (the last time alone in its worker).")
     resample_on_verify_failure: bool = Field(False, description="Resample once before dead-lettering a generation "
                                                "that fails verification.")
+    verify_timeout_seconds: float = Field(10.0, gt=0, description="The longest one answer's check by the run's "
+                                          "verifier (`enqueue --verify`) may take: past it the check's process is "
+                                          "killed and the sample stored with the verdict `error: timeout after Ns` "
+                                          "([verification](../data/verification.md)).")
+    verify_processes: int = Field(2, ge=1, description="Processes per verifier in each worker process, each checking "
+                                   "one answer at a time (a check runs in a process of its own, so one that raises, "
+                                   "hangs or crashes costs its sample an `error` verdict, never the worker).")
 
     lease_seconds: float = Field(120.0, description="A dead worker's prompts return to the queue after this; a live "
                                    "worker renews its own well before then.")

@@ -73,6 +73,7 @@ def _header(spec: RunSpec, status: dict, data: dict, built: dict) -> str:
              ("empty answers", quality["counts"]["empty_answer"], "bad" if quality["counts"]["empty_answer"] else ""),
              ("repeated outputs", quality["counts"]["repeated"], "bad" if quality["counts"]["repeated"] else ""),
              ("prefix-cache hits", share_text(data["cache"]["share"]), "")]
+    cards += _verification_cards(status.get("verification"))
     html_cards = "".join(f"<div class='card'><b class='{cls}' data-figure='{_e(label)}'>{_card(value)}</b>"
                          f"<span>{_e(label)}</span></div>" for label, value, cls in cards)
     state = "finished" if status["finished"] else f"{status['pending']:,} prompts still pending"
@@ -85,6 +86,18 @@ def _header(spec: RunSpec, status: dict, data: dict, built: dict) -> str:
             f"<div class='cards'>{html_cards}</div>{note}</header>")
 
 
+def _verification_cards(figures: dict | None) -> list[tuple[str, object, str]]:
+    """A run with a verifier (`enqueue --verify`): the ledger's counts by verdict, the pass rate,
+    and the samples spent (stored or dead-lettered) per one that passed (`producer.status.verification`)."""
+    if not figures:
+        return []
+    rate, spent = figures["pass_rate"], figures["samples_per_verified"]
+    return [("verified (passed)", figures["passed"], ""), ("failed verification", figures["failed"], ""),
+            ("verifier errors", figures["error"], "bad" if figures["error"] else ""),
+            ("pass rate", "-" if rate is None else f"{rate:.1%}", ""),
+            ("samples per verified", "-" if spent is None else f"{spent:,.2f}", "")]
+
+
 def _identity(spec: RunSpec, data: dict) -> str:
     rows = [("tokenizer", spec.tokenizer), ("tokenizer fingerprint", spec.tokenizer_fingerprint),
             ("template fingerprint", spec.template_fingerprint), ("run fingerprint", spec.fingerprint()),
@@ -92,6 +105,7 @@ def _identity(spec: RunSpec, data: dict) -> str:
             ("think-start / think-end ids", f"{spec.think_start_id} / {spec.think_end_id}"),
             ("stop ids", ", ".join(map(str, spec.stop_ids))), ("served model", spec.served_model or "(any)"),
             ("disabled rules", ", ".join(spec.disabled_rules) or "(none)"),
+            ("verifier", spec.verify or "(none)"),
             ("created", _when(spec.created_at))]
     spec_table = "".join(f"<tr><th>{_e(k)}</th><td><code>{_e(str(v))}</code></td></tr>" for k, v in rows)
     expected = {"tokenizer_fingerprint": spec.tokenizer_fingerprint, "template_fingerprint": spec.template_fingerprint,

@@ -86,7 +86,7 @@ def reassert(app, rt: Runtime) -> dict[str, int]:
     fresh = []
     for run, samples, shard in groups:
         found = rt.shards.book.mark(run, samples, shard)
-        fresh += [(run, pid) for (pid, _), state in zip(samples, found)
+        fresh += [(run, sample[0]) for sample, state in zip(samples, found)
                   if state in (PromptState.QUEUED, PromptState.DEAD)]
     moved_on += _advance(app, rt, fresh)
     tags = list(dict.fromkeys(ACKED.items()))

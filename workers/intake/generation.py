@@ -11,9 +11,14 @@ for its shard while the writer retries, and a wait that outlasts
 `FLEET_SHARD_COMMIT_TIMEOUT` gives the prompt back (its sample withdrawn)
 rather than dead-lettering it. Only a sample the shard schema cannot hold
 (`BadSample`) is the prompt's own `bad_output`.
+
+In a run with a verifier (`enqueue --verify`), a sample that passed the think
+checks has its answer checked before it goes to its shard (`output/verdicts.py`):
+pass or fail, it is stored, with its verdict.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import random
 import time
@@ -45,6 +50,8 @@ from ..servers.sglang_client import (GatewayOutage, Generation, ServerCut, Serve
                                      ServerRejected, ServerUnavailable, TransientError, generate)
 from ..output.turns import turn_columns
 from ..output.verify import Verdict, think_positions, verify
+from ..output.verdicts import line_fields, verdict_of
+from contract.verifiers import verdict_class
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +93,8 @@ def process_prompt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[
     if max_new_tokens:
         sampling["max_new_tokens"] = max_new_tokens
     tries = Attempts(crashes=server_crashes.notes(rt.redis, spec.name, prompt_id))
+    # what the verifier reads of the prompt's line, read before the generation: Redis failing now costs none
+    fields = line_fields(rt.redis, spec, prompt_id) if spec.verify else {}
     if spec.vocab_size and prompt_ids and max(prompt_ids) >= spec.vocab_size:  # never sent: it may kill a server
         return bury(rt, _dead(rt, spec, prompt_id, prompt_ids, sampling, tries, Reason.WORKER_ERROR,
                               f"prompt id {max(prompt_ids)} is not a token id of the run's tokenizer "
@@ -96,7 +105,7 @@ def process_prompt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[
             generation = _generation(rt, spec, prompt_id, prompt_ids, sampling, tries, route)
             verdict = verify(generation.output_ids, generation.meta_info, len(prompt_ids), spec)
             if verdict.ok:
-                return _store(rt, spec, prompt_id, prompt_ids, tries, generation, verdict, submit)
+                return _store(rt, spec, prompt_id, prompt_ids, tries, generation, verdict, submit, fields)
             if rt.settings.resample_on_verify_failure and not tries.resampled:
                 tries.resampled = True
                 continue
@@ -190,10 +199,15 @@ def _check_storage(rt: Runtime, prompt_id: str) -> None:
 
 
 def _store(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], tries: Attempts,
-           generation: Generation, verdict: Verdict, submit: Submit) -> str:
+           generation: Generation, verdict: Verdict, submit: Submit, fields: dict | None = None) -> str:
     """Into a shard, which the writer marks done in the ledger with the rest of its group
-    (`reconcile.ShardBook`); a sample no shard can hold is the prompt's bad_output."""
+    (`reconcile.ShardBook`); a sample no shard can hold is the prompt's bad_output. In a run with a
+    verifier the answer is checked first, against the line's `fields`."""
     row = _row(rt, spec, prompt_id, prompt_ids, tries, generation, verdict)
+    if spec.verify:  # the answer's check (a process of its own: never raises for what the check does)
+        verified, label = verdict_of(rt.verdicts, spec, fields or {}, generation.output_ids)
+        row = dataclasses.replace(row, verified=verified, verdict=label)
+        metrics.VERDICTS.labels(verdict_class(verified, label)).inc()
     try:
         return _commit(rt, spec.name, prompt_id, row, submit)
     except BadSample as exc:

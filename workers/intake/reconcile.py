@@ -49,6 +49,7 @@ from contract.write_refusal import refusal
 from contract.names import PromptState
 from contract.replication import FailedOver, confirmed, replicated, written_again
 from contract.schema import Sample, is_shard
+from contract.verifiers import verdict_class
 from contract.storage import store_for
 
 from . import deliveries
@@ -119,7 +120,7 @@ class ShardBook:
         fails: its tasks then fail, and their redeliveries find the entries). Returns once a
         replica has the done marks, so no task is acknowledged for a prompt a failover could
         turn back to queued; a failover met on the way writes them again on the new primary."""
-        samples = [(row.id, row.output_len) for row in rows]
+        samples = [(row.id, row.output_len, verdict_class(row.verified, row.verdict)) for row in rows]
         tags = GROUP_ACKS.claim(run, [row.id for row in rows])
         found = written_again(lambda: self.mark(run, samples, shard, tags),
                               f"the done marks of {len(rows)} samples of run {run}")
@@ -145,7 +146,7 @@ class ShardBook:
         def fill(pipe) -> None:
             Ledger(self.client, run).mark_group_done(samples, shard, pipe)
             done_replies.append(len(pipe))
-            deliveries.clear(pipe, run, *(pid for pid, _ in samples))
+            deliveries.clear(pipe, run, *(sample[0] for sample in samples))
             kombu_take.forget(pipe, tags)
         replies = confirmed(self.client, fill)
         return Ledger.found(replies[:done_replies[-1]])
@@ -157,16 +158,16 @@ def reconciled(ledger: Ledger, output_dir: str, prompt_id: str, shard: str) -> s
     `OSError` when storage cannot tell (the caller gives the prompt back, entry kept)."""
     location = store_for(output_dir).location(ledger.run, shard)
     if PurePosixPath(shard).name != shard or not is_shard(PurePosixPath(shard)):
-        output_len = None  # not a final shard name: nothing to look for
+        output_len = verdict = None  # not a final shard name: nothing to look for
     else:
-        output_len = _output_len(output_dir, location, prompt_id)
+        output_len, verdict = _output_len(output_dir, location, prompt_id)
     if output_len is None:
         ledger.unwritten([prompt_id], shard)
         log.info("prompt %s: its sample was being written to %s, which does not hold it; generating it",
                  prompt_id, shard)
         return None
     with replicated(ledger.client):  # then the delivery is acknowledged
-        found = ledger.mark_done(prompt_id, output_len, shard=shard)
+        found = ledger.mark_done(prompt_id, output_len, shard=shard, verdict=verdict)
     if found in (PromptState.QUEUED, PromptState.DEAD):
         metrics.PROMPTS.labels(ledger.run, "stored").inc()
         metrics.RECONCILED.inc()
@@ -175,21 +176,33 @@ def reconciled(ledger: Ledger, output_dir: str, prompt_id: str, shard: str) -> s
     return f"reconciled: {location}"
 
 
-def _output_len(output_dir: str, location: str, prompt_id: str) -> int | None:
-    """The prompt's row's output length in the shard at `location`; None when the shard or
-    the row is not there."""
+def _output_len(output_dir: str, location: str, prompt_id: str) -> tuple[int | None, str | None]:
+    """The prompt's row's output length in the shard at `location`, and its verdict class (None
+    without a verifier); (None, None) when the shard or the row is not there."""
     try:
-        return _rows_of(output_dir, location).get(prompt_id)
+        return _rows_of(output_dir, location).get(prompt_id, (None, None))
     except FileNotFoundError:  # not cached: a live worker may still create it
-        return None
+        return None, None
     except pa.ArrowInvalid as exc:  # never for a final name (created whole)
         log.warning("shard %s is unreadable (%s): not a place to find prompt %s in", location, exc, prompt_id)
-        return None
+        return None, None
 
 
 @lru_cache(maxsize=4)
-def _rows_of(output_dir: str, location: str) -> dict[str, int]:
-    """A shard's ids and output lengths (those two columns only). A final name never changes
-    its content, so the prompts of one dead worker's group read their shard once."""
-    table = pq.read_table(store_for(output_dir).source(location), columns=["id", "output_len"])
-    return dict(zip(table.column("id").to_pylist(), table.column("output_len").to_pylist()))
+def _rows_of(output_dir: str, location: str) -> dict[str, tuple[int, str | None]]:
+    """A shard's ids, output lengths and verdict classes (those columns only; a shard written
+    before verdicts has none). A final name never changes its content, so the prompts of one dead
+    worker's group read their shard once."""
+    source = store_for(output_dir).source(location)
+    columns = ["id", "output_len"]
+    if "verdict" in pq.read_schema(source).names:
+        columns += ["verified", "verdict"]
+    if not isinstance(source, str):
+        source.seek(0)
+    table = pq.read_table(source, columns=columns)
+    ids, lengths = table.column("id").to_pylist(), table.column("output_len").to_pylist()
+    if "verdict" not in columns:
+        return {i: (n, None) for i, n in zip(ids, lengths)}
+    classes = [verdict_class(v, d) for v, d in zip(table.column("verified").to_pylist(),
+                                                  table.column("verdict").to_pylist())]
+    return {i: (n, c) for i, n, c in zip(ids, lengths, classes)}

@@ -35,6 +35,7 @@ from ..servers.sglang_client import Client, make_client
 from ..servers.tokenizers import TokenizerChecks
 from ..servers.crashes import CrashWatch
 from ..output.shards import ShardWriter
+from ..output.verdicts import Verdicts
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +54,7 @@ class Runtime:
     cpu: CpuWatch = field(default_factory=CpuWatch)
     tokenizers: TokenizerChecks | None = None  # whether each server's tokenizer is a run's
     crash_watch: CrashWatch | None = None  # whether a server that dropped a request died
+    verdicts: Verdicts | None = None  # the runs' verifiers' check processes (`enqueue --verify`)
 
     def close(self) -> None:
         self.monitor.stop()
@@ -62,6 +64,8 @@ class Runtime:
             log.debug("could not leave the servers' sharer counts (%r)", exc)
         self.shards.close()
         self.http.close()
+        if self.verdicts is not None:
+            self.verdicts.close()
 
 
 _runtime: Runtime | None = None
@@ -117,7 +121,8 @@ def _build(s: Settings, worker: str) -> Runtime:
                             cut=lambda binding, why: http.cut(binding.url, why))
     runtime = Runtime(settings=s, worker=worker, pool=pool, monitor=monitor, http=http, redis=client,
                       shards=shards, writes=writes, affinity=Affinity(s.affinity), cpu=cpu,
-                      tokenizers=TokenizerChecks(monitor.client), crash_watch=CrashWatch(monitor.client))
+                      tokenizers=TokenizerChecks(monitor.client), crash_watch=CrashWatch(monitor.client),
+                      verdicts=Verdicts(s.verify_timeout_seconds, s.verify_processes))
     monitor.client.auth = ServerCredentials(s.server_urls)  # bindings hold redacted URLs
     log.info("worker %s bound to %s; broker %s; shards to %s; %d threads, at most %d in flight per server",
                 worker, ", ".join(b.url for b in pool.bindings), redact_url(s.redis_url), s.output_dir,

@@ -76,7 +76,8 @@ def warm(spec: RunSpec) -> None:
 
 
 def warm_runs(client) -> None:
-    """At a worker's start: warm the tokenizers of the conversation runs in Redis."""
+    """At a worker's start: warm the tokenizers of the conversation runs, and of the runs with a
+    verifier (whose answers are decoded for it: `verdicts.py`), in Redis."""
     from contract.spec import OlderLayout, load_spec
     from contract.keys import RUNS
 
@@ -86,7 +87,7 @@ def warm_runs(client) -> None:
                 spec = load_spec(client, raw.decode())
             except (OlderLayout, ValueError):
                 continue
-            if spec is not None and spec.turns == "all":
+            if spec is not None and (spec.turns == "all" or spec.verify):  # both decode answers
                 warm(spec)
     except Exception as exc:  # Redis not up yet: the first turn of a conversation run warms it
         log.debug("tokenizers not warmed at start: %r", exc)

@@ -22,6 +22,8 @@ TOKENS = Counter("fleet_tokens_total", "Tokens of stored samples, by direction (
 LATENCY = Histogram("fleet_generation_seconds", "One /generate request, sent to answered.", ["server"],
                     buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1200, 3600))
 VERIFY_FAILURES = Counter("fleet_verification_failures_total", "Generations failing a think rule.", ["reason"])
+VERDICTS = Counter("fleet_verdicts_total", "Samples checked by their run's verifier (enqueue --verify), by verdict "
+                   "class: pass, fail or error (a check that raised, hung or crashed).", ["verdict"])
 DEAD_LETTERS = Counter("fleet_dead_letters_total", "Prompts dead-lettered, by reason.", ["reason"])
 RETRIES = Counter("fleet_retries_total", "Requests tried again, by kind (transient or unavailable).", ["kind"])
 SHARD_COMMITS = Counter("fleet_shard_commits_total", "Shard files made durable.")

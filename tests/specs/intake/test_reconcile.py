@@ -118,3 +118,26 @@ def test_an_entry_that_is_not_a_final_shard_name_is_never_read(client, tmp_path)
         ledger.writing(["p-0"], name)
         assert reconciled(ledger, str(tmp_path), "p-0", name) is None
     assert ledger.state("p-0") == "queued" and not client.exists(RunKeys("r").writing)
+
+
+def test_a_judged_sample_is_counted_by_its_verdict_once_whether_its_group_was_marked_or_it_was_found(client, tmp_path):
+    # Given three queued prompts of a run with a verifier: two samples committed by a writer with the
+    # book (one passed, one failed), and one whose worker died after linking its shard (an error)
+    ledger = queued(client, 3)
+    writer = ShardWriter(str(tmp_path), "w", max_rows=2, max_wait=30, book=ShardBook(client))
+    futures = [writer.submit("r", dataclasses.replace(sample(0), verified=True, verdict="same")),
+               writer.submit("r", dataclasses.replace(sample(1), verified=False, verdict="differs"))]
+    [f.result(timeout=10) for f in futures]
+    writer.close()
+    files_only = ShardWriter(str(tmp_path), "w2", max_rows=1, max_wait=30)
+    shard = Path(files_only.submit("r", dataclasses.replace(sample(2), verified=False,
+                                                            verdict="error: timeout after 10s")).result(timeout=10))
+    files_only.close()
+    ledger.writing(["p-2"], shard.name)
+
+    # When the third is delivered again and found in its shard, and the first group is marked done again
+    assert reconciled(ledger, str(tmp_path), "p-2", ledger.intake("p-2")[1]) == f"reconciled: {shard}"
+    ledger.mark_group_done([("p-0", 2, "pass"), ("p-1", 2, "fail")], "part-again.parquet")
+
+    # Then each is counted once, by its verdict's class
+    assert ledger.tally().verdicts == {"pass": 1, "fail": 1, "error": 1}

@@ -16,7 +16,12 @@ its output ids, exactly as for a single prompt, whose two columns are null.
 
 `cached_tokens` is the server's `meta_info.cached_tokens` for the stored
 generation (prompt tokens found in its prefix cache), null where the server
-did not say. Columns are only ever added at the end: readers open shards with
+did not say. `max_new_tokens`, `temperature`, `top_p`, `top_k` and `min_p` are
+the sampling parameters as sent (a line's own over the run's, the budget after
+any cut to the server's context; `top_k` and `min_p` null where neither gave
+one). `logprobs`, `top_logprob_ids` and `top_logprobs` hold a `--logprobs K`
+run's log-probabilities, laid out as `contract/logprobs.py` says, null
+otherwise. Columns are only ever added at the end: readers open shards with
 `arrow_schema()`, so an older shard without a newer column reads as nulls.
 """
 from __future__ import annotations
@@ -54,6 +59,11 @@ class Sample:
     conversation: str | None = None  # the conversation's id; None for a single prompt
     turn: int | None = None          # 0-based index of the assistant turn in it; None for a single prompt
     cached_tokens: int | None = None  # prompt tokens the server found in its prefix cache; None: not reported
+    top_k: int | None = None          # as sent (a line's own sampling, else the run's); None: not sent
+    min_p: float | None = None        # as sent; None: not sent
+    logprobs: list[float] | None = None         # `--logprobs K`: each output token's (contract/logprobs.py)
+    top_logprob_ids: list[int] | None = None    # K candidates per output token, flattened row-major
+    top_logprobs: list[float] | None = None     # their log-probabilities, in the same order
 
 
 # Arrow type of each column, by name: the order is Sample's.
@@ -65,6 +75,8 @@ _TYPES = {
     "template_fingerprint": "string", "e2e_latency": "float32", "started_at": "timestamp[ms, UTC]",
     "finished_at": "timestamp[ms, UTC]",
     "conversation": "string", "turn": "int16", "cached_tokens": "int32",
+    "top_k": "int32", "min_p": "float32", "logprobs": "list<float32>", "top_logprob_ids": "list<int32>",
+    "top_logprobs": "list<float32>",
 }
 COLUMNS = tuple(f.name for f in fields(Sample))
 
@@ -74,8 +86,8 @@ def arrow_schema():
     import pyarrow as pa
 
     def arrow_type(name: str):
-        if name == "list<int32>":
-            return pa.list_(pa.int32())
+        if name.startswith("list<"):
+            return pa.list_(getattr(pa, name[5:-1])())
         if name.startswith("timestamp"):
             return pa.timestamp("ms", tz="UTC")
         return getattr(pa, name)()

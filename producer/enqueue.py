@@ -22,6 +22,16 @@ raises), and a prompt the chat template or the tokenizer fails on is found by
 rendering its batch one prompt at a time, the same way, and rejected alone; the
 other prompts of the batch are published.
 
+**A line's own sampling reaches every sample of its prompt.** A line with
+a `sampling` object (`contract/line_sampling.py`) gets a record in the run's
+line hash (`contract/line_fields.py`), written before its prompt enters the
+ledger, so no worker and no republication by the audit finds the prompt
+without it; the first line of a repeated id keeps its record. Workers read a
+run's spec once, so whether they read these records at all (`RunSpec.line_fields`)
+is decided when the run starts, from the file (`prompts.mentions_line_fields`);
+a later enqueue into a run started without them rejects such a line (with its
+number) rather than queue a prompt whose sampling no worker would read.
+
 `--turns all` reads each line as a conversation whose every assistant turn is
 regenerated (`contract/conversations.py`): only turn 0 is rendered and queued
 here, as prompt `<id>#0`, after its conversation is registered; each later
@@ -48,6 +58,7 @@ from contract.conversations import ALL, LAST, skeleton, turn_history, turn_id, t
 from contract.keys import queue_for
 from contract.kombu_redis import queue_depth
 from contract.ledger import AGAIN, NEW, Entry, Ledger
+from contract.line_fields import LineFields
 from contract.names import PromptState, Thinking
 from contract.publish import publish_prompts
 from contract.replication import replicated
@@ -55,10 +66,12 @@ from contract.spec import RunSpec, load_spec, save_spec
 from contract.tokenizer_probe import make_probe
 
 from contract.chat import ChatTokenizer
-from .prompts import MAX_LINE_BYTES, BadLine, Prompt, read_prompts
+from .prompts import MAX_LINE_BYTES, BadLine, Prompt, line_record, read_prompts
 
 BATCH = 256  # prompts tokenized and published together
 MAX_REPORTED = 1000  # rejected and duplicate lines kept with their numbers; the rest are counted
+UNREAD_SAMPLING = ('line has its own "sampling", but run {run!r} was started from a file without any, so its '
+                   'workers do not read one: enqueue such lines under a new run (--run NEW_NAME)')
 
 
 def _render_failed(exc: BaseException) -> bool:
@@ -123,7 +136,14 @@ def _first_turn(item: Prompt | BadLine) -> FirstTurn | BadLine:
     if isinstance(item, BadLine):
         return item
     shape = skeleton(item.messages)
-    return FirstTurn(item.line, turn_id(item.id, 0), turn_history(shape, [], 0), item.id, shape, turns(shape))
+    return FirstTurn(item.line, turn_id(item.id, 0), turn_history(shape, [], 0), sampling=item.sampling,
+                     conversation=item.id, shape=shape, turns=turns(shape))
+
+
+def line_id(prompt: Prompt) -> str:
+    """The id a line's record is kept under: its prompt's, or for `--turns all` its conversation's
+    (every turn of it is sampled as the line says)."""
+    return prompt.conversation if isinstance(prompt, FirstTurn) else prompt.id
 
 
 class RunMismatch(Exception):
@@ -132,8 +152,11 @@ class RunMismatch(Exception):
 
 def new_spec(chat: ChatTokenizer, name: str, tokenizer: str, max_new_tokens: int, temperature: float,
              top_p: float, thinking: str = "auto", served_model: str | None = None,
-             disabled_rules: Iterable[str] = (), turns: str = LAST, trust_remote_code: bool = False) -> RunSpec:
-    """The spec `enqueue` records for a run: tokenizer identity, sampling, think tokens."""
+             disabled_rules: Iterable[str] = (), turns: str = LAST, trust_remote_code: bool = False,
+             logprobs: int | None = None, line_fields: bool = False) -> RunSpec:
+    """The spec `enqueue` records for a run: tokenizer identity, sampling, think tokens. `line_fields`:
+    whether some line carries its own sampling (`prompts.mentions_line_fields`), decided once for the
+    run, as workers read a run's spec once."""
     return RunSpec(
         name=name, tokenizer=tokenizer, tokenizer_fingerprint=chat.fingerprint(),
         template_fingerprint=chat.template_fingerprint(),
@@ -144,7 +167,7 @@ def new_spec(chat: ChatTokenizer, name: str, tokenizer: str, max_new_tokens: int
         stop_ids=chat.stop_ids(), served_model=served_model, disabled_rules=sorted(disabled_rules),
         vocab_size=len(chat.tok), turns=turns, trust_remote_code=trust_remote_code,
         history_reasoning=turns == ALL and chat.renders_history_reasoning(),
-        probe=make_probe(chat.tok).to_dict(),
+        probe=make_probe(chat.tok).to_dict(), logprobs=logprobs or None, line_fields=line_fields,
     )
 
 
@@ -183,7 +206,7 @@ def enqueue_file(path: Path, spec: RunSpec, chat: ChatTokenizer, client: redis.R
         if spec.turns == ALL:
             items = map(_first_turn, items)
         for batch in _batches(items, BATCH):
-            fresh = _select(batch, ledger, call, summary)
+            fresh = _select(batch, spec, ledger, call, summary)
             following = tokenizer.submit(_tokenize, fresh, spec, chat, max_prompt_tokens, summary)
             if tokenized:
                 publish(tokenized.result())
@@ -195,6 +218,15 @@ def enqueue_file(path: Path, spec: RunSpec, chat: ChatTokenizer, client: redis.R
     summary.rejected.sort(key=lambda r: r.line)  # bad lines and tokenizer refusals, found in two threads
     summary.seconds = time.monotonic() - started
     return summary
+
+
+def _records(prompts: Iterable[Prompt]) -> dict[str, dict]:
+    """The line records of these prompts (`prompts.line_record`): the first line of each id decides,
+    as it is the one queued (a repeat's sampling is not its prompt's)."""
+    first: dict[str, dict | None] = {}
+    for prompt in prompts:
+        first.setdefault(line_id(prompt), line_record(prompt))
+    return {key: record for key, record in first.items() if record is not None}
 
 
 def _hold_back(client: redis.Redis, queue: str, bound: int, poll: float = 1.0) -> float:
@@ -213,7 +245,7 @@ def _batches(items: Iterable, size: int) -> Iterator[list]:
         yield chunk
 
 
-def _select(batch: list[Prompt | BadLine], ledger: Ledger, call: str,
+def _select(batch: list[Prompt | BadLine], spec: RunSpec, ledger: Ledger, call: str,
             summary: EnqueueSummary) -> list[Prompt]:
     """Drop bad lines and prompts the run already has, before they are tokenized (a repeat
     within the batch, or of a batch still being tokenized, is caught at `_publish`)."""
@@ -221,6 +253,8 @@ def _select(batch: list[Prompt | BadLine], ledger: Ledger, call: str,
     for item in batch:
         if isinstance(item, BadLine):
             summary.reject(item.line, None, item.reason)
+        elif line_record(item) and not spec.line_fields:
+            summary.reject(item.line, item.id, UNREAD_SAMPLING.format(run=spec.name))
         else:
             prompts.append(item)
     fresh = []
@@ -286,6 +320,8 @@ def _publish(ready: list[tuple[Prompt, list[int]]], spec: RunSpec, app, queue: s
         if spec.turns == ALL:  # the conversation first, so no worker finds its turn 0 without it
             ConversationLedger(ledger.client, spec.name).register(
                 [(p.conversation, p.turns, p.shape) for p, _ in ready])
+        lines = LineFields(ledger.client, spec.name)
+        recorded = lines.add_new(_records(p for p, _ in ready))  # before any worker can take the prompt
         outcomes = ledger.enqueue([(p.id, pack_ids(ids)) for p, ids in ready], call)
         new = []
         for (prompt, ids), outcome in zip(ready, outcomes):
@@ -293,6 +329,8 @@ def _publish(ready: list[tuple[Prompt, list[int]]], spec: RunSpec, app, queue: s
                 new.append((prompt, ids))
             else:
                 summary.skip(prompt, outcome)
+        # a record made just now for a prompt that was not new here is a repeated id's: not its line's
+        lines.drop(sorted(set(recorded) - {line_id(p) for p, _ in new}))
         publish_prompts(app, spec.name, queue, [(p.id, len(ids), None) for p, ids in new])
     summary.published += len(new)
     summary.prompt_tokens += sum(len(ids) for _, ids in new)

@@ -19,7 +19,9 @@ tests/real/test_standin_contract.py): `output_token_logprobs`, one
 `return_text_in_logprobs`), the token id that of `output_ids` at the same
 position; `output_top_logprobs`, per output token a list of K such entries,
 most likely first; `output_token_logprobs_length`; `input_token_logprobs` and
-`input_top_logprobs` (empty with `logprob_start_len: -1`). A logprob is null on
+`input_top_logprobs` (empty with `logprob_start_len: -1`). An answer of no
+token (a budget of 0) still has one top list, the distribution after the
+prompt. A logprob is null on
 the wire where it was not finite (JSON has no -inf), stored as -inf. They are the
 log-probabilities SGLang samples from: after the temperature (the raw model's
 for a greedy request, or on a server started with `SGLANG_RETURN_ORIGINAL_LOGPROB=1`),
@@ -78,6 +80,8 @@ def from_meta(meta: dict, output_ids: list[int], k: int) -> Logprobs:
     if not isinstance(chosen_entries, list) or not isinstance(top_entries, list):
         raise BadLogprobs("asked for log-probabilities, the answer has no output_token_logprobs and "
                           "output_top_logprobs lists")
+    if n == 0:  # SGLang answers a budget of 0 (never sent) with one top list for no token
+        return Logprobs([], [], [])
     if len(chosen_entries) != n or len(top_entries) != n:
         raise BadLogprobs(f"{len(chosen_entries)} output_token_logprobs and {len(top_entries)} "
                           f"output_top_logprobs for {n} output ids")

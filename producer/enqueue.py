@@ -180,7 +180,9 @@ def prepare_run(client: redis.Redis, spec: RunSpec) -> RunSpec:
         return spec
     if existing.fingerprint() != spec.fingerprint():
         old, new = existing.identity(), spec.identity()
-        diff = ", ".join(f"{k}: {old[k]!r} -> {new[k]!r}" for k in old if old[k] != new[k])
+        # a newer field is in an identity only where set (`RunSpec.identity`): either side may lack it
+        diff = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(old.keys() | new.keys())
+                         if old.get(k) != new.get(k))
         raise RunMismatch(f"run {spec.name!r} was enqueued differently ({diff}); "
                           f"pass --run NEW_NAME to start a new run")
     return existing

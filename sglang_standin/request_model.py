@@ -103,6 +103,25 @@ def _one_or_list(value: object, kind: type) -> bool:
         isinstance(value, list) and all(isinstance(x, kind) for x in value))
 
 
+_PYDANTIC_BOOLS = {"0", "off", "f", "false", "n", "no", "1", "on", "t", "true", "y", "yes"}
+
+
+def _lax_int(v: object) -> bool:
+    """pydantic's lax int: an int, a float without a fraction, a string of an int."""
+    if isinstance(v, bool) or isinstance(v, int):
+        return True
+    if isinstance(v, float):
+        return v.is_integer()
+    return isinstance(v, str) and v.strip().lstrip("+-").isdigit()
+
+
+def _lax_bool(v: object) -> bool:
+    """pydantic's lax bool: a bool, 0 or 1, or one of its words (the contract gate then wants a bool)."""
+    if isinstance(v, (bool, int, float)):
+        return v in (0, 1)
+    return isinstance(v, str) and v.strip().lower() in _PYDANTIC_BOOLS
+
+
 #: field -> (accepts, pydantic-like complaint); None is always accepted.
 _FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
     "input_ids": (lambda v: _is_ids(v) or (isinstance(v, list) and all(_is_ids(x) for x in v)),
@@ -112,6 +131,12 @@ _FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
                         "Input should be a valid dictionary or list of dictionaries"),
     "rid": (lambda v: _one_or_list(v, str), "Input should be a valid string or list of strings"),
     "stream": (lambda v: isinstance(v, bool), "Input should be a valid boolean"),
+    "return_logprob": (lambda v: _lax_bool(v) or (isinstance(v, list) and all(map(_lax_bool, v))),
+                       "Input should be a valid boolean"),
+    "top_logprobs_num": (lambda v: _lax_int(v) or (isinstance(v, list) and all(map(_lax_int, v))),
+                         "Input should be a valid integer, got a number with a fractional part"),
+    "logprob_start_len": (lambda v: _lax_int(v) or (isinstance(v, list) and all(map(_lax_int, v))),
+                          "Input should be a valid integer, got a number with a fractional part"),
 }
 
 

@@ -50,21 +50,31 @@ def ask_of(body: dict, index: int) -> LogprobAsk | None:
     return LogprobAsk(top=max(0, int(pick("top_logprobs_num", 0))), start=int(pick("logprob_start_len", -1)))
 
 
-def _value(token: int, position: int, rank: int) -> float:
-    digest = hashlib.sha256(f"{token}/{position}".encode()).digest()
-    return -(0.05 + int.from_bytes(digest[:4], "little") / 2**32) - 1.5 * rank
+def _draw(*parts: object) -> float:
+    """A uniform number in [0, 1) from `parts` (sha256: the same on any machine)."""
+    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
+    return int.from_bytes(digest[:8], "little") / 2**64
+
+
+def _values(token: int, position: int, k: int) -> list[float]:
+    """The log-probabilities of a position's k most likely candidates: each below the one before it by
+    a drawn gap, every value's digits its own (as a model's are: shard sizes measured on the stand-in hold)."""
+    values = [-0.02 - 0.5 * _draw(token, position, 0)]
+    for rank in range(1, k):
+        values.append(values[-1] - 0.05 - 2.5 * _draw(token, position, rank))
+    return values
 
 
 def _candidates(token: int, position: int, k: int, vocab: int) -> list[list]:
     """K entries, `token` first, the others distinct ids drawn from (token, position)."""
-    entries, seen, draw = [[_value(token, position, 0), token, None]], {token}, 0
+    values = _values(token, position, k)
+    entries, seen, draw = [[values[0], token, None]], {token}, 0
     while len(entries) < k:
         draw += 1
-        digest = hashlib.sha256(f"{token}/{position}/{draw}".encode()).digest()
-        other = int.from_bytes(digest[:4], "little") % vocab
+        other = int(_draw(token, position, "id", draw) * vocab)
         if other not in seen:
             seen.add(other)
-            entries.append([_value(token, position, len(entries)), other, None])
+            entries.append([values[len(entries)], other, None])
     return entries
 
 
@@ -72,8 +82,8 @@ def logprob_meta(ask: LogprobAsk, prompt: list[int], output: list[int], vocab: i
     """The `meta_info` keys for `ask`, in SGLang's order."""
     inputs = [] if ask.start < 0 else list(range(ask.start, len(prompt)))
     meta: dict = {
-        "input_token_logprobs": [[None if p == 0 else _value(prompt[p], p, 0), prompt[p], None] for p in inputs],
-        "output_token_logprobs": [[_value(t, len(prompt) + i, 0), t, None] for i, t in enumerate(output)],
+        "input_token_logprobs": [[None if p == 0 else _values(prompt[p], p, 1)[0], prompt[p], None] for p in inputs],
+        "output_token_logprobs": [[_values(t, len(prompt) + i, 1)[0], t, None] for i, t in enumerate(output)],
         "output_token_logprobs_length": len(output),
     }
     if ask.top > 0:

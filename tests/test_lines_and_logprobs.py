@@ -73,6 +73,9 @@ def test_a_logprobs_run_stores_k_log_probabilities_a_token_and_exports_them(flee
         assert len(row["top_logprob_ids"]) == len(row["top_logprobs"]) == 3 * n
         assert row["top_logprob_ids"][0::3] == output
         assert all(lp <= 0 for lp in row["logprobs"])
+    # And `show` sums them up in one line, never prints the lists
+    shown = fleet.producer("show", "q0").stdout
+    assert "top 3 a token for" in shown and "mean log-probability of the tokens" in shown and len(shown) < 50_000
     # And the export keeps them as stored
     exported = {r["id"]: r for f in sorted((tmp_path / "dataset").glob("*.parquet"))
                 for r in pq.read_table(f).to_pylist()}

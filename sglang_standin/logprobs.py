@@ -26,6 +26,7 @@ list (as a greedy model's), its candidates follow with lower log-probabilities.
 from __future__ import annotations
 
 import hashlib
+import struct
 from dataclasses import dataclass
 
 
@@ -50,31 +51,43 @@ def ask_of(body: dict, index: int) -> LogprobAsk | None:
     return LogprobAsk(top=max(0, int(pick("top_logprobs_num", 0))), start=int(pick("logprob_start_len", -1)))
 
 
-def _draw(*parts: object) -> float:
-    """A uniform number in [0, 1) from `parts` (sha256: the same on any machine)."""
-    digest = hashlib.sha256("/".join(map(str, parts)).encode()).digest()
-    return int.from_bytes(digest[:8], "little") / 2**64
+def _draws(token: int, position: int, count: int) -> tuple[int, ...]:
+    """`count` uniform 32-bit numbers of a position's own (shake-256 of the token and position: the
+    same on any machine), one hash a position."""
+    return struct.unpack(f"<{count}I", hashlib.shake_256(f"{token}/{position}".encode()).digest(4 * count))
 
 
-def _values(token: int, position: int, k: int) -> list[float]:
+def _values(draws: tuple[int, ...], k: int) -> list[float]:
     """The log-probabilities of a position's k most likely candidates: each below the one before it by
     a drawn gap, every value's digits its own (as a model's are: shard sizes measured on the stand-in hold)."""
-    values = [-0.02 - 0.5 * _draw(token, position, 0)]
+    values = [-0.02 - 0.5 * draws[0] / 2**32]
     for rank in range(1, k):
-        values.append(values[-1] - 0.05 - 2.5 * _draw(token, position, rank))
+        values.append(values[-1] - 0.05 - 2.5 * draws[rank] / 2**32)
     return values
+
+
+def _chosen(token: int, position: int) -> float:
+    """The produced token's log-probability: the first of its position's top list."""
+    return _values(_draws(token, position, 1), 1)[0]
 
 
 def _candidates(token: int, position: int, k: int, vocab: int) -> list[list]:
     """K entries, `token` first, the others distinct ids drawn from (token, position)."""
-    values = _values(token, position, k)
-    entries, seen, draw = [[values[0], token, None]], {token}, 0
-    while len(entries) < k:
-        draw += 1
-        other = int(_draw(token, position, "id", draw) * vocab)
-        if other not in seen:
-            seen.add(other)
-            entries.append([values[len(entries)], other, None])
+    draws = _draws(token, position, 3 * k)  # k values, then ids enough for a few repeats
+    values, entries, seen = _values(draws, k), [], {token}
+    entries.append([values[0], token, None])
+    for draw in draws[k:]:
+        if len(entries) == k:
+            break
+        if draw % vocab not in seen:
+            seen.add(draw % vocab)
+            entries.append([values[len(entries)], draw % vocab, None])
+    extra = len(entries)
+    while len(entries) < k:  # a vocabulary barely larger than K: the next free ids
+        extra = (extra + 1) % vocab
+        if extra not in seen:
+            seen.add(extra)
+            entries.append([values[len(entries)], extra, None])
     return entries
 
 
@@ -82,8 +95,8 @@ def logprob_meta(ask: LogprobAsk, prompt: list[int], output: list[int], vocab: i
     """The `meta_info` keys for `ask`, in SGLang's order."""
     inputs = [] if ask.start < 0 else list(range(ask.start, len(prompt)))
     meta: dict = {
-        "input_token_logprobs": [[None if p == 0 else _values(prompt[p], p, 1)[0], prompt[p], None] for p in inputs],
-        "output_token_logprobs": [[_values(t, len(prompt) + i, 1)[0], t, None] for i, t in enumerate(output)],
+        "input_token_logprobs": [[None if p == 0 else _chosen(prompt[p], p), prompt[p], None] for p in inputs],
+        "output_token_logprobs": [[_chosen(t, len(prompt) + i), t, None] for i, t in enumerate(output)],
         "output_token_logprobs_length": len(output),
     }
     if ask.top > 0:

@@ -3,7 +3,7 @@
 Distilling a model into a smaller one learns better from the teacher's
 distribution than from its one sampled token; SGLang gives the top K of it with
 each token when asked. Opt-in, because it costs: the answer grows by about
-40 bytes a token per entry, and a shard by about 5.5 bytes a token per
+33 bytes a token per entry, and a shard by about 5.5 bytes a token per
 candidate (K = 20: 118.6 bytes an output token, against 4.3 without; measured
 in docs/data/shards.md).
 

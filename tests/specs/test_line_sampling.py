@@ -234,3 +234,17 @@ def test_a_run_started_without_line_sampling_rejects_a_later_line_that_has_one(s
     assert [e.state for e in Ledger(client, "plain").entries(["b", "c"])] == ["queued", None]
     assert LineFields(client, "plain").get("c") == {}
     assert not load_spec(client, "plain").line_fields
+
+
+def test_a_conversations_line_sampling_is_recorded_under_the_conversation_for_all_its_turns(server, client, tmp_path):
+    # Given a conversation line with a sampling of its own, enqueued to regenerate every turn
+    path = tmp_path / "c.jsonl"
+    path.write_text(json.dumps({"id": "conv", "sampling": {"top_k": 7}, "messages": [
+        {"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "2+2?"}, {"role": "assistant", "content": "4"}]}) + "\n")
+    assert enqueue(server, str(path), "--run", "talk", "--turns", "all").exit_code == 0
+    # Then its record is under the conversation's id, where a worker looks for each turn's
+    assert LineFields(client, "talk").get("conv") == {"sampling": {"top_k": 7}}
+    spec_ = load_spec(client, "talk")
+    assert line_record(_Runtime(client), spec_, "conv#1") == {"sampling": {"top_k": 7}}
+    assert request_sampling(spec_, "conv#1", line_record(_Runtime(client), spec_, "conv#1"))["top_k"] == 7

@@ -3,6 +3,7 @@ bad value, the other lines published), recorded once per line before its prompt 
 merged over the run's by the worker into what is sent (contract/line_sampling.py)."""
 from __future__ import annotations
 
+import hashlib
 import io
 import json
 import math
@@ -105,7 +106,7 @@ def test_a_derived_id_is_unchanged_without_sampling_and_tells_two_samplings_apar
     ids = [next(read_prompts(io.BytesIO(raw))).id for raw in (plain, cold, hot)]
     # Then the plain line keeps the id it always had (its messages' digest); the others differ from it and
     # from each other
-    assert ids[0] == "p-" + __import__("hashlib").sha256(
+    assert ids[0] == "p-" + hashlib.sha256(
         json.dumps([{"role": "user", "content": "What is 2+2?"}], sort_keys=True, ensure_ascii=False).encode()
     ).hexdigest()[:20]
     assert len(set(ids)) == 3

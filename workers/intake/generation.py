@@ -5,6 +5,14 @@ back through the broker with an ETA (and its visibility-timeout pitfalls),
 while a loop in the task thread keeps the prompt leased to this worker and can
 move it to another healthy server at once.
 
+What is sent is decided once per prompt (`request_sampling`): the run's
+sampling with the keys of the line's own `sampling` over it (read from the run's
+line records only in a run that has them, `line_record`), the seed as
+`sampling_seed`, and a requeue's budget over both; the row records what was
+sent, so a reader never has to know which line said what. A `--logprobs K`
+run's log-probabilities come with the answer, checked against its ids
+(`answers.read_logprobs`), into their own columns.
+
 Storage is never the prompt's fault: a prompt taken while the output storage
 fails goes back to the queue before it is generated, a finished sample waits
 for its shard while the writer retries, and a wait that outlasts

@@ -13,7 +13,10 @@ Why it holds: `read_answer` is the only way from bytes to `(output_ids,
 meta_info)`, and it checks every entry. Why it matters: a row the schema
 cannot store fails the whole group commit, turning every good prompt of that
 shard into a crash; refused here, the bad answer harms only its own prompt.
-Pure: bytes in, values or `BadOutput` out, no I/O.
+Log-probabilities, where a run asks for them (`read_logprobs`), are held
+to the same standard: one entry per output id naming that id, K candidates
+a token, numbers where numbers belong (`contract/logprobs.py`); and the
+answer's size cap grows with K. Pure: bytes in, values or `BadOutput` out, no I/O.
 """
 from __future__ import annotations
 

@@ -28,6 +28,11 @@ Failures fall in six classes, each handled differently by the task:
   is paused and the prompt goes elsewhere or back to the queue, its budget
   untouched. The gateway's own upstream failures are `ServerUnavailable`.
 
+A run of `--logprobs K` adds SGLang's top-level `return_logprob`,
+`top_logprobs_num` and `logprob_start_len` to each request
+(`contract.logprobs.request_fields`); its answer's log-probabilities must fit
+its ids, or the answer is a `BadOutput`.
+
 Invariant: a call reads at most `max_bytes` of the answer, and every wait in
 it has a deadline: the whole exchange, from the wait for the answer's head to
 the body's last byte, ends within the call's deadline (`FLEET_REQUEST_TIMEOUT`)

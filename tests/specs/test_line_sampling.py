@@ -18,7 +18,7 @@ from contract.samples import sample_seed
 from contract.spec import RunSpec, load_spec
 from producer.cli import app
 from producer.prompts import BadLine, Prompt, mentions_line_fields, read_prompts
-from workers.intake.generation import line_record, request_sampling
+from workers.intake.generation import fit_context, line_record, request_sampling
 
 RUN_SAMPLING = {"max_new_tokens": 64, "temperature": 0.6, "top_p": 0.95, "skip_special_tokens": False}
 
@@ -249,3 +249,14 @@ def test_a_conversations_line_sampling_is_recorded_under_the_conversation_for_al
     spec_ = load_spec(client, "talk")
     assert line_record(_Runtime(client), spec_, "conv#1") == {"sampling": {"top_k": 7}}
     assert request_sampling(spec_, "conv#1", line_record(_Runtime(client), spec_, "conv#1"))["top_k"] == 7
+
+
+def test_a_lines_budget_is_the_one_cut_to_the_servers_context():
+    # Given a line whose own budget is larger than the run's, for a server of a 4,096-token context
+    line_fields = {"sampling": {"max_new_tokens": 4000}}
+    sent = request_sampling(spec(line_fields=True), "a", line_fields)
+    # When it is fitted to a prompt of 1,000 tokens there, then the line's budget is what is cut
+    assert fit_context(sent, 1000, 4096)["max_new_tokens"] == 4096 - 1000 - 2
+    # And one that fits is sent as the line gave it
+    assert fit_context(request_sampling(spec(line_fields=True), "a", {"sampling": {"max_new_tokens": 20}}),
+                       1000, 4096)["max_new_tokens"] == 20

@@ -18,6 +18,7 @@ generation began while the first still ran, or after it was answered.
 
 from __future__ import annotations
 
+import json
 import time
 from collections import defaultdict
 
@@ -35,6 +36,7 @@ class Stats:
         self.trickled: dict[str, int] = defaultdict(int)
         self.wedged: dict[str, int] = defaultdict(int)
         self.asked: dict[str, dict] = {}  # key -> its last request's sampling_params and logprob fields
+        self._asks: dict[str, dict] = {}  # each distinct ask once, by its JSON text
         self.tokens_generated = 0
         self.prompt_tokens = 0  # /metrics sglang:prompt_tokens_total
         self.cached_tokens = 0  # /metrics sglang:cached_tokens_total
@@ -69,8 +71,11 @@ class Stats:
                 break
 
     def note_asked(self, key: str, asked: dict) -> None:
-        """What a valid request for `key` asked besides its ids (the last one's is kept)."""
-        self.asked[key] = asked
+        """What a valid request for `key` asked besides its ids (the last one's is kept). Equal asks are
+        kept once (a run sends most of its prompts alike), so a benchmark of 10^6 prompts holds a
+        reference a key, as `attempts` holds a count."""
+        text = json.dumps(asked, sort_keys=True)
+        self.asked[key] = self._asks.setdefault(text, asked)
 
     def note_bad_output(self, key: str, kind: str) -> None:
         """An answer for `key` was sent with the bad-output fault `kind`."""

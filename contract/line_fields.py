@@ -27,18 +27,20 @@ class LineFields:
         self.client = client
         self.key = RunKeys(run).line_fields
 
-    def put(self, pipe, records: dict[str, dict], keep: bool = False) -> None:
-        """Add `records` (prompt id -> record) to `pipe` (a pipeline the caller executes). `keep`:
-        a record already there stays (HSETNX), so a later line repeating an id (a duplicate, which
-        the ledger does not queue) never replaces the record of the line whose prompt it queued."""
+    def add_new(self, records: dict[str, dict]) -> list[str]:
+        """Record each line that has no record yet (one round trip); the ids recorded now. A record
+        already there is kept: the first line of an id is the one its prompt was queued from."""
         if not records:
-            return
-        encoded = {pid: json.dumps(r, separators=(",", ":"), sort_keys=True) for pid, r in records.items()}
-        if not keep:
-            pipe.hset(self.key, mapping=encoded)
-            return
-        for pid, record in encoded.items():
-            pipe.hsetnx(self.key, pid, record)
+            return []
+        with self.client.pipeline(transaction=False) as pipe:
+            for pid, record in records.items():
+                pipe.hsetnx(self.key, pid, json.dumps(record, separators=(",", ":"), sort_keys=True))
+            created = pipe.execute()
+        return [pid for pid, new in zip(records, created) if new]
+
+    def drop(self, prompt_ids: list[str]) -> None:
+        if prompt_ids:
+            self.client.hdel(self.key, *prompt_ids)
 
     def get(self, prompt_id: str) -> dict:
         """The record of `prompt_id`'s line; empty where it has none."""

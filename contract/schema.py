@@ -19,7 +19,12 @@ generation (prompt tokens found in its prefix cache), null where the server
 did not say. `verified` and `verdict` are the run's verifier's judgement of the
 answer (`enqueue --verify`, `contract/verifiers.py`): whether it passed, and
 its label (`pass`, `fail`, a user function's own, `error: ...` where the check
-raised or ran out of time); null in a run without a verifier. Columns are only ever added at the end: readers open shards with
+raised or ran out of time); null in a run without a verifier. `max_new_tokens`, `temperature`, `top_p`, `top_k` and `min_p` are
+the sampling parameters as sent (a line's own over the run's, the budget after
+any cut to the server's context; `top_k` and `min_p` null where neither gave
+one). `logprobs`, `top_logprob_ids` and `top_logprobs` hold a `--logprobs K`
+run's log-probabilities, laid out as `contract/logprobs.py` says, null
+otherwise. Columns are only ever added at the end: readers open shards with
 `arrow_schema()`, so an older shard without a newer column reads as nulls.
 """
 from __future__ import annotations
@@ -59,6 +64,11 @@ class Sample:
     cached_tokens: int | None = None  # prompt tokens the server found in its prefix cache; None: not reported
     verified: bool | None = None     # the run's verifier passed the answer (`enqueue --verify`); None: no verifier
     verdict: str | None = None       # its label: pass, fail, a function's own, or `error: ...` (contract/verifiers.py)
+    top_k: int | None = None          # as sent (a line's own sampling, else the run's); None: not sent
+    min_p: float | None = None        # as sent; None: not sent
+    logprobs: list[float] | None = None         # `--logprobs K`: each output token's (contract/logprobs.py)
+    top_logprob_ids: list[int] | None = None    # K candidates per output token, flattened row-major
+    top_logprobs: list[float] | None = None     # their log-probabilities, in the same order
 
 
 # Arrow type of each column, by name: the order is Sample's.
@@ -71,6 +81,8 @@ _TYPES = {
     "finished_at": "timestamp[ms, UTC]",
     "conversation": "string", "turn": "int16", "cached_tokens": "int32",
     "verified": "bool_", "verdict": "string",
+    "top_k": "int32", "min_p": "float32", "logprobs": "list<float32>", "top_logprob_ids": "list<int32>",
+    "top_logprobs": "list<float32>",
 }
 COLUMNS = tuple(f.name for f in fields(Sample))
 
@@ -80,13 +92,29 @@ def arrow_schema():
     import pyarrow as pa
 
     def arrow_type(name: str):
-        if name == "list<int32>":
-            return pa.list_(pa.int32())
+        if name.startswith("list<"):
+            return pa.list_(getattr(pa, name[5:-1])())
         if name.startswith("timestamp"):
             return pa.timestamp("ms", tz="UTC")
         return getattr(pa, name)()
 
     return pa.schema([(column, arrow_type(_TYPES[column])) for column in COLUMNS])
+
+
+# The log-probabilities' floats (`--logprobs K`, up to 21 a token) are each a model's own digits: a
+# dictionary of them costs more than it saves, while splitting their bytes into streams lets zstd
+# pack their signs and exponents (measured at K = 20: 62 bytes a token for the 20 top floats,
+# against 71 plain and 82 with a dictionary; docs/data/shards.md). Readers: pyarrow, DuckDB, Spark 3.2+.
+FLOAT_LISTS = ("logprobs", "top_logprobs")
+SPLIT_STREAMS = tuple(f"{c}.list.element" for c in FLOAT_LISTS)
+
+
+def write_options() -> dict:
+    """`pyarrow.parquet.write_table` options of a shard: zstd, dictionary pages for every column but
+    the log-probability floats, which are byte-stream-split."""
+    paths = [f"{f.name}.list.element" if f.type.num_fields else f.name for f in arrow_schema()]
+    return {"compression": "zstd", "use_dictionary": [p for p in paths if p not in SPLIT_STREAMS],
+            "use_byte_stream_split": list(SPLIT_STREAMS)}
 
 
 def samples_to_table(samples: list[Sample]):

@@ -17,6 +17,7 @@ from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeR
 from rich.table import Table
 
 from contract.conversations import ALL, LAST
+from contract.logprobs import MAX_LOGPROBS
 from contract.names import VERIFY_RULES, Thinking
 
 from .cli_common import (check_has_prompts, choice, connect, err, fail, json_option, load_run, out, print_shown,
@@ -64,6 +65,9 @@ def enqueue(
     max_new_tokens: int = typer.Option(8192, min=1, metavar="N", help="The generation budget of each prompt."),
     temperature: float = typer.Option(0.6, min=0.0, metavar="VALUE", help="Sampling temperature."),
     top_p: float = typer.Option(0.95, min=0.0, max=1.0, metavar="VALUE", help="Nucleus sampling's top-p."),
+    logprobs: int = typer.Option(0, min=0, max=MAX_LOGPROBS, metavar="K",
+                                 help=f"Store the top-K log-probabilities of each output token (1-{MAX_LOGPROBS}; "
+                                      "0: none), for distillation."),
     trust_remote_code: bool = typer.Option(False, "--trust-remote-code",
                                            help="Needed by tokenizers such as Kimi-K2.5's."),
     thinking: str = choice("auto", "--thinking", values=("auto", *map(str, Thinking)), metavar="MODE",
@@ -120,13 +124,15 @@ def enqueue(
     from contract.spec import OlderLayout
 
     from .enqueue import RunMismatch, enqueue_file, new_spec, prepare_run
+    from .prompts import mentions_line_fields
 
     try:
         chat = load_chat(chosen, trust_remote_code, think_start, think_end)
     except TokenizerUnavailable as exc:
         raise fail(str(exc))
     spec = new_spec(chat, name, chosen.name, max_new_tokens, temperature, top_p, thinking,
-                    served_model, disable_rule, turns, trust_remote_code, verify)
+                    served_model, disable_rule, turns, trust_remote_code, verify, logprobs=logprobs,
+                    line_fields=mentions_line_fields(prompts))
     try:
         spec = prepare_run(client, spec)
     except (RunMismatch, OlderLayout) as exc:

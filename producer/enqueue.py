@@ -22,6 +22,16 @@ raises), and a prompt the chat template or the tokenizer fails on is found by
 rendering its batch one prompt at a time, the same way, and rejected alone; the
 other prompts of the batch are published.
 
+**A line's own sampling reaches every sample of its prompt.** A line with
+a `sampling` object (`contract/line_sampling.py`) gets a record in the run's
+line hash (`contract/line_fields.py`), written before its prompt enters the
+ledger, so no worker and no republication by the audit finds the prompt
+without it; the first line of a repeated id keeps its record. Workers read a
+run's spec once, so whether they read these records at all (`RunSpec.line_fields`)
+is decided when the run starts, from the file (`prompts.mentions_line_fields`);
+a later enqueue into a run started without them rejects such a line (with its
+number) rather than queue a prompt whose sampling no worker would read.
+
 `--turns all` reads each line as a conversation whose every assistant turn is
 regenerated (`contract/conversations.py`): only turn 0 is rendered and queued
 here, as prompt `<id>#0`, after its conversation is registered; each later
@@ -61,10 +71,12 @@ from contract.spec import RunSpec, load_spec, save_spec
 from contract.tokenizer_probe import make_probe
 
 from contract.chat import ChatTokenizer
-from .prompts import MAX_LINE_BYTES, BadLine, Prompt, read_prompts
+from .prompts import MAX_LINE_BYTES, BadLine, Prompt, line_record, read_prompts
 
 BATCH = 256  # prompts tokenized and published together
 MAX_REPORTED = 1000  # rejected and duplicate lines kept with their numbers; the rest are counted
+UNREAD_SAMPLING = ('line has its own "sampling", but run {run!r} was started from a file without any, so its '
+                   'workers do not read one: enqueue such lines under a new run (--run NEW_NAME)')
 
 
 def _render_failed(exc: BaseException) -> bool:
@@ -129,8 +141,14 @@ def _first_turn(item: Prompt | BadLine) -> FirstTurn | BadLine:
     if isinstance(item, BadLine):
         return item
     shape = skeleton(item.messages)
-    return FirstTurn(item.line, turn_id(item.id, 0), turn_history(shape, [], 0), conversation=item.id, shape=shape,
-                     turns=turns(shape))
+    return FirstTurn(item.line, turn_id(item.id, 0), turn_history(shape, [], 0), sampling=item.sampling,
+                     conversation=item.id, shape=shape, turns=turns(shape))
+
+
+def line_id(prompt: Prompt) -> str:
+    """The id a line's record is kept under: its prompt's, or for `--turns all` its conversation's
+    (every turn of it is sampled as the line says)."""
+    return prompt.conversation if isinstance(prompt, FirstTurn) else prompt.id
 
 
 class RunMismatch(Exception):
@@ -140,9 +158,11 @@ class RunMismatch(Exception):
 def new_spec(chat: ChatTokenizer, name: str, tokenizer: str, max_new_tokens: int, temperature: float,
              top_p: float, thinking: str = "auto", served_model: str | None = None,
              disabled_rules: Iterable[str] = (), turns: str = LAST, trust_remote_code: bool = False,
-             verify: str | None = None) -> RunSpec:
+             verify: str | None = None, logprobs: int | None = None, line_fields: bool = False) -> RunSpec:
     """The spec `enqueue` records for a run: tokenizer identity, sampling, think tokens, and the
-    verifier of its answers (`verify`, whose lines' fields are kept for workers)."""
+    verifier of its answers (`verify`). `line_fields`: whether some line carries its own sampling
+    (`prompts.mentions_line_fields`); a run with a verifier keeps every line's fields too. Decided
+    once for the run, as workers read a run's spec once."""
     return RunSpec(
         name=name, tokenizer=tokenizer, tokenizer_fingerprint=chat.fingerprint(),
         template_fingerprint=chat.template_fingerprint(),
@@ -153,7 +173,8 @@ def new_spec(chat: ChatTokenizer, name: str, tokenizer: str, max_new_tokens: int
         stop_ids=chat.stop_ids(), served_model=served_model, disabled_rules=sorted(disabled_rules),
         vocab_size=len(chat.tok), turns=turns, trust_remote_code=trust_remote_code,
         history_reasoning=turns == ALL and chat.renders_history_reasoning(),
-        probe=make_probe(chat.tok).to_dict(), verify=verify, line_fields=verify is not None,
+        probe=make_probe(chat.tok).to_dict(), verify=verify, logprobs=logprobs or None,
+        line_fields=line_fields or verify is not None,
     )
 
 
@@ -166,7 +187,9 @@ def prepare_run(client: redis.Redis, spec: RunSpec) -> RunSpec:
         return spec
     if existing.fingerprint() != spec.fingerprint():
         old, new = existing.identity(), spec.identity()
-        diff = ", ".join(f"{k}: {old[k]!r} -> {new[k]!r}" for k in old if old[k] != new[k])
+        # a newer field is in an identity only where set (`RunSpec.identity`): either side may lack it
+        diff = ", ".join(f"{k}: {old.get(k)!r} -> {new.get(k)!r}" for k in sorted(old.keys() | new.keys())
+                         if old.get(k) != new.get(k))
         raise RunMismatch(f"run {spec.name!r} was enqueued differently ({diff}); "
                           f"pass --run NEW_NAME to start a new run")
     return existing
@@ -192,7 +215,7 @@ def enqueue_file(path: Path, spec: RunSpec, chat: ChatTokenizer, client: redis.R
         if spec.turns == ALL:
             items = map(_first_turn, items)
         for batch in _batches(items, BATCH):
-            fresh = _select(batch, ledger, call, summary)
+            fresh = _select(batch, spec, ledger, call, summary)
             following = tokenizer.submit(_tokenize, fresh, spec, chat, max_prompt_tokens, summary)
             if tokenized:
                 publish(tokenized.result())
@@ -204,6 +227,15 @@ def enqueue_file(path: Path, spec: RunSpec, chat: ChatTokenizer, client: redis.R
     summary.rejected.sort(key=lambda r: r.line)  # bad lines and tokenizer refusals, found in two threads
     summary.seconds = time.monotonic() - started
     return summary
+
+
+def _records(prompts: Iterable[Prompt], spec: RunSpec) -> dict[str, dict]:
+    """The line records of these prompts (`prompts.line_record`): the first line of each id decides,
+    as it is the one queued (a repeat's sampling or fields are not its prompt's)."""
+    first: dict[str, dict | None] = {}
+    for prompt in prompts:
+        first.setdefault(line_id(prompt), line_record(prompt, spec.verify is not None))
+    return {key: record for key, record in first.items() if record is not None}
 
 
 def _hold_back(client: redis.Redis, queue: str, bound: int, poll: float = 1.0) -> float:
@@ -222,7 +254,7 @@ def _batches(items: Iterable, size: int) -> Iterator[list]:
         yield chunk
 
 
-def _select(batch: list[Prompt | BadLine], ledger: Ledger, call: str,
+def _select(batch: list[Prompt | BadLine], spec: RunSpec, ledger: Ledger, call: str,
             summary: EnqueueSummary) -> list[Prompt]:
     """Drop bad lines and prompts the run already has, before they are tokenized (a repeat
     within the batch, or of a batch still being tokenized, is caught at `_publish`)."""
@@ -230,6 +262,8 @@ def _select(batch: list[Prompt | BadLine], ledger: Ledger, call: str,
     for item in batch:
         if isinstance(item, BadLine):
             summary.reject(item.line, None, item.reason)
+        elif item.sampling and not spec.line_fields:
+            summary.reject(item.line, item.id, UNREAD_SAMPLING.format(run=spec.name))
         else:
             prompts.append(item)
     fresh = []
@@ -307,30 +341,14 @@ def _publish(ready: list[tuple[Prompt, list[int]]], spec: RunSpec, app, queue: s
     summary.prompt_tokens += sum(len(ids) for _, ids in new)
 
 
-def line_record(prompt: Prompt, spec: RunSpec) -> dict:
-    """What a worker needs of the prompt's line beyond its ids (`contract/line_fields.py`): its
-    fields where the run has a verifier (`--verify`), which reads them; {} where nothing."""
-    record = {}
-    if spec.verify:
-        record["fields"] = prompt.fields
-    return record
-
-
 def _enqueue(ledger: Ledger, spec: RunSpec, ready: list[tuple[Prompt, list[int]]], call: str) -> list[str]:
-    """The ledger's enqueue of `ready`; in a run whose lines carry records for workers, in one
-    transaction with them (the first line of an id keeps its record), so no worker takes a prompt
-    whose record is not there yet."""
-    payloads = [(p.id, pack_ids(ids)) for p, ids in ready]
-    if not spec.line_fields:
-        return ledger.enqueue(payloads, call)
-    records: dict[str, dict] = {}
-    for prompt, _ in ready:
-        record = line_record(prompt, spec)
-        if record and prompt.id not in records:
-            records[prompt.id] = record
-    with ledger.client.pipeline(transaction=True) as pipe:
-        LineFields(ledger.client, spec.name).put(pipe, records, keep=True)
-        before = len(pipe)
-        ledger.enqueue(payloads, call, pipe=pipe)
-        replies = pipe.execute()
-    return Ledger.outcomes(replies[before:])
+    """The ledger's enqueue of `ready` (its outcomes, in order), each line's record for workers
+    written first (`contract/line_fields.py`), so no worker takes a prompt whose record is not there
+    yet. The first line of an id keeps its record: one made here for a prompt the ledger did not
+    take as new is a repeated id's, not its line's, and is dropped again."""
+    lines = LineFields(ledger.client, spec.name)
+    recorded = lines.add_new(_records((p for p, _ in ready), spec)) if spec.line_fields else []
+    outcomes = ledger.enqueue([(p.id, pack_ids(ids)) for p, ids in ready], call)
+    taken = {line_id(p) for (p, _), outcome in zip(ready, outcomes) if outcome == NEW}
+    lines.drop(sorted(set(recorded) - taken))
+    return outcomes

@@ -5,6 +5,10 @@ Accepted lines (JSONL):
 - `{"id": ..., "prompt": "text"}` (one user turn)
 - `{"id": ..., "conversations": [{"from": ..., "value": ...}, ...]}` (ShareGPT)
 
+Any of them may carry `"sampling": {...}`, the line's own sampling parameters
+over the run's, checked here as SGLang checks them (`contract/line_sampling.py`):
+a value SGLang would refuse makes the line a `BadLine`, not a dead letter later.
+
 A content may also be OpenAI's list of parts: text parts
 (`{"type": "text", "text": ...}`, or `input_text`) are joined with one space,
 as SGLang's chat endpoint does for a template that expects a string; any other
@@ -29,6 +33,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
+from contract.line_sampling import BadSampling, check_line_sampling
+
 ROLES = {"system", "user", "assistant", "tool"}
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant",
                   "assistant": "assistant", "chatgpt": "assistant", "tool": "tool",
@@ -51,6 +57,18 @@ class Prompt:
     # the line's other top-level keys but `sampling` (`answer`, `id`, ...), which a verifier reads
     # (`enqueue --verify`: contract/verifiers.py), as the JSON gave them
     fields: dict = field(default_factory=dict, compare=False)
+    sampling: dict | None = None  # the line's own `sampling` (contract/line_sampling.py), checked
+
+
+def line_record(prompt: Prompt, verify: bool) -> dict | None:
+    """What a worker reads of the prompt's line beyond its ids (contract/line_fields.py): its own
+    sampling, and its fields where the run has a verifier (`verify`), which reads them; None: nothing."""
+    record = {}
+    if prompt.sampling:
+        record["sampling"] = prompt.sampling
+    if verify:
+        record["fields"] = prompt.fields
+    return record or None
 
 
 @dataclass(frozen=True)
@@ -81,6 +99,21 @@ def read_prompts(source: Path | BinaryIO, max_line_bytes: int = MAX_LINE_BYTES) 
             yield BadLine(number, str(exc))
         except Exception as exc:  # a case no rule above foresaw: still this line's fault only
             yield BadLine(number, f"unreadable line ({exc.__class__.__name__}: {exc})"[:500])
+
+
+def mentions_line_fields(path: Path, chunk: int = 2**20) -> bool:
+    """Whether some line of the file may carry its own `sampling` (its key's bytes occur anywhere):
+    read in pieces and stopped at the first sight, so a file whose lines carry it costs a piece and
+    one without costs a read of the file at disk speed. A prompt's text cannot hold the bytes
+    (JSON escapes its quotes there), and a false sighting only costs a run one read a sample."""
+    needle = b'"sampling"'
+    tail = b""
+    with open(path, "rb") as handle:
+        while piece := handle.read(chunk):
+            if needle in tail + piece:
+                return True
+            tail = piece[-(len(needle) - 1):]
+    return False
 
 
 def _lines(handle: BinaryIO, limit: int) -> Iterator[tuple[int, bytes | None]]:
@@ -116,7 +149,11 @@ def parse_line(raw: bytes, number: int) -> Prompt:
         raise InvalidPrompt(f"not a JSON object but {_kind(record)}")
     messages = _messages(record)
     fields = {k: v for k, v in record.items() if k not in MESSAGE_KEYS and k != "sampling"}
-    return Prompt(number, _prompt_id(record, messages), messages, fields)
+    try:
+        sampling = check_line_sampling(record.get("sampling"))
+    except BadSampling as exc:
+        raise InvalidPrompt(str(exc)) from None
+    return Prompt(number, _prompt_id(record, messages, sampling), messages, fields, sampling)
 
 
 def _messages(record: dict) -> list[dict]:
@@ -181,10 +218,14 @@ def _text(value: str, what: str) -> str:
     return value
 
 
-def _prompt_id(record: dict, messages: list[dict]) -> str:
+def _prompt_id(record: dict, messages: list[dict], sampling: dict | None = None) -> str:
+    """The line's id; or one derived from its messages, and its own sampling where it gives one
+    (the same messages sampled two ways are two prompts; a line without sampling keeps the id it
+    always had)."""
     value = record.get("id")
     if value is None:
-        blob = json.dumps(messages, sort_keys=True, ensure_ascii=False).encode()
+        content = messages if sampling is None else {"messages": messages, "sampling": sampling}
+        blob = json.dumps(content, sort_keys=True, ensure_ascii=False).encode()
         return "p-" + hashlib.sha256(blob).hexdigest()[:20]
     if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
         raise InvalidPrompt(f"id must be a non-empty string or integer, not {_kind(value)}")

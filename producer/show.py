@@ -121,7 +121,8 @@ def sample_view(rows: list[dict], spec: RunSpec) -> Shown:
         ("shard", str(row.get("__filename", ""))),
         *[(k, _text(row[k])) for k in ("finish_reason", "stop_token", "think_end_index", "server", "cached_tokens",
                                        "model", "worker", "attempts", "max_new_tokens", "temperature", "top_p",
-                                       "e2e_latency", "started_at", "finished_at")],
+                                       "top_k", "min_p", "e2e_latency", "started_at", "finished_at")],
+        *_logprobs_field(row),
         ("tokenizer", f"{spec.tokenizer} (fingerprint {row['tokenizer_fingerprint']}"
          + ("" if row["tokenizer_fingerprint"] == spec.tokenizer_fingerprint else f", spec has {spec.tokenizer_fingerprint}")
          + ")"),
@@ -192,6 +193,16 @@ def clipped_segments(section: Section, decoder: Decoder, limit: int | None) -> l
     half = limit // 2
     note = f"\n[… {len(ids) - 2 * half:,} tokens not shown here: python -m producer show prints them all …]\n"
     return decoder.segments(ids[:half]) + [(note, False)] + decoder.segments(ids[-half:])
+
+
+def _logprobs_field(row: dict) -> list[tuple[str, str]]:
+    """A `--logprobs K` row's log-probabilities in one line (the lists themselves are for trainers)."""
+    chosen = row.get("logprobs")
+    if not chosen:
+        return []
+    k = len(row.get("top_logprobs") or ()) // len(chosen)
+    return [("logprobs", f"top {k} a token for {len(chosen):,} tokens; mean log-probability of the tokens "
+                         f"{sum(chosen) / len(chosen):.4g}, lowest {min(chosen):.4g}")]
 
 
 def _text(value) -> str:

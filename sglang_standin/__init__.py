@@ -15,6 +15,12 @@ reports only the limits given on the command line, `/metrics` needs
 `--enable-metrics`, and `--tokenizer-path` (a local folder) gives it a
 tokenizer for `text` input and `/tokenize` (`tokenizer`).
 
+Log-probabilities (`return_logprob`, `top_logprobs_num`, `logprob_start_len`)
+come in `meta_info` with SGLang 0.5.23's keys, order and shapes, the produced
+token the most likely of its top list (`logprobs`). /standin/stats `asked`
+keeps, per key, what its last request asked besides its ids (`sampling_params`
+and those fields): a test sees the sampling a client really sent.
+
 Run it with `python -m sglang_standin --port 30000 [options]` (see --help).
 
 Faults are shares of prompts (`--fault-NAME SHARE`, names in FAULT_NAMES),

@@ -7,7 +7,9 @@ values there, with serde's wording: `unknown field \\`max_tokens\\`, expected on
 of ...` or `invalid type: floating point \\`3.0\\`, expected i64`. Older
 releases crashed with a 500 on an unknown key instead. The body is a plain
 string under `error`, unlike the `{"error": {"message"}}` of a ValueError.
-Only the fields whose checks a client can meet on the native API are here.
+Only the fields whose checks a client can meet on the native API are here:
+`sampling_params`, and the log-probability fields (`return_logprob`,
+`top_logprobs_num`, `logprob_start_len`: one value or a batch's list).
 """
 
 from __future__ import annotations
@@ -93,6 +95,30 @@ def unknown_field(key: str) -> str:
     """serde's `unknown_field` text for a SamplingParams key."""
     listed = ", ".join(f"`{f}`" for f in SAMPLING_FIELDS)
     return f"unknown field `{key}`, expected one of {listed}"
+
+
+#: The top-level fields of a request, besides `sampling_params`, that the gate types and a client sends.
+_TOP_LEVEL: dict[str, tuple[Callable[[Any], bool], str, str]] = {
+    "return_logprob": (lambda v: isinstance(v, bool), "BoolOrList", "a boolean"),
+    "top_logprobs_num": (_is_int, "Int64OrList", "i64"),
+    "logprob_start_len": (_is_int, "Int64OrList", "i64"),
+}
+
+
+def check_request(body: dict) -> None:
+    """The fields the gate checks, in the body's order (serde reports the first it meets)."""
+    for key, value in body.items():
+        if value is None:
+            continue
+        if key == "sampling_params":
+            check_sampling(value)
+        elif key in _TOP_LEVEL:
+            accepts, name, element = _TOP_LEVEL[key]
+            if isinstance(value, list):
+                for entry in value:
+                    _expect(accepts, element)(entry)
+            else:
+                _expect(accepts, f"a value or an array of values for {name}")(value)
 
 
 def check_sampling(params: Any) -> None:

@@ -67,6 +67,8 @@ async def generate(request: Request) -> Response:
     if state.cfg.oov_ids == "crash" and any(out_of_vocabulary(sub.input_ids, state.cfg) for sub in call.items):
         crash_on_oov(state.cfg.vocab_size)
     plans = [plan(sub, state.cfg) for sub in call.items]
+    for index, p in enumerate(plans):
+        state.stats.note_asked(p.key, asked(body, index))
     state.rids |= given
     try:  # (a stream's rids are let go when its response starts: the fleet does not stream)
         if not await _unwedged(request, state, plans):
@@ -74,6 +76,17 @@ async def generate(request: Request) -> Response:
         return await _schedule_and_answer(request, state, call, plans, started)
     finally:
         state.rids -= given
+
+
+ASKED_FIELDS = ("return_logprob", "top_logprobs_num", "logprob_start_len")
+
+
+def asked(body: dict, index: int) -> dict:
+    """Sub-request `index`'s sampling_params and log-probability fields, as the client sent them."""
+    params = body.get("sampling_params")
+    if isinstance(params, list):
+        params = params[index] if index < len(params) else None
+    return {"sampling_params": params, **{k: body[k] for k in ASKED_FIELDS if k in body}}
 
 
 def crash_on_oov(vocab_size: int) -> None:

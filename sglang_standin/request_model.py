@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from typing import Callable
 
 from sglang_standin.config import StandinConfig
-from sglang_standin.contract_gate import check_sampling
+from sglang_standin.contract_gate import check_request
+from sglang_standin.logprobs import LogprobAsk, ask_of
 from sglang_standin.errors import RequestError, SchemaError
 from sglang_standin.sampling import Sampling, parse_sampling
 from sglang_standin.tokenizer import NO_TOKENIZER, StandinTokenizer, load_tokenizer
@@ -42,6 +43,7 @@ class SubRequest:
     input_ids: list[int]  # after any auto-truncation
     max_new_tokens: int  # after SGLang's clamp to the context
     sampling: Sampling
+    logprob: LogprobAsk | None = None  # `return_logprob` and its companions (`logprobs`); None: not asked
 
 
 @dataclass(frozen=True)
@@ -53,11 +55,20 @@ class GenerateCall:
 
 def parse_generate(body: dict, cfg: StandinConfig) -> GenerateCall:
     """Validate a decoded body; raise ContractError, RequestError or InternalError."""
-    check_sampling(body.get("sampling_params"))
+    check_request(body)
     prompts, is_single, params, rids = _normalize(body, load_tokenizer(cfg.tokenizer_path))
-    items = [_sub_request(p, sp, rid, given, cfg)
-             for p, sp, (rid, given) in zip(prompts, params, rids)]
+    given_prompts = 1 if is_single else _batch_size(body)
+    items = [_sub_request(p, sp, rid, given, cfg, ask_of(body, i * given_prompts // len(prompts)))
+             for i, (p, sp, (rid, given)) in enumerate(zip(prompts, params, rids))]
     return GenerateCall(items=items, is_single=is_single, stream=bool(body.get("stream", False)))
+
+
+def _batch_size(body: dict) -> int:
+    """The prompts a batch request gave (before `n` repeats each): a per-prompt list indexes them."""
+    ids, text = body.get("input_ids"), body.get("text")
+    if isinstance(ids, list) and ids and isinstance(ids[0], list):
+        return len(ids)
+    return len(text) if isinstance(text, list) else 1
 
 
 def require_json(content_type: str | None, raw: bytes) -> bytes:
@@ -92,6 +103,25 @@ def _one_or_list(value: object, kind: type) -> bool:
         isinstance(value, list) and all(isinstance(x, kind) for x in value))
 
 
+_PYDANTIC_BOOLS = {"0", "off", "f", "false", "n", "no", "1", "on", "t", "true", "y", "yes"}
+
+
+def _lax_int(v: object) -> bool:
+    """pydantic's lax int: an int, a float without a fraction, a string of an int."""
+    if isinstance(v, bool) or isinstance(v, int):
+        return True
+    if isinstance(v, float):
+        return v.is_integer()
+    return isinstance(v, str) and v.strip().lstrip("+-").isdigit()
+
+
+def _lax_bool(v: object) -> bool:
+    """pydantic's lax bool: a bool, 0 or 1, or one of its words (the contract gate then wants a bool)."""
+    if isinstance(v, (bool, int, float)):
+        return v in (0, 1)
+    return isinstance(v, str) and v.strip().lower() in _PYDANTIC_BOOLS
+
+
 #: field -> (accepts, pydantic-like complaint); None is always accepted.
 _FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
     "input_ids": (lambda v: _is_ids(v) or (isinstance(v, list) and all(_is_ids(x) for x in v)),
@@ -101,6 +131,12 @@ _FIELD_TYPES: dict[str, tuple[Callable[[object], bool], str]] = {
                         "Input should be a valid dictionary or list of dictionaries"),
     "rid": (lambda v: _one_or_list(v, str), "Input should be a valid string or list of strings"),
     "stream": (lambda v: isinstance(v, bool), "Input should be a valid boolean"),
+    "return_logprob": (lambda v: _lax_bool(v) or (isinstance(v, list) and all(map(_lax_bool, v))),
+                       "Input should be a valid boolean"),
+    "top_logprobs_num": (lambda v: _lax_int(v) or (isinstance(v, list) and all(map(_lax_int, v))),
+                         "Input should be a valid integer, got a number with a fractional part"),
+    "logprob_start_len": (lambda v: _lax_int(v) or (isinstance(v, list) and all(map(_lax_int, v))),
+                          "Input should be a valid integer, got a number with a fractional part"),
 }
 
 
@@ -168,7 +204,8 @@ def _rids(rid: str | list | None, batch: int, is_single: bool) -> list[tuple[str
     return [(r, True) for r in rid]
 
 
-def _sub_request(ids: list[int], params: dict, rid: str, given: bool, cfg: StandinConfig) -> SubRequest:
+def _sub_request(ids: list[int], params: dict, rid: str, given: bool, cfg: StandinConfig,
+                 logprob: LogprobAsk | None = None) -> SubRequest:
     ids = _check_context(ids, cfg)
     params = dict(params)  # may be shared by a batch; _check_total edits it
     requested = params.get("max_new_tokens")
@@ -181,7 +218,8 @@ def _sub_request(ids: list[int], params: dict, rid: str, given: bool, cfg: Stand
                            "(the stand-in's --oov-ids reject; SGLang 0.5.23 exits instead).")
     budget = 1 << 30 if sampling.max_new_tokens is None else sampling.max_new_tokens
     max_new = max(0, min(budget, cfg.max_req_len - len(ids) - 1))  # the scheduler's silent cap
-    return SubRequest(rid=rid, rid_given=given, input_ids=ids, max_new_tokens=max_new, sampling=sampling)
+    return SubRequest(rid=rid, rid_given=given, input_ids=ids, max_new_tokens=max_new, sampling=sampling,
+                      logprob=logprob)
 
 
 def out_of_vocabulary(ids: list[int], cfg: StandinConfig) -> bool:

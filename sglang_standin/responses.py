@@ -25,6 +25,7 @@ from typing import NamedTuple
 
 from sglang_standin.batching import Outcome
 from sglang_standin.config import StandinConfig
+from sglang_standin.logprobs import logprob_meta
 from sglang_standin.outputs import ABORT_FINISH
 from sglang_standin.request_model import SubRequest
 from sglang_standin.tokenizer import load_tokenizer
@@ -86,6 +87,7 @@ def result_body(plan: Planned, ids: list[int], finish: dict | None, cfg: Standin
         "weight_version": "default",
         "num_retractions": 0,
         **(load._asdict() if load is not None and cfg.meta_info_load else {}),
+        **(logprob_meta(plan.sub.logprob, plan.sub.input_ids, ids, cfg.vocab_size) if plan.sub.logprob else {}),
         **(_scheduler_times() if cfg.enable_metrics else {}),
         "reasoning_tokens": reasoning_tokens(ids, cfg),
         "completion_tokens": completion,

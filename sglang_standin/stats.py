@@ -8,7 +8,9 @@ generations per prompt) and benchmarks to measure how busy the "GPU" was
 `prompt_tokens` and `cached_tokens` are the two /metrics counters (`metrics`).
 `generating` lists the keys whose generation has started and not been answered
 yet (a fault test's "what was being generated at the instant it struck");
-`spans` gives, per key generated more than once, each generation's start and
+`asked` keeps, per key, what its last request asked besides its ids (its
+`sampling_params` and log-probability fields, as sent): a test sees there the
+sampling a client really sent. `spans` gives, per key generated more than once, each generation's start and
 end (wall clock, `time.time()`; end null while it runs, or when its client left
 and the stand-in has not noticed yet): a test tells by them whether a second
 generation began while the first still ran, or after it was answered.
@@ -16,6 +18,7 @@ generation began while the first still ran, or after it was answered.
 
 from __future__ import annotations
 
+import json
 import time
 from collections import defaultdict
 
@@ -32,6 +35,8 @@ class Stats:
         self.bad_outputs: dict[str, list[str]] = defaultdict(list)
         self.trickled: dict[str, int] = defaultdict(int)
         self.wedged: dict[str, int] = defaultdict(int)
+        self.asked: dict[str, dict] = {}  # key -> its last request's sampling_params and logprob fields
+        self._asks: dict[str, dict] = {}  # each distinct ask once, by its JSON text
         self.tokens_generated = 0
         self.prompt_tokens = 0  # /metrics sglang:prompt_tokens_total
         self.cached_tokens = 0  # /metrics sglang:cached_tokens_total
@@ -64,6 +69,13 @@ class Stats:
             if span[1] is None:  # the oldest one still open
                 span[1] = time.time()
                 break
+
+    def note_asked(self, key: str, asked: dict) -> None:
+        """What a valid request for `key` asked besides its ids (the last one's is kept). Equal asks are
+        kept once (a run sends most of its prompts alike), so a benchmark of 10^6 prompts holds a
+        reference a key, as `attempts` holds a count."""
+        text = json.dumps(asked, sort_keys=True)
+        self.asked[key] = self._asks.setdefault(text, asked)
 
     def note_bad_output(self, key: str, kind: str) -> None:
         """An answer for `key` was sent with the bad-output fault `kind`."""
@@ -117,6 +129,7 @@ class Stats:
             "bad_outputs": {k: list(v) for k, v in self.bad_outputs.items()},
             "trickled": dict(self.trickled),
             "wedged": dict(self.wedged),
+            "asked": dict(self.asked),
             "tokens_generated": self.tokens_generated,
             "prompt_tokens": self.prompt_tokens,
             "cached_tokens": self.cached_tokens,

@@ -1,11 +1,13 @@
 """A worker bound to the real SGLang server (its CPU engine, tests/real_sglang.py): samples equal to the
 server's own answers, token for token, and the think check, shards and exports through the real engine,
-for a reasoning template and one without thinking."""
+for a reasoning template and one without thinking; a line's own sampling and `--logprobs K` answered by
+the real engine."""
 from __future__ import annotations
 
 import json
 import shutil
 
+import httpx
 import pytest
 
 from conftest import varied_prompts, write_prompts
@@ -96,3 +98,38 @@ def test_a_template_without_thinking_through_the_real_engine(fleet, tmp_path, to
     # and the second dead-letters every prompt: the model never opened its reasoning
     assert fleet.wait_finished("thinks", timeout=300) == {"dead": 6}
     assert {d["reason"] for d in fleet.dead_letters("thinks")} == {"missing_think_start"}
+
+
+def test_lines_own_sampling_and_logprobs_through_the_real_engine(fleet, tmp_path, shared_sglang):
+    # Given the real server with a random model (it stops only at the budget), a worker bound to it, and
+    # four prompts: two plain, one with a budget, top_k and seed of its own, one sampled hotter with min_p
+    server = shared_sglang("random")
+    fleet.worker("w1", [server.url])
+    records = [{"id": "plain-0", "prompt": "What is 2 + 2?"}, {"id": "plain-1", "prompt": "Name a colour."},
+               {"id": "short", "prompt": "Say yes.", "sampling": {"max_new_tokens": 8, "top_k": 1, "seed": 5}},
+               {"id": "hot", "prompt": "Pick a number.", "sampling": {"temperature": 0.7, "min_p": 0.05}}]
+
+    # When they are enqueued greedy with a budget of 16 and the top 3 log-probabilities of each token
+    fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", records)), "--tokenizer", "bundled",
+                   "--temperature", "0", "--max-new-tokens", "16", "--thinking", "off", "--disable-rule", "truncated",
+                   "--logprobs", "3")
+
+    # Then every prompt is stored with the budget its line gave, or the run's
+    assert fleet.wait_finished(timeout=300) == {"done": 4}
+    rows = {row["id"]: row for row in fleet.rows()}
+    assert {pid: (row["output_len"], row["max_new_tokens"]) for pid, row in rows.items()} == \
+        {"plain-0": (16, 16), "plain-1": (16, 16), "short": (8, 8), "hot": (16, 16)}
+    assert (rows["short"]["top_k"], rows["hot"]["min_p"] > 0.04, rows["hot"]["temperature"] > 0.6) == (1, True, True)
+    # And each row holds the real server's log-probabilities of its tokens: one a token, 3 candidates a
+    # token, the greedy token the most likely, as the server gives them when asked directly
+    for pid, row in rows.items():
+        n, output = row["output_len"], row["input_ids"][row["prompt_len"]:]
+        assert len(row["logprobs"]) == n and len(row["top_logprob_ids"]) == len(row["top_logprobs"]) == 3 * n
+        if pid.startswith("plain"):
+            assert row["top_logprob_ids"][0::3] == output
+            assert row["logprobs"] == pytest.approx(row["top_logprobs"][0::3], abs=1e-3)
+            body = {"input_ids": row["input_ids"][:row["prompt_len"]], "return_logprob": True, "top_logprobs_num": 3,
+                    "sampling_params": {"max_new_tokens": 16, "temperature": 0}}
+            own = httpx.post(f"{server.url}/generate", json=body, timeout=120).json()
+            assert own["output_ids"] == output
+            assert row["logprobs"] == pytest.approx([e[0] for e in own["meta_info"]["output_token_logprobs"]], abs=1e-3)

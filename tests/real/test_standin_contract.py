@@ -11,7 +11,8 @@ exists), a generation's keys and types (answers.py, cache_hits.py) and the error
 
 The two servers see the same tokenizer (the checkpoint's folder) and the same limits: a context of
 4,096 declared by the model, not given on the command line; a KV cache of 16,384 tokens; a batch
-limit of 8, given. The random checkpoint stops only at its budget, so the stand-in is asked to
+limit of 8, given. Log-probabilities (`enqueue --logprobs K`) are compared by their keys, lengths
+and entries' types, and by the ids they name (the values are the model's). The random checkpoint stops only at its budget, so the stand-in is asked to
 ignore its EOS where output lengths are compared. The second to last test sends an id outside the
 vocabulary, which ends both servers; the last starts both again with --enable-metrics.
 """
@@ -26,6 +27,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
+from contract.logprobs import from_meta
 from producer.local import Process, start_standin
 from real_sglang import CONTEXT, RealServer, start_sglang
 from waiting import wait_until
@@ -184,12 +186,68 @@ def test_a_generation_has_the_same_keys_types_and_echoed_rid(pair: Pair):
     assert text[0].json()["meta_info"]["prompt_tokens"] == text[1].json()["meta_info"]["prompt_tokens"] == 2
 
 
+# Log-probability asks (top-level fields) and budgets: what `enqueue --logprobs K` sends, and its edges.
+LOGPROB_ASKS = {
+    "the top 3 of 4 tokens": ({"return_logprob": True, "top_logprobs_num": 3, "logprob_start_len": -1}, 4),
+    "no top lists": ({"return_logprob": True}, 3),
+    "a budget of 0": ({"return_logprob": True, "top_logprobs_num": 2, "logprob_start_len": -1}, 0),
+    "top lists without return_logprob": ({"top_logprobs_num": 2}, 2),
+    "a negative top_logprobs_num": ({"return_logprob": True, "top_logprobs_num": -1}, 2),
+}
+LOGPROB_KEYS = ("input_token_logprobs", "output_token_logprobs", "output_token_logprobs_length",
+                "input_top_logprobs", "output_top_logprobs")
+
+
+def test_log_probabilities_come_with_the_same_keys_lengths_and_entries_and_name_the_output_ids(pair: Pair):
+    for case, (ask, budget) in LOGPROB_ASKS.items():
+        # Given a log-probability ask; when both are asked for a generation with it
+        body = {"input_ids": prompt(12), "sampling_params": {"max_new_tokens": budget, "ignore_eos": True}, **ask}
+        answers = pair.ask("POST", "/generate", json=body)
+        assert [r.status_code for r in answers] == [200, 200], (case, both(answers))
+        real, standin = (r.json() for r in answers)
+        # Then meta_info has the same keys on both, the same lists as long, their entries
+        # [float, int, null] alike
+        assert set(real["meta_info"]) == set(standin["meta_info"]), (case, both(answers))
+        for key in LOGPROB_KEYS:
+            if key in real["meta_info"]:
+                r, s = real["meta_info"][key], standin["meta_info"][key]
+                assert shape(r) == shape(s), (case, key, r, s)
+                assert (len(r) if isinstance(r, list) else r) == (len(s) if isinstance(s, list) else s), (case, key)
+        # And each output token's entry names the output id at its position, on both, so the
+        # fleet reads both alike (contract/logprobs.py)
+        k = ask.get("top_logprobs_num", 0) if ask.get("return_logprob") else 0
+        for answer in (real, standin):
+            meta = answer["meta_info"]
+            if ask.get("return_logprob"):
+                assert [e[1] for e in meta["output_token_logprobs"]] == answer["output_ids"], case
+                assert meta["output_token_logprobs_length"] == len(answer["output_ids"]) == budget
+            if k > 0:
+                scores = from_meta(dict(meta), answer["output_ids"], k)
+                assert len(scores.top_ids) == k * budget and len(scores.chosen) == budget, case
+                assert all(len(position) == k for position in meta["output_top_logprobs"]), case
+
+
+def test_the_sampling_a_line_may_set_is_taken_alike(pair: Pair):
+    # Given every sampling key a line may set, as the worker sends them (the seed as sampling_seed)
+    line = {"temperature": 0, "top_p": 0.5, "top_k": 1, "min_p": 0.1, "max_new_tokens": 3, "sampling_seed": 1234,
+            "skip_special_tokens": False, "ignore_eos": True}
+    # When both are asked with them; then both answer 3 tokens
+    answers = pair.ask("POST", "/generate", **generate(prompt(9), **line))
+    assert [r.status_code for r in answers] == [200, 200], both(answers)
+    assert [len(r.json()["output_ids"]) for r in answers] == [3, 3]
+
+
 REFUSED = {
     "an unknown sampling key": generate(prompt(5), max_new_tokens=4, max_tokens=4),
     "a float budget": generate(prompt(5), max_new_tokens=3.0),
     "a string temperature": generate(prompt(5), temperature="hot"),
     "a negative budget": generate(prompt(5), max_new_tokens=-1),
     "top_p 0": generate(prompt(5), top_p=0),
+    "top_k 0": generate(prompt(5), top_k=0),
+    "a string return_logprob": {"json": {"input_ids": prompt(5), "sampling_params": {"max_new_tokens": 2},
+                                         "return_logprob": "yes"}},
+    "a whole float top_logprobs_num": {"json": {"input_ids": prompt(5), "sampling_params": {"max_new_tokens": 2},
+                                                "return_logprob": True, "top_logprobs_num": 2.0}},
     "empty input_ids": generate([], max_new_tokens=4),
     "no input at all": {"json": {"sampling_params": {"max_new_tokens": 4}}},
 }
@@ -206,6 +264,8 @@ def test_a_refused_request_gets_the_same_status_and_body(pair: Pair, case: str):
 
 SCHEMA_ERRORS = {
     "input_ids of the wrong type": {"json": {"input_ids": "x", "sampling_params": {}}},
+    "a fractional top_logprobs_num": {"json": {"input_ids": [100, 101], "return_logprob": True,
+                                               "top_logprobs_num": 2.5}},
     "no JSON content type": {"content": b'{"input_ids": [100, 101], "sampling_params": {}}'},
     "a text/plain content type": {"content": b'{"input_ids": [100, 101]}', "headers": {"content-type": "text/plain"}},
 }

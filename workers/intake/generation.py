@@ -5,6 +5,14 @@ back through the broker with an ETA (and its visibility-timeout pitfalls),
 while a loop in the task thread keeps the prompt leased to this worker and can
 move it to another healthy server at once.
 
+What is sent is decided once per prompt (`request_sampling`): the run's
+sampling with the keys of the line's own `sampling` over it (read from the run's
+line records only in a run that has them, `line_record`), the seed as
+`sampling_seed`, and a requeue's budget over both; the row records what was
+sent, so a reader never has to know which line said what. A `--logprobs K`
+run's log-probabilities come with the answer, checked against its ids
+(`answers.read_logprobs`), into their own columns.
+
 Storage is never the prompt's fault: a prompt taken while the output storage
 fails goes back to the queue before it is generated, a finished sample waits
 for its shard while the writer retries, and a wait that outlasts
@@ -32,6 +40,10 @@ import redis
 from ..servers import cache_hits
 from ..reporting import metrics
 from contract.codec import ids_to_b64
+from contract.conversations import split_turn_id
+from contract.line_fields import LineFields
+from contract.line_sampling import line_seed, merged
+from contract.samples import sample_seed, split_sample_key
 from contract.deadletters import DeadLetter, DeadLetters
 from contract.names import PromptState, Reason
 from contract.replication import expected, replicated, written_again
@@ -50,7 +62,7 @@ from ..servers.sglang_client import (GatewayOutage, Generation, ServerCut, Serve
                                      ServerRejected, ServerUnavailable, TransientError, generate)
 from ..output.turns import turn_columns
 from ..output.verify import Verdict, think_positions, verify
-from ..output.verdicts import line_fields, verdict_of
+from ..output.verdicts import verdict_of
 from contract.verifiers import verdict_class
 
 log = logging.getLogger(__name__)
@@ -89,12 +101,12 @@ def process_prompt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[
     """Generate, verify and store one prompt (its sample handed to the shard writer through
     `submit`); returns where it ended up."""
     _check_storage(rt, prompt_id)
-    sampling = dict(spec.sampling)
-    if max_new_tokens:
-        sampling["max_new_tokens"] = max_new_tokens
+    # the line's own sampling and what a verifier reads of it, read before the generation: Redis
+    # failing now costs none
+    line = line_record(rt, spec, prompt_id)
+    sampling = request_sampling(spec, prompt_id, line, max_new_tokens)
+    fields = line.get("fields") or {}
     tries = Attempts(crashes=server_crashes.notes(rt.redis, spec.name, prompt_id))
-    # what the verifier reads of the prompt's line, read before the generation: Redis failing now costs none
-    fields = line_fields(rt.redis, spec, prompt_id) if spec.verify else {}
     if spec.vocab_size and prompt_ids and max(prompt_ids) >= spec.vocab_size:  # never sent: it may kill a server
         return bury(rt, _dead(rt, spec, prompt_id, prompt_ids, sampling, tries, Reason.WORKER_ERROR,
                               f"prompt id {max(prompt_ids)} is not a token id of the run's tokenizer "
@@ -114,6 +126,33 @@ def process_prompt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[
                               verdict.reason, verdict.message, generation))
     except Unfit as exc:
         return bury(rt, exc.letter)
+
+
+def line_record(rt: Runtime, spec: RunSpec, key: str) -> dict:
+    """What the producer recorded of the prompt's line (`contract/line_fields.py`): read only in a run
+    whose spec says its lines carry some, so any other run pays no read. `key` is the ledger's (a
+    sample's, `<id>~<index>`, in a run of several samples); a conversation's line is its own."""
+    if not spec.line_fields:
+        return {}
+    line_id, _ = split_sample_key(key, spec.samples)
+    if spec.turns == "all":
+        line_id = split_turn_id(line_id)[0]
+    return LineFields(rt.redis, spec.name).get(line_id)
+
+
+def request_sampling(spec: RunSpec, key: str, line: dict, max_new_tokens: int | None = None) -> dict:
+    """The `sampling_params` a prompt is sent with: the run's, each key the line's own `sampling`
+    gives replaced by the line's (contract/line_sampling.py), and the budget a requeue gave
+    (`max_new_tokens`) over both. A seed goes as `sampling_seed`: the line's for its first
+    sample, and one per sample in a run of several (`contract.samples.sample_seed`)."""
+    own = line.get("sampling")
+    sampling = merged(spec.sampling, own)
+    prompt_id, index = split_sample_key(key, spec.samples)
+    if line_seed(own) is not None or spec.samples > 1:
+        sampling["sampling_seed"] = sample_seed(spec.name, prompt_id, index, line_seed(own))
+    if max_new_tokens:
+        sampling["max_new_tokens"] = max_new_tokens
+    return sampling
 
 
 class Unfit(Exception):
@@ -339,8 +378,8 @@ def _send(rt: Runtime, spec: RunSpec, binding: ServerBinding, prompt_id: str, pr
     s = rt.settings
     with metrics.LATENCY.labels(binding.url).time():
         return generate(rt.http, binding.url, prompt_ids, sent, prompt_id, timeout=s.request_timeout,
-                        max_bytes=answer_cap(sent.get("max_new_tokens"), s.max_answer_bytes),
-                        id_bound=id_bound(spec.vocab_size, binding.vocab_size))
+                        max_bytes=answer_cap(sent.get("max_new_tokens"), s.max_answer_bytes, spec.logprobs),
+                        id_bound=id_bound(spec.vocab_size, binding.vocab_size), logprobs=spec.logprobs)
 
 
 def _alone(rt: Runtime, binding: ServerBinding, tries: Attempts, send: Callable[[], Generation]) -> Generation:
@@ -515,4 +554,15 @@ def _row(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], trie
         finished_at=datetime.now(timezone.utc),
         **turn_columns(spec, prompt_id),
         cached_tokens=generation.cached_tokens,
+        top_k=sampling.get("top_k"),
+        min_p=sampling.get("min_p"),
+        **_logprob_columns(generation),
     )
+
+
+def _logprob_columns(generation: Generation) -> dict:
+    """The `--logprobs K` columns (contract/logprobs.py); none where not asked."""
+    scores = generation.logprobs
+    if scores is None:
+        return {}
+    return {"logprobs": scores.chosen, "top_logprob_ids": scores.top_ids, "top_logprobs": scores.top}

@@ -51,7 +51,7 @@ from typing import Protocol
 
 import pyarrow.parquet as pq
 
-from contract.schema import INT32_MAX, Sample, samples_to_table
+from contract.schema import INT32_MAX, Sample, samples_to_table, write_options
 from contract.storage import store_for
 
 from ..reporting import lifeline, metrics
@@ -272,7 +272,7 @@ class ShardWriter:
         try:
             if self.book:  # raises OSError when Redis refuses the note: held like a storage outage
                 self.book.writing(run, pending.rows, name)
-            path = self.store.create(run, name, lambda sink: pq.write_table(table, sink, compression="zstd"))
+            path = self.store.create(run, name, lambda sink: pq.write_table(table, sink, **write_options()))
         except OSError as exc:  # storage, not the rows
             self._unwritten(run, pending, name)
             self._hold(run, pending, exc)

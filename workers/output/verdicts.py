@@ -38,12 +38,9 @@ import sys
 import threading
 import time
 
-import redis
 
 from contract.conversations import answer_message
-from contract.line_fields import LineFields
 from contract.names import Thinking
-from contract.samples import split_sample_key
 from contract.spec import RunSpec
 from contract.verifiers import error_verdict
 
@@ -199,17 +196,8 @@ def answer_text(spec: RunSpec, output_ids: list[int]) -> str:
     return message["content"]
 
 
-def line_fields(client: redis.Redis, spec: RunSpec, key: str) -> dict:
-    """The fields of the line whose sample is `key` (a prompt id, or `<id>~<index>`), read once a
-    sample, before its generation (a Redis failure then costs no generation); {} where none."""
-    if not spec.line_fields:
-        return {}
-    prompt_id, _ = split_sample_key(key, spec.samples)
-    return LineFields(client, spec.name).get(prompt_id).get("fields") or {}
-
-
 def verdict_of(verdicts: Verdicts, spec: RunSpec, fields: dict, output_ids: list[int]) -> tuple[bool | None, str | None]:
-    """The sample's (verified, verdict) against its line's `fields` (`line_fields`); (None, None) in a
+    """The sample's (verified, verdict) against its line's `fields` (contract/line_fields.py); (None, None) in a
     run without a verifier. Never raises: an answer that cannot be decoded here (the run's tokenizer
     does not load on this worker) is the sample's `error` verdict, as is anything its check does."""
     if not spec.verify:

@@ -13,12 +13,17 @@ Why it holds: `read_answer` is the only way from bytes to `(output_ids,
 meta_info)`, and it checks every entry. Why it matters: a row the schema
 cannot store fails the whole group commit, turning every good prompt of that
 shard into a crash; refused here, the bad answer harms only its own prompt.
-Pure: bytes in, values or `BadOutput` out, no I/O.
+Log-probabilities, where a run asks for them (`read_logprobs`), are held
+to the same standard: one entry per output id naming that id, K candidates
+a token, numbers where numbers belong (`contract/logprobs.py`); and the
+answer's size cap grows with K. Pure: bytes in, values or `BadOutput` out, no I/O.
 """
 from __future__ import annotations
 
 import json
 import math
+
+from contract.logprobs import BadLogprobs, Logprobs, from_meta
 
 INT32_LIMIT = 2**31          # shards store ids as int32
 EXCERPT_BYTES = 500          # of the body, in a dead letter
@@ -27,6 +32,10 @@ MAX_LISTED = 8               # offending values listed in an excerpt
 # (DeepSeek's 128-dot token); 256 leaves every real answer under the cap.
 BYTES_PER_TOKEN = 256
 SLACK_BYTES = 64 * 1024      # meta_info and the envelope
+# One `[logprob, token_id, null]` entry: a float64's 24 characters at most, an id, the brackets: 40
+# bytes; 64 leaves room for the formatting of any server.
+BYTES_PER_LOGPROB = 64
+_LOGPROB_KEYS = ("output_token_logprobs", "output_top_logprobs", "input_token_logprobs", "input_top_logprobs")
 NO_BUDGET_CAP = 64 * 1024 * 1024
 
 
@@ -38,13 +47,28 @@ class BadOutput(Exception):
         self.excerpt = excerpt
 
 
-def answer_cap(max_new_tokens: int | None, override: int = 0) -> int:
-    """The most bytes a correct answer for this budget can take (`FLEET_MAX_ANSWER_BYTES` overrides)."""
+def answer_cap(max_new_tokens: int | None, override: int = 0, logprobs: int | None = None) -> int:
+    """The most bytes a correct answer for this budget can take (`FLEET_MAX_ANSWER_BYTES` overrides),
+    with K + 1 log-probability entries a token where `logprobs` K were asked for."""
     if override > 0:
         return override
+    per_token = BYTES_PER_TOKEN + (logprobs + 1) * BYTES_PER_LOGPROB if logprobs else BYTES_PER_TOKEN
     if not max_new_tokens:
-        return NO_BUDGET_CAP
-    return BYTES_PER_TOKEN * max_new_tokens + SLACK_BYTES
+        return NO_BUDGET_CAP * per_token // BYTES_PER_TOKEN
+    return per_token * max_new_tokens + SLACK_BYTES
+
+
+def read_logprobs(meta: dict, output_ids: list[int], k: int) -> Logprobs:
+    """The answer's top-`k` log-probabilities, which must name `output_ids` token for token
+    (`contract/logprobs.py`), taken out of `meta` (a long answer's lists are its bulk); or `BadOutput`."""
+    try:
+        scores = from_meta(meta, output_ids, k)
+    except BadLogprobs as exc:
+        raise BadOutput(f"log-probabilities: {exc}", {"logprobs_problem": str(exc)[:300],
+                                                      "output_len": len(output_ids)}) from None
+    for key in _LOGPROB_KEYS:
+        meta.pop(key, None)
+    return scores
 
 
 def id_bound(*vocab_sizes: int | None) -> int:

@@ -28,6 +28,11 @@ Failures fall in six classes, each handled differently by the task:
   is paused and the prompt goes elsewhere or back to the queue, its budget
   untouched. The gateway's own upstream failures are `ServerUnavailable`.
 
+A run of `--logprobs K` adds SGLang's top-level `return_logprob`,
+`top_logprobs_num` and `logprob_start_len` to each request
+(`contract.logprobs.request_fields`); its answer's log-probabilities must fit
+its ids, or the answer is a `BadOutput`.
+
 Invariant: a call reads at most `max_bytes` of the answer, and every wait in
 it has a deadline: the whole exchange, from the wait for the answer's head to
 the body's last byte, ends within the call's deadline (`FLEET_REQUEST_TIMEOUT`)
@@ -63,7 +68,9 @@ from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import urlsplit, urlunsplit
 
-from .answers import read_answer
+from contract.logprobs import Logprobs, request_fields
+
+from .answers import read_answer, read_logprobs
 from .cache_hits import cached_tokens
 from .deadlines import WATCHDOG, Watch
 from .gateway_answers import OUTAGE, gateway_failure
@@ -116,6 +123,7 @@ class Generation:
     server: str
     sampling: dict  # as sent, after any clamp to the server's context
     cached_tokens: int | None = None  # prompt tokens found in the server's prefix cache; None: unknown
+    logprobs: Logprobs | None = None  # asked for (`enqueue --logprobs K`): checked against output_ids
 
 
 @dataclass(frozen=True)
@@ -200,15 +208,18 @@ def make_client(pool_size: int, connect_timeout: float, request_timeout: float,
 
 
 def generate(client: Client, url: str, input_ids: list[int], sampling: dict, rid: str, *,
-             timeout: float, max_bytes: int, id_bound: int) -> Generation:
-    """One request; a `Generation` whose ids and meta_info passed `read_answer`, or a `GenerateError`."""
-    body = {"input_ids": input_ids, "sampling_params": sampling, "rid": rid, "stream": False}
+             timeout: float, max_bytes: int, id_bound: int, logprobs: int | None = None) -> Generation:
+    """One request; a `Generation` whose ids and meta_info passed `read_answer` (and its top-`logprobs`
+    log-probabilities `read_logprobs`, where asked), or a `GenerateError`."""
+    body = {"input_ids": input_ids, "sampling_params": sampling, "rid": rid, "stream": False,
+            **request_fields(logprobs)}
     reply = send(client, f"{url}/generate", json.dumps(body, separators=(",", ":")).encode(),
                  timeout=timeout, max_bytes=max_bytes)
     if reply.status == 200:
         output_ids, meta = read_answer(reply.body, complete=reply.complete,
                                        max_new_tokens=sampling.get("max_new_tokens"), bound=id_bound)
-        return Generation(output_ids, meta, url, sampling, cached_tokens(meta, len(input_ids), url))
+        scores = read_logprobs(meta, output_ids, logprobs) if logprobs else None
+        return Generation(output_ids, meta, url, sampling, cached_tokens(meta, len(input_ids), url), scores)
     raise failure(url, reply.status, reply.body)
 
 

@@ -16,7 +16,10 @@ its output ids, exactly as for a single prompt, whose two columns are null.
 
 `cached_tokens` is the server's `meta_info.cached_tokens` for the stored
 generation (prompt tokens found in its prefix cache), null where the server
-did not say. Columns are only ever added at the end: readers open shards with
+did not say. `weight_version` is the weights that made the answer (its
+`meta_info.weight_version`, SGLang's `--weight-version`, which
+`/update_weights_from_disk` changes mid-run; `contract/provenance.py`).
+Columns are only ever added at the end: readers open shards with
 `arrow_schema()`, so an older shard without a newer column reads as nulls.
 """
 from __future__ import annotations
@@ -54,6 +57,7 @@ class Sample:
     conversation: str | None = None  # the conversation's id; None for a single prompt
     turn: int | None = None          # 0-based index of the assistant turn in it; None for a single prompt
     cached_tokens: int | None = None  # prompt tokens the server found in its prefix cache; None: not reported
+    weight_version: str | None = None  # the answer's meta_info.weight_version (else the server's); None: older shard
 
 
 # Arrow type of each column, by name: the order is Sample's.
@@ -65,6 +69,7 @@ _TYPES = {
     "template_fingerprint": "string", "e2e_latency": "float32", "started_at": "timestamp[ms, UTC]",
     "finished_at": "timestamp[ms, UTC]",
     "conversation": "string", "turn": "int16", "cached_tokens": "int32",
+    "weight_version": "string",
 }
 COLUMNS = tuple(f.name for f in fields(Sample))
 

@@ -55,7 +55,9 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
 
 @app.command(short_help="Tokenize a JSONL file of prompts and queue them.")
 def enqueue(
-    prompts: Path = typer.Argument(..., exists=True, dir_okay=False, metavar="FILE", help="JSONL prompt file."),
+    prompts: Path = typer.Argument(..., exists=True, metavar="PROMPTS",
+                                   help="JSONL file, Parquet file (.parquet), or a folder saved by datasets' "
+                                        "save_to_disk."),
     tokenizer: Optional[str] = typer.Option(None, metavar="NAME",
                                             help="Tokenizer folder or hub id (org/name); left out or 'bundled': "
                                                  "the bundled DeepSeek one (R1-style template), said in the summary."),
@@ -81,10 +83,21 @@ def enqueue(
                                    help="Hold back while the queue is deeper than this (0: never)."),
     max_line_bytes: int = typer.Option(MAX_LINE_BYTES, min=1, metavar="N", help="A longer line is reported and "
                                        "skipped (default 16 MiB), never held in memory."),
+    messages_column: Optional[str] = typer.Option(None, metavar="NAME",
+                                                  help="The field (column) holding the conversation: messages, "
+                                                       "ShareGPT turns or a prompt string, by its value "
+                                                       "(default: messages, conversations or prompt)."),
+    id_column: str = typer.Option("id", metavar="NAME", help="The field (column) holding each prompt's id "
+                                  "(absent: an id derived from the content)."),
     run: Optional[str] = run_option(),
     redis_url: Optional[str] = redis_option(),
 ) -> None:
     """Tokenize each prompt with the chat template and publish one task per prompt.
+
+    PROMPTS is a JSONL file, a Parquet file, or a folder a Hugging Face dataset
+    was saved to (save_to_disk), each read as a stream; a table's rows are read
+    as lines are (other columns carried as a line's other fields), a bad row
+    reported with its row number (from 0).
 
     A content may be a string or OpenAI's list of text parts (joined with a
     space, as SGLang does). A malformed line (bad UTF-8 or JSON, JSON nested too
@@ -103,7 +116,17 @@ def enqueue(
         chosen = choose(tokenizer)
     except TokenizerUnavailable as exc:
         raise fail(str(exc))
-    check_has_prompts(prompts)
+    from .prompt_tables import TableRefused, TableSource, is_table
+    from .prompts import Columns
+
+    columns = Columns(messages_column, id_column)
+    if is_table(prompts):
+        try:
+            TableSource(prompts, columns)  # a table refused whole, before a run is recorded
+        except TableRefused as exc:
+            raise fail(str(exc))
+    else:
+        check_has_prompts(prompts)
     settings, client = connect(redis_url)
     from contract.replication import FailedOver
     from contract.spec import OlderLayout
@@ -122,14 +145,14 @@ def enqueue(
         raise fail(str(exc))
     celery_app = publisher(settings)
 
-    size = prompts.stat().st_size
+    size = TableSource(prompts, columns).size if is_table(prompts) else prompts.stat().st_size
     with Progress(TextColumn("enqueue"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
                   console=err, transient=True) as bar:
         task = bar.add_task("read", total=size)
         try:
             summary = enqueue_file(prompts, spec, chat, client, celery_app, settings.queue_prefix,
                                    max_prompt_tokens, on_progress=lambda pos: bar.update(task, completed=pos),
-                                   max_queue_depth=max_queued, max_line_bytes=max_line_bytes)
+                                   max_queue_depth=max_queued, max_line_bytes=max_line_bytes, columns=columns)
         except FailedOver as exc:
             err.print(f"[red]{escape(str(exc))}[/red]: run the same enqueue again; it publishes only "
                       "what the new primary lacks")
@@ -147,13 +170,13 @@ def _print_enqueue_summary(summary, mode: str) -> None:
         err.print(visible(text), markup=False, highlight=False, soft_wrap=True)
 
     for item in summary.rejected[:50]:
-        say(f"line {item.line}: {item.reason}" + (f" (id {item.id})" if item.id else ""))
+        say(f"{summary.unit} {item.line}: {item.reason}" + (f" (id {item.id})" if item.id else ""))
     if summary.rejected_count > 50:
-        say(f"... and {summary.rejected_count - 50:,} more rejected lines")
+        say(f"... and {summary.rejected_count - 50:,} more rejected {summary.unit}s")
     for item in summary.duplicates[:20]:
-        say(f"line {item.line}: {item.reason}: {item.id}")
+        say(f"{summary.unit} {item.line}: {item.reason}: {item.id}")
     if summary.duplicate_count > 20:
-        say(f"... and {summary.duplicate_count - 20:,} more duplicate lines")
+        say(f"... and {summary.duplicate_count - 20:,} more duplicate {summary.unit}s")
     table = Table(title=f"enqueue: run {summary.run!r} -> queue {summary.queue!r} (thinking: {mode})")
     for column in ("published", "prompt tokens", "skipped (already in run)", "duplicates", "rejected", "prompts/s"):
         table.add_column(column, justify="right")

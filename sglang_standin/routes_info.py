@@ -50,7 +50,7 @@ async def model_info(request: Request) -> Response:
         "tokenizer_path": cfg.tokenizer_path,
         "is_generation": True,
         "preferred_sampling_params": None,
-        "weight_version": "default",
+        "weight_version": cfg.weight_version,
         "load_format": "auto",
         "reasoning_parser": cfg.reasoning_parser,
         "tool_call_parser": None,
@@ -75,7 +75,7 @@ def server_args(state: StandinState) -> dict:
         "enable_metrics": cfg.enable_metrics,
         "skip_server_warmup": cfg.warmup_seconds == 0, "tp_size": 1, "dp_size": 1,
         "stream_interval": 1, "incremental_streaming_output": False,
-        "weight_version": "default", "api_key": None,
+        "weight_version": cfg.weight_version, "api_key": None,
     }
 
 

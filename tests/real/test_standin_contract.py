@@ -110,14 +110,14 @@ def test_health_and_the_info_routes_report_the_same_limits(pair: Pair):
     assert [(r.status_code, r.content) for r in health] == [(200, b"")] * 2
     # And the model is named alike
     real, standin = (r.json() for r in model_info)
-    for key in ("model_path", "served_model_name", "reasoning_parser", "is_generation"):
+    for key in ("model_path", "served_model_name", "reasoning_parser", "is_generation", "weight_version"):
         assert real[key] == standin[key], key
     # And /server_info has the same limits: no context length (not given), the given batch limit,
     # the scheduler's longest input (context - 6), the KV size, and the effective batch per rank
     real, standin = (r.json() for r in server_info)
     for key in ("model_path", "served_model_name", "context_length", "max_running_requests",
                 "max_req_input_len", "max_total_num_tokens", "allow_auto_truncate", "dp_size",
-                "reasoning_parser", "version"):
+                "reasoning_parser", "version", "weight_version"):
         assert real.get(key, "absent") == standin.get(key, "absent"), key
     assert real["context_length"] is None and real["max_req_input_len"] == CONTEXT - 6
     effective = [[s["effective_max_running_requests_per_dp"] for s in info["internal_states"]]
@@ -169,6 +169,8 @@ def test_a_generation_has_the_same_keys_types_and_echoed_rid(pair: Pair):
         assert set(real["meta_info"]) == set(standin["meta_info"]), both(answers)
         read = ("id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "e2e_latency")
         assert {k: shape(real["meta_info"][k]) for k in read} == {k: shape(standin["meta_info"][k]) for k in read}
+        # and the weights that made it (the run's provenance, the shards' weight_version column), alike
+        assert real["meta_info"]["weight_version"] == standin["meta_info"]["weight_version"] == "default"
     # And the rid comes back as meta_info.id, the budget as a length finish, alike
     for answer in first:
         meta = answer.json()["meta_info"]

@@ -226,13 +226,17 @@ def runs(as_json: bool = json_option(), redis_url: Optional[str] = redis_option(
         sys.stdout.write(json.dumps(found) + "\n")
         return
     table = Table(title="runs")
-    for column in ("run", "prompts", "queued", "done", "dead", "shards"):
-        table.add_column(column, justify="left" if column in ("run", "shards") else "right", overflow="fold")
+    for column in ("run", "prompts", "queued", "done", "dead", "shards", "made by"):
+        table.add_column(column, justify="left" if column in ("run", "shards", "made by") else "right",
+                         overflow="fold")
     for item in found:
+        made = "; ".join(filter(None, (", ".join(item.get("models", [])),
+                                       ", ".join(f"SGLang {v}" for v in item.get("sglang_versions", [])),
+                                       ", ".join(f"weights {w}" for w in item.get("weight_versions", [])))))
         table.add_row(item["run"], *(f"{item[k]:,}" for k in ("prompts", "queued", "done", "dead")),
-                      item.get("refused") or ", ".join(item["shards"]) or "none written yet")
+                      item.get("refused") or ", ".join(item["shards"]) or "none written yet", made or "-")
     if not found:
-        table.add_row("no run yet", "", "", "", "", "")
+        table.add_row("no run yet", "", "", "", "", "", "")
     out.print(table)
 
 

@@ -181,3 +181,18 @@ def test_export_writes_the_card_beside_the_data_and_exports_again_over_it(client
     table = pq.read_table(next((tmp_path / "dest").glob("part-*.parquet")))
     assert set(table.column("weight_version").to_pylist()) == {"default"}
     assert client.exists(RunKeys(RUN).provenance)
+
+
+def test_runs_names_the_models_sglang_and_weight_versions_of_each_run(client):
+    from contract.spec import save_spec
+    from producer.runs import list_runs
+
+    # Given a run whose samples came from two weight versions of one model
+    save_spec(client, spec())
+    for weights in ("default", "step-2"):
+        Recorder("w").observe(client, RUN, "http://s1:30000", weights, "0.5.23", "org/model", "org/model")
+
+    # When the runs are listed, Then the run's entry names them
+    (entry,) = list_runs(client)
+    assert (entry["models"], entry["sglang_versions"], entry["weight_versions"]) == \
+        (["org/model"], ["0.5.23"], ["default", "step-2"])

@@ -205,4 +205,9 @@ def _scalar(value: object) -> str:
         return "{}"
     if isinstance(value, list):
         return "[]"
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            return {"nan": ".nan", "inf": ".inf", "-inf": "-.inf"}[repr(value)]
+        mantissa, e, exponent = repr(value).partition("e")  # YAML 1.1 reads 1e-06 as text, 1.0e-06 as a number
+        return (mantissa if "." in mantissa else mantissa + ".0") + (e + exponent if e else "")
     return json.dumps(value)

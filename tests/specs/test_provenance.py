@@ -196,3 +196,16 @@ def test_runs_names_the_models_sglang_and_weight_versions_of_each_run(client):
     (entry,) = list_runs(client)
     assert (entry["models"], entry["sglang_versions"], entry["weight_versions"]) == \
         (["org/model"], ["0.5.23"], ["default", "step-2"])
+
+
+def test_the_front_matter_reads_back_as_the_same_data_whatever_the_values():
+    from producer.card import _yaml
+
+    # Given facts with values YAML could misread (a float in exponent form, text with a colon,
+    # a key with a dash, empty containers, nulls, non-ASCII text)
+    facts = {"sampling": {"temperature": 1e-06, "top_p": 0.95, "max_new_tokens": 8},
+             "tags": ["a: b", "#not a comment", "- dash"], "k-1": True, "none": None, "empty": {}, "list": [],
+             "servers": [{"server": "http://h:1", "weight_version": "2026-01-01"}], "name": "caf\u00e9 \u2713"}
+
+    # When written as the card's front matter, Then YAML reads back exactly the same data
+    assert yaml.safe_load(_yaml(facts)) == facts

@@ -11,7 +11,7 @@ import yaml
 from sglang_standin.config import DEFAULT_MODEL_PATH
 from sglang_standin.routes_info import VERSION
 
-from conftest import varied_prompts
+from conftest import varied_prompts, write_prompts
 
 WEIGHTS = "rl-step-42"
 STANDIN = ["--output-len-max", "200", "--weight-version", WEIGHTS,
@@ -61,3 +61,28 @@ def test_a_run_records_what_made_its_samples_and_export_writes_the_card(fleet, t
         assert f"| {reason} | {count:,} |" in card
     exported = [i for f in manifest["files"] for i in pq.read_table(tmp_path / "export" / f["name"]).column("id").to_pylist()]
     assert len(exported) == len(set(exported)) == states["done"]
+
+
+def test_two_weight_versions_are_both_recorded_and_each_row_names_its_own(fleet, tmp_path):
+    # Given two servers of one model at different weight versions (as after an RL step pushed new
+    # weights to one of them), and a worker bound to both
+    servers = {fleet.standin("--weight-version", version, "--output-len-max", "80")[1]: version
+               for version in ("step-1", "step-2")}
+    fleet.worker("w1", list(servers))
+
+    # When a JSONL run of 40 prompts finishes and is exported
+    write_prompts(tmp_path / "p.jsonl", varied_prompts(40))
+    fleet.producer("enqueue", str(tmp_path / "p.jsonl"), "--max-new-tokens", "100")
+    assert fleet.wait_finished() == {"done": 40}
+    fleet.producer("export", str(tmp_path / "export"))
+
+    # Then each row's weight_version is its own server's
+    rows = fleet.rows()
+    assert all(r["weight_version"] == servers[r["server"]] for r in rows)
+    # And the card lists each (server, weight version) the rows came from, and says the weights changed
+    card = (tmp_path / "export" / "README.md").read_text()
+    facts = yaml.safe_load(card.split("---\n", 2)[1])["reasoning_fleet"]
+    used = {r["server"] for r in rows}
+    assert {(s["server"], s["weight_version"]) for s in facts["servers"]} == {(u, servers[u]) for u in used}
+    if len(used) == 2:
+        assert "the weights changed during the run" in card

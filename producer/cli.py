@@ -53,7 +53,7 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
     pass
 
 
-@app.command(short_help="Tokenize a JSONL file of prompts and queue them.")
+@app.command(short_help="Tokenize prompts (JSONL, Parquet or a datasets folder) and queue them.")
 def enqueue(
     prompts: Path = typer.Argument(..., exists=True, metavar="PROMPTS",
                                    help="JSONL file, Parquet file (.parquet), or a folder saved by datasets' "
@@ -119,10 +119,10 @@ def enqueue(
     from .prompt_tables import TableRefused, TableSource, is_table
     from .prompts import Columns
 
-    columns = Columns(messages_column, id_column)
+    columns, size = Columns(messages_column, id_column), None
     if is_table(prompts):
         try:
-            TableSource(prompts, columns)  # a table refused whole, before a run is recorded
+            size = TableSource(prompts, columns).size  # a table refused whole, before a run is recorded
         except TableRefused as exc:
             raise fail(str(exc))
     else:
@@ -145,7 +145,7 @@ def enqueue(
         raise fail(str(exc))
     celery_app = publisher(settings)
 
-    size = TableSource(prompts, columns).size if is_table(prompts) else prompts.stat().st_size
+    size = prompts.stat().st_size if size is None else size
     with Progress(TextColumn("enqueue"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
                   console=err, transient=True) as bar:
         task = bar.add_task("read", total=size)

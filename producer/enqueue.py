@@ -1,5 +1,9 @@
 """Publishing a prompt file as one task per prompt.
 
+The file is JSONL (`prompts.py`), or a table: a Parquet file or a `datasets`
+folder, whose rows are read as lines are (`prompt_tables.py`); the rest of this
+module does not tell them apart, but for the word its report uses ("row").
+
 Each batch of lines is validated, checked against the run's ledger (a re-run
 publishes only prompts not yet queued, done or dead), tokenized with the chat
 template, checked for the think-start token, and published through one

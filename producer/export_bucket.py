@@ -8,8 +8,10 @@ reader sees the previous manifest or the new one, each whole, and every part a
 manifest names exists while it is the manifest. Readers go through the manifest
 (its `files` are keys relative to `dest/`), never list the prefix. The previous
 export's parts are deleted once the new manifest is in place, as a folder
-export's previous folder is. A `dest/` that holds anything but a previous
-export is refused, so export never deletes a user's objects.
+export's previous folder is. The dataset card (`dest/README.md`,
+`producer/card.py`) is put just before the manifest, replacing the previous
+one. A `dest/` that holds anything but a previous export (parts, manifest,
+card) is refused, so export never deletes a user's objects.
 
 Local disk holds one part at a time: a part is uploaded and deleted as soon as
 it is complete (`Uploader`), and its figures (rows, tokens, id-set digest) are

@@ -130,30 +130,6 @@ def test_health_and_the_info_routes_report_the_same_limits(pair: Pair):
     assert real["data"][0]["id"] == standin["data"][0]["id"]
 
 
-
-def test_a_new_weight_version_is_reported_alike_by_the_info_routes_and_every_answer(pair: Pair):
-    # Given both servers at the default weight version
-    try:
-        # When an RL loop names new weights (without aborting what runs), and a request lacks the version
-        updated = pair.ask("POST", "/update_weight_version", json={"new_version": "rl-7", "abort_all_requests": False})
-        missing = pair.ask("POST", "/update_weight_version", json={})
-
-        # Then both accept it with the same body, and refuse the request without a version alike
-        assert [r.status_code for r in updated] == [200, 200], both(updated)
-        assert updated[0].json() == updated[1].json() == {"success": True, "message": "Weight version updated to rl-7",
-                                                          "new_version": "rl-7"}
-        assert missing[0].status_code == missing[1].status_code, both(missing)
-        # And /model_info and each answer's meta_info report it from then on, alike, while /server_info
-        # keeps the launch value (0.5.23 updates the tokenizer manager's copy, not the server args)
-        assert [r.json()["weight_version"] for r in pair.ask("GET", "/model_info")] == ["rl-7", "rl-7"]
-        assert [r.json()["weight_version"] for r in pair.ask("GET", "/server_info")] == ["default", "default"]
-        # (ids no other test's prompt starts with: nothing of it in the prefix cache they read)
-        answers = pair.ask("POST", "/generate", **generate([700 + i for i in range(6)], max_new_tokens=2,
-                                                           ignore_eos=True))
-        assert [r.json()["meta_info"]["weight_version"] for r in answers] == ["rl-7", "rl-7"]
-    finally:  # the other tests of the pair see the default again
-        pair.ask("POST", "/update_weight_version", json={"new_version": "default", "abort_all_requests": False})
-
 def test_load_is_read_from_v1_loads_alike_and_neither_serves_get_load_or_metrics(pair: Pair):
     # Given both servers, idle, started without --enable-metrics
     # When the load routes and /metrics are asked
@@ -316,6 +292,31 @@ def test_tokenize_answers_with_the_servers_own_tokenizer_alike(pair: Pair):
 
 
 # ------------------------------------------------------------------------------------------- the end
+def test_a_new_weight_version_is_reported_alike_by_the_info_routes_and_every_answer(pair: Pair):
+    # Given both servers at the default weight version (this test comes late, before the one that ends
+    # them: its generation would change what the load and cache tests read of a fresh server)
+    try:
+        # When an RL loop names new weights (without aborting what runs), and a request lacks the version
+        updated = pair.ask("POST", "/update_weight_version", json={"new_version": "rl-7", "abort_all_requests": False})
+        missing = pair.ask("POST", "/update_weight_version", json={})
+
+        # Then both accept it with the same body, and refuse the request without a version alike
+        assert [r.status_code for r in updated] == [200, 200], both(updated)
+        assert updated[0].json() == updated[1].json() == {"success": True, "message": "Weight version updated to rl-7",
+                                                          "new_version": "rl-7"}
+        assert missing[0].status_code == missing[1].status_code, both(missing)
+        # And /model_info and each answer's meta_info report it from then on, alike, while /server_info
+        # keeps the launch value (0.5.23 updates the tokenizer manager's copy, not the server args)
+        assert [r.json()["weight_version"] for r in pair.ask("GET", "/model_info")] == ["rl-7", "rl-7"]
+        assert [r.json()["weight_version"] for r in pair.ask("GET", "/server_info")] == ["default", "default"]
+        # (ids no other test's prompt starts with: nothing of it in the prefix cache they read)
+        answers = pair.ask("POST", "/generate", **generate([700 + i for i in range(6)], max_new_tokens=2,
+                                                           ignore_eos=True))
+        assert [r.json()["meta_info"]["weight_version"] for r in answers] == ["rl-7", "rl-7"]
+    finally:  # the other tests of the pair see the default again
+        pair.ask("POST", "/update_weight_version", json={"new_version": "default", "abort_all_requests": False})
+
+
 def test_an_id_outside_the_vocabulary_ends_both_servers_without_an_answer(pair: Pair):
     # Given both servers (this test ends them: it runs last)
     vocabulary = 129280  # the bundled tokenizer's length, the checkpoint's vocab_size

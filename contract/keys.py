@@ -73,6 +73,9 @@ class RunKeys:
         # its ids (JSON: its own `sampling`, and its fields for a verifier), kept for the run's life
         # (line_fields.py)
         self.line_fields = f"{base}:lines"
+        # hash: "<server URL, redacted>|<weight version>" -> JSON of the server's SGLang version, model
+        # and when a worker first got a sample of the run there with those weights (provenance.py)
+        self.provenance = f"{base}:provenance"
         # A run of conversations (`enqueue --turns all`; `conversation_ledger.py` owns these):
 
         # hash: conversation id -> its number of turns, kept for the run's life

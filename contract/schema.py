@@ -24,7 +24,10 @@ the sampling parameters as sent (a line's own over the run's, the budget after
 any cut to the server's context; `top_k` and `min_p` null where neither gave
 one). `logprobs`, `top_logprob_ids` and `top_logprobs` hold a `--logprobs K`
 run's log-probabilities, laid out as `contract/logprobs.py` says, null
-otherwise. Columns are only ever added at the end: readers open shards with
+otherwise. `weight_version` is the weights that made the answer (its
+`meta_info.weight_version`, SGLang's `--weight-version`, which
+`/update_weights_from_disk` changes mid-run; `contract/provenance.py`).
+Columns are only ever added at the end: readers open shards with
 `arrow_schema()`, so an older shard without a newer column reads as nulls.
 """
 from __future__ import annotations
@@ -69,6 +72,7 @@ class Sample:
     logprobs: list[float] | None = None         # `--logprobs K`: each output token's (contract/logprobs.py)
     top_logprob_ids: list[int] | None = None    # K candidates per output token, flattened row-major
     top_logprobs: list[float] | None = None     # their log-probabilities, in the same order
+    weight_version: str | None = None  # the answer's meta_info.weight_version (else the server's); None: older shard
 
 
 # Arrow type of each column, by name: the order is Sample's.
@@ -83,6 +87,7 @@ _TYPES = {
     "verified": "bool_", "verdict": "string",
     "top_k": "int32", "min_p": "float32", "logprobs": "list<float32>", "top_logprob_ids": "list<int32>",
     "top_logprobs": "list<float32>",
+    "weight_version": "string",
 }
 COLUMNS = tuple(f.name for f in fields(Sample))
 

@@ -54,9 +54,11 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
     pass
 
 
-@app.command(short_help="Tokenize a JSONL file of prompts and queue them.")
+@app.command(short_help="Tokenize prompts (JSONL, Parquet or a datasets folder) and queue them.")
 def enqueue(
-    prompts: Path = typer.Argument(..., exists=True, dir_okay=False, metavar="FILE", help="JSONL prompt file."),
+    prompts: Path = typer.Argument(..., exists=True, metavar="PROMPTS",
+                                   help="JSONL file, Parquet file (.parquet), or a folder saved by datasets' "
+                                        "save_to_disk."),
     tokenizer: Optional[str] = typer.Option(None, metavar="NAME",
                                             help="Tokenizer folder or hub id (org/name); left out or 'bundled': "
                                                  "the bundled DeepSeek one (R1-style template), said in the summary."),
@@ -92,10 +94,21 @@ def enqueue(
                                               "(the answer equals the line's answer field), regex:PATTERN (re.search "
                                               "finds PATTERN in the answer), or module:function (your own check, "
                                               "importable here and on every worker; docs/data/verification.md)."),
+    messages_column: Optional[str] = typer.Option(None, metavar="NAME",
+                                                  help="The field (column) holding the conversation: messages, "
+                                                       "ShareGPT turns or a prompt string, by its value "
+                                                       "(default: messages, conversations or prompt)."),
+    id_column: str = typer.Option("id", metavar="NAME", help="The field (column) holding each prompt's id "
+                                  "(absent: an id derived from the content)."),
     run: Optional[str] = run_option(),
     redis_url: Optional[str] = redis_option(),
 ) -> None:
     """Tokenize each prompt with the chat template and publish one task per prompt.
+
+    PROMPTS is a JSONL file, a Parquet file, or a folder a Hugging Face dataset
+    was saved to (save_to_disk), each read as a stream; a table's rows are read
+    as lines are (other columns carried as a line's other fields), a bad row
+    reported with its row number (from 0).
 
     A content may be a string or OpenAI's list of text parts (joined with a
     space, as SGLang does). A malformed line (bad UTF-8 or JSON, JSON nested too
@@ -118,13 +131,23 @@ def enqueue(
         chosen = choose(tokenizer)
     except TokenizerUnavailable as exc:
         raise fail(str(exc))
-    check_has_prompts(prompts)
+    from .prompt_tables import TableRefused, TableSource, is_table
+    from .prompts import Columns
+
+    columns, size = Columns(messages_column, id_column), None
+    if is_table(prompts):
+        try:
+            size = TableSource(prompts, columns).size  # a table refused whole, before a run is recorded
+        except TableRefused as exc:
+            raise fail(str(exc))
+    else:
+        check_has_prompts(prompts)
     settings, client = connect(redis_url)
     from contract.replication import FailedOver
     from contract.spec import OlderLayout
 
     from .enqueue import RunMismatch, enqueue_file, new_spec, prepare_run
-    from .prompts import mentions_line_fields
+    from .prompt_tables import may_carry_sampling
 
     try:
         chat = load_chat(chosen, trust_remote_code, think_start, think_end)
@@ -132,21 +155,21 @@ def enqueue(
         raise fail(str(exc))
     spec = new_spec(chat, name, chosen.name, max_new_tokens, temperature, top_p, thinking,
                     served_model, disable_rule, turns, trust_remote_code, verify, logprobs=logprobs,
-                    line_fields=mentions_line_fields(prompts))
+                    line_fields=may_carry_sampling(prompts))
     try:
         spec = prepare_run(client, spec)
     except (RunMismatch, OlderLayout) as exc:
         raise fail(str(exc))
     celery_app = publisher(settings)
 
-    size = prompts.stat().st_size
+    size = prompts.stat().st_size if size is None else size
     with Progress(TextColumn("enqueue"), BarColumn(), DownloadColumn(), TimeRemainingColumn(),
                   console=err, transient=True) as bar:
         task = bar.add_task("read", total=size)
         try:
             summary = enqueue_file(prompts, spec, chat, client, celery_app, settings.queue_prefix,
                                    max_prompt_tokens, on_progress=lambda pos: bar.update(task, completed=pos),
-                                   max_queue_depth=max_queued, max_line_bytes=max_line_bytes)
+                                   max_queue_depth=max_queued, max_line_bytes=max_line_bytes, columns=columns)
         except FailedOver as exc:
             err.print(f"[red]{escape(str(exc))}[/red]: run the same enqueue again; it publishes only "
                       "what the new primary lacks")
@@ -176,13 +199,13 @@ def _print_enqueue_summary(summary, mode: str) -> None:
         err.print(visible(text), markup=False, highlight=False, soft_wrap=True)
 
     for item in summary.rejected[:50]:
-        say(f"line {item.line}: {item.reason}" + (f" (id {item.id})" if item.id else ""))
+        say(f"{summary.unit} {item.line}: {item.reason}" + (f" (id {item.id})" if item.id else ""))
     if summary.rejected_count > 50:
-        say(f"... and {summary.rejected_count - 50:,} more rejected lines")
+        say(f"... and {summary.rejected_count - 50:,} more rejected {summary.unit}s")
     for item in summary.duplicates[:20]:
-        say(f"line {item.line}: {item.reason}: {item.id}")
+        say(f"{summary.unit} {item.line}: {item.reason}: {item.id}")
     if summary.duplicate_count > 20:
-        say(f"... and {summary.duplicate_count - 20:,} more duplicate lines")
+        say(f"... and {summary.duplicate_count - 20:,} more duplicate {summary.unit}s")
     table = Table(title=f"enqueue: run {summary.run!r} -> queue {summary.queue!r} (thinking: {mode})")
     for column in ("published", "prompt tokens", "skipped (already in run)", "duplicates", "rejected", "prompts/s"):
         table.add_column(column, justify="right")
@@ -232,13 +255,17 @@ def runs(as_json: bool = json_option(), redis_url: Optional[str] = redis_option(
         sys.stdout.write(json.dumps(found) + "\n")
         return
     table = Table(title="runs")
-    for column in ("run", "prompts", "queued", "done", "dead", "shards"):
-        table.add_column(column, justify="left" if column in ("run", "shards") else "right", overflow="fold")
+    for column in ("run", "prompts", "queued", "done", "dead", "shards", "made by"):
+        table.add_column(column, justify="left" if column in ("run", "shards", "made by") else "right",
+                         overflow="fold")
     for item in found:
+        made = "; ".join(filter(None, (", ".join(item.get("models", [])),
+                                       ", ".join(f"SGLang {v}" for v in item.get("sglang_versions", [])),
+                                       ", ".join(f"weights {w}" for w in item.get("weight_versions", [])))))
         table.add_row(item["run"], *(f"{item[k]:,}" for k in ("prompts", "queued", "done", "dead")),
-                      item.get("refused") or ", ".join(item["shards"]) or "none written yet")
+                      item.get("refused") or ", ".join(item["shards"]) or "none written yet", made or "-")
     if not found:
-        table.add_row("no run yet", "", "", "", "", "")
+        table.add_row("no run yet", "", "", "", "", "", "")
     out.print(table)
 
 

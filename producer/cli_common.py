@@ -68,6 +68,8 @@ def check_has_prompts(path: Path) -> None:
 
 def no_prompts(path: Path) -> typer.Exit:
     """The exit for a prompt file with no line to read (exit 1)."""
+    if path.is_dir() or path.suffix.lower() == ".parquet":  # a table (producer/prompt_tables.py)
+        return fail(f"no prompts in {path}: the table has no rows", 1)
     return fail(f"no prompts in {path}: the file is empty or holds only blank lines (each line is one JSON "
                 f"prompt, e.g. {{\"id\": \"1\", \"prompt\": \"...\"}})", 1)
 

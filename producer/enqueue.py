@@ -1,5 +1,9 @@
 """Publishing a prompt file as one task per prompt.
 
+The file is JSONL (`prompts.py`), or a table: a Parquet file or a `datasets`
+folder, whose rows are read as lines are (`prompt_tables.py`); the rest of this
+module does not tell them apart, but for the word its report uses ("row").
+
 Each batch of lines is validated, checked against the run's ledger (a re-run
 publishes only prompts not yet queued, done or dead), tokenized with the chat
 template, checked for the think-start token, and published through one
@@ -45,6 +49,7 @@ fields are not there yet; a later line repeating an id never replaces them.
 from __future__ import annotations
 
 import itertools
+from contextlib import contextmanager
 import secrets
 import threading
 import time
@@ -71,7 +76,8 @@ from contract.spec import RunSpec, load_spec, save_spec
 from contract.tokenizer_probe import make_probe
 
 from contract.chat import ChatTokenizer
-from .prompts import MAX_LINE_BYTES, BadLine, Prompt, line_record, read_prompts
+from .prompt_tables import TableSource, is_table
+from .prompts import DEFAULT_COLUMNS, MAX_LINE_BYTES, BadLine, Columns, Prompt, line_record, read_prompts
 
 BATCH = 256  # prompts tokenized and published together
 MAX_REPORTED = 1000  # rejected and duplicate lines kept with their numbers; the rest are counted
@@ -105,6 +111,7 @@ class EnqueueSummary:
     rejected_count: int = 0
     seconds: float = 0.0
     held_back: float = 0.0  # seconds spent waiting for the queue to drain
+    unit: str = "line"      # what a rejection's number counts: a JSONL file's lines, or a table's rows (from 0)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     @property
@@ -198,9 +205,13 @@ def prepare_run(client: redis.Redis, spec: RunSpec) -> RunSpec:
 def enqueue_file(path: Path, spec: RunSpec, chat: ChatTokenizer, client: redis.Redis, app,
                  queue_prefix: str, max_prompt_tokens: int | None = None,
                  on_progress: Callable[[int], None] | None = None,
-                 max_queue_depth: int = 0, max_line_bytes: int = MAX_LINE_BYTES) -> EnqueueSummary:
+                 max_queue_depth: int = 0, max_line_bytes: int = MAX_LINE_BYTES,
+                 columns: Columns = DEFAULT_COLUMNS) -> EnqueueSummary:
+    """Publish the prompts of `path`: a JSONL file, or a table (a Parquet file or a `datasets`
+    folder, `prompt_tables.py`: its rows read as lines are, numbered from 0)."""
     queue = queue_for(queue_prefix, spec.served_model)
-    summary = EnqueueSummary(run=spec.name, queue=queue)
+    table = TableSource(path, columns) if is_table(path) else None  # refused whole here, before any publish
+    summary = EnqueueSummary(run=spec.name, queue=queue, unit="row" if table else "line")
     ledger, call = Ledger(client, spec.name), secrets.token_hex(4)  # this call, as the ledger knows it
     started = time.monotonic()
 
@@ -209,9 +220,9 @@ def enqueue_file(path: Path, spec: RunSpec, chat: ChatTokenizer, client: redis.R
             summary.held_back += _hold_back(client, queue, max_queue_depth)
         _publish(ready, spec, app, queue, ledger, call, summary)
 
-    with open(path, "rb") as handle, ThreadPoolExecutor(1, thread_name_prefix="tokenize") as tokenizer:
+    with _opened(path, table) as handle, ThreadPoolExecutor(1, thread_name_prefix="tokenize") as tokenizer:
         tokenized: Future | None = None  # the batch being tokenized while the one before is published
-        items = read_prompts(handle, max_line_bytes)
+        items = iter(table) if table else read_prompts(handle, max_line_bytes, columns)
         if spec.turns == ALL:
             items = map(_first_turn, items)
         for batch in _batches(items, BATCH):
@@ -221,7 +232,7 @@ def enqueue_file(path: Path, spec: RunSpec, chat: ChatTokenizer, client: redis.R
                 publish(tokenized.result())
             tokenized = following
             if on_progress:
-                on_progress(handle.tell())
+                on_progress(table.position if table else handle.tell())
         if tokenized:
             publish(tokenized.result())
     summary.rejected.sort(key=lambda r: r.line)  # bad lines and tokenizer refusals, found in two threads
@@ -236,6 +247,16 @@ def _records(prompts: Iterable[Prompt], spec: RunSpec) -> dict[str, dict]:
     for prompt in prompts:
         first.setdefault(line_id(prompt), line_record(prompt, spec.verify is not None))
     return {key: record for key, record in first.items() if record is not None}
+
+
+@contextmanager
+def _opened(path: Path, table: TableSource | None):
+    """The JSONL file, open for reading (a table opens its own files as it is read)."""
+    if table is not None:
+        yield None
+        return
+    with open(path, "rb") as handle:
+        yield handle
 
 
 def _hold_back(client: redis.Redis, queue: str, bound: int, poll: float = 1.0) -> float:

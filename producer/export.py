@@ -41,6 +41,12 @@ Invariants, and why they hold:
   verdict, or never checked) are counted in the manifest's `left_out` by
   verdict class (`verdict:fail`, `verdict:error`, `verdict:none`). Every shard
   is then read row by row (a shard's footer does not say all its rows passed).
+- **A dataset card beside the data** (`README.md`, `producer/card.py`): the
+  servers' SGLang and weight versions, the model, tokenizer and template
+  fingerprints, sampling and seeds, the verifier, the counts, dead letters by
+  reason and verdicts, from the run's spec, counters and provenance hash
+  (none of them growing with the run); written before the swap (a folder) or
+  before the manifest (a bucket), so a reader that sees an export sees its card.
 """
 from __future__ import annotations
 
@@ -63,6 +69,7 @@ import redis
 
 from contract.ledger import Entry, Ledger, shard_code
 from contract.names import PromptState
+from contract.provenance import read_provenance, summary as provenance_summary
 from contract.schema import arrow_schema
 from contract.shard_home import check_found
 from contract.spec import RunSpec, check_run_name
@@ -71,7 +78,9 @@ from contract.verifiers import verdict_class
 
 from . import formats
 from .export_bucket import Uploader, is_bucket, previous_parts, publish
-from .export_folder import ExportRefused, check_replaceable, fresh_folder, swap_into_place, write_manifest
+from .card import CARD, render_card, verdicts
+from .export_folder import (ExportRefused, check_replaceable, fresh_folder, swap_into_place, write_atomically,
+                            write_manifest)
 from .export_writer import RollingWriter
 
 BATCH_ROWS = 2048           # rows read (and looked up in the ledger) at a time
@@ -107,6 +116,7 @@ def export_run(spec: RunSpec, client: redis.Redis, output_dir: str, dest: Path |
                                  jobs, redis_url, index_only, complete_only, verified_only=verified_only)
         if not index_only:
             manifest = _add_format(manifest, spec, rows, staging, format, format_options or {})
+        write_atomically(staging / CARD, _card(spec, client, manifest).encode())
         swap_into_place(staging, dest)
     finally:  # after a swap, `staging` holds the previous export
         shutil.rmtree(staging, ignore_errors=True)
@@ -131,8 +141,13 @@ def _export_to_bucket(spec: RunSpec, client: redis.Redis, output_dir: str, dest:
     manifest["export_id"] = uploader.export_id
     if not index_only:
         manifest["format"] = {"name": formats.PARQUET, **uploader.figures.to_dict()}
-    publish(dest, manifest, previous)
+    publish(dest, manifest, previous, card=_card(spec, client, manifest))
     return manifest
+
+
+def _card(spec: RunSpec, client: redis.Redis, manifest: dict) -> str:
+    """The dataset card (`producer/card.py`) of an export whose manifest is `manifest`."""
+    return render_card(spec, manifest, read_provenance(client, spec.name), Ledger(client, spec.name).counters())
 
 
 def _add_format(manifest: dict, spec: RunSpec, rows: Path, folder: Path, format: str, options: dict) -> dict:
@@ -225,6 +240,9 @@ def _write_export(spec: RunSpec, client: redis.Redis, output_dir: str, folder: P
         "served_model": spec.served_model,
         "models": sorted(set().union(*(s.models for s in shares))),
         "sampling": spec.sampling,
+        # what made the samples: each server's SGLang version, model and weight versions (contract/provenance.py)
+        "provenance": provenance_summary(read_provenance(client, spec.name)),
+        "verdicts": verdicts(Ledger(client, spec.name).counters()),
         "run_spec": asdict(spec),
     }
     write_manifest(folder, manifest)

@@ -8,8 +8,10 @@ reader sees the previous manifest or the new one, each whole, and every part a
 manifest names exists while it is the manifest. Readers go through the manifest
 (its `files` are keys relative to `dest/`), never list the prefix. The previous
 export's parts are deleted once the new manifest is in place, as a folder
-export's previous folder is. A `dest/` that holds anything but a previous
-export is refused, so export never deletes a user's objects.
+export's previous folder is. The dataset card (`dest/README.md`,
+`producer/card.py`) is put just before the manifest, replacing the previous
+one. A `dest/` that holds anything but a previous export (parts, manifest,
+card) is refused, so export never deletes a user's objects.
 
 Local disk holds one part at a time: a part is uploaded and deleted as soon as
 it is complete (`Uploader`), and its figures (rows, tokens, id-set digest) are
@@ -26,7 +28,7 @@ from pathlib import Path
 from contract.storage import parse, store_for
 
 from . import formats
-from .export_folder import MANIFEST, ExportRefused
+from .export_folder import CARD, MANIFEST, ExportRefused
 
 
 class Uploader:
@@ -58,18 +60,22 @@ def previous_parts(dest: str) -> list[str]:
         return []
     manifest = _read_manifest(store, base)
     named = {prefix + f["name"] for f in manifest.get("files", [])} if manifest else set()
-    strangers = [k for k in keys if k != prefix + MANIFEST and k not in named]
+    strangers = [k for k in keys if k not in (prefix + MANIFEST, prefix + CARD) and k not in named]
     if manifest is None or strangers:
         raise ExportRefused(f"{base} holds objects that are not a previous export "
                             f"({', '.join(strangers[:5] or keys[:5])}); export to an empty prefix")
     return sorted(named)
 
 
-def publish(dest: str, manifest: dict, previous: list[str]) -> None:
-    """The manifest, last and whole (it is what readers open); then the previous parts go."""
+def publish(dest: str, manifest: dict, previous: list[str], card: str | None = None) -> None:
+    """The dataset card, then the manifest, last and whole (it is what readers open); then the
+    previous parts go."""
     store = store_for(dest)
+    base = store.where("").split("/", 3)[3]
+    if card is not None:
+        store.replace(base + CARD, card.encode(), "text/markdown; charset=utf-8")
     body = json.dumps(manifest, indent=2, sort_keys=True).encode()
-    store.replace(store.where("").split("/", 3)[3] + MANIFEST, body, "application/json")
+    store.replace(base + MANIFEST, body, "application/json")
     for old in previous:
         store.delete(old)
 

@@ -26,6 +26,7 @@ from contract.durable import fsync_folder
 from . import formats
 
 MANIFEST = "manifest.json"
+CARD = "README.md"  # the dataset card (producer/card.py)
 
 
 class ExportRefused(Exception):
@@ -63,7 +64,7 @@ def check_replaceable(dest: Path) -> None:
 
 def _is_export_file(name: str) -> bool:
     return ((name.startswith(("part-", "keep-")) and name.endswith(".parquet")) or name.startswith(".tmp-")
-            or name in formats.FILES)
+            or name in formats.FILES or name == CARD)
 
 
 def _is_manifest(path: Path) -> bool:

@@ -81,11 +81,58 @@ class InvalidPrompt(ValueError):
     pass
 
 
-def read_prompts(source: Path | BinaryIO, max_line_bytes: int = MAX_LINE_BYTES) -> Iterator[Prompt | BadLine]:
+@dataclass(frozen=True)
+class Columns:
+    """Which field of a line (or column of a table) holds the conversation, and which the id
+    (`enqueue --messages-column`, `--id-column`). `messages` None: the field named
+    `messages`, `conversations` or `prompt`, whichever the line has (in that order); a
+    named one is read in whichever of the three forms its value has (a string is a
+    prompt, a list of `from`/`value` turns ShareGPT, else OpenAI messages), and the
+    three default names are then not read as the conversation. An absent id field gives
+    the line the id derived from its content, as a line without `id` gets."""
+    messages: str | None = None
+    id: str = "id"
+
+    def apply(self, record: dict) -> dict:
+        """The record with the named fields moved to the names `parse_record` reads."""
+        if self.messages is None and self.id == "id":
+            return record
+        record = dict(record)
+        if self.id != "id":
+            value = record.pop(self.id, None)
+            record.pop("id", None)
+            if value is not None:
+                record["id"] = value
+        if self.messages is not None:
+            if self.messages not in record:
+                raise InvalidPrompt(f"no {self.messages!r} field (--messages-column)")
+            value = record.pop(self.messages)
+            for name in FORMS:
+                record.pop(name, None)
+            record[_form(value)] = value
+        return record
+
+
+FORMS = ("messages", "conversations", "prompt")
+DEFAULT_COLUMNS = Columns()
+
+
+def _form(value: object) -> str:
+    """Which of the three input forms a named field's value is in."""
+    if isinstance(value, str):
+        return "prompt"
+    if isinstance(value, list) and value and isinstance(value[0], dict) and "role" not in value[0] \
+            and ("from" in value[0] or "value" in value[0]):
+        return "conversations"
+    return "messages"
+
+
+def read_prompts(source: Path | BinaryIO, max_line_bytes: int = MAX_LINE_BYTES,
+                 columns: Columns = DEFAULT_COLUMNS) -> Iterator[Prompt | BadLine]:
     """Yield each non-blank line of a JSONL file (a path, or an open binary file) as a Prompt or a BadLine."""
     if isinstance(source, (str, Path)):
         with open(source, "rb") as handle:
-            yield from read_prompts(handle, max_line_bytes)
+            yield from read_prompts(handle, max_line_bytes, columns)
         return
     for number, raw in _lines(source, max_line_bytes):
         if raw is None:
@@ -94,7 +141,7 @@ def read_prompts(source: Path | BinaryIO, max_line_bytes: int = MAX_LINE_BYTES) 
         if not raw.strip():
             continue
         try:
-            yield parse_line(raw.removeprefix(_BOM) if number == 1 else raw, number)
+            yield parse_line(raw.removeprefix(_BOM) if number == 1 else raw, number, columns)
         except InvalidPrompt as exc:
             yield BadLine(number, str(exc))
         except Exception as exc:  # a case no rule above foresaw: still this line's fault only
@@ -130,7 +177,7 @@ def _lines(handle: BinaryIO, limit: int) -> Iterator[tuple[int, bytes | None]]:
         yield number, None
 
 
-def parse_line(raw: bytes, number: int) -> Prompt:
+def parse_line(raw: bytes, number: int, columns: Columns = DEFAULT_COLUMNS) -> Prompt:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -147,6 +194,13 @@ def parse_line(raw: bytes, number: int) -> Prompt:
         raise InvalidPrompt(f"invalid JSON: {exc}"[:300]) from None
     if not isinstance(record, dict):
         raise InvalidPrompt(f"not a JSON object but {_kind(record)}")
+    return parse_record(record, number, columns)
+
+
+def parse_record(record: dict, number: int, columns: Columns = DEFAULT_COLUMNS) -> Prompt:
+    """A line's object (or a table's row, `producer/prompt_tables.py`) as a Prompt: one
+    path for every input form, so a row is checked exactly as a line is."""
+    record = columns.apply(record)
     messages = _messages(record)
     fields = {k: v for k, v in record.items() if k not in MESSAGE_KEYS and k != "sampling"}
     try:

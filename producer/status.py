@@ -21,6 +21,7 @@ from contract.clock import CLOCK
 from contract.keys import queue_for
 from contract.kombu_redis import queue_depth
 from contract.ledger import Ledger, Tally
+from contract.provenance import read_provenance, summary as provenance_summary
 from contract.spec import RunSpec
 
 RATE_MINUTES = 5
@@ -58,6 +59,9 @@ def collect_status(client: redis.Redis, spec: RunSpec, queue_prefix: str) -> dic
         "workers": (workers := _workers(client, records)),
         "cache_hits": _cache_hits(workers),
         "finished": pending == 0,
+        # what made the samples so far: servers, SGLang and weight versions (contract/provenance.py)
+        "provenance": provenance_summary(read_provenance(client, spec.name)),
+        "verdicts": {k.split(":", 1)[1]: v for k, v in sorted(counters.items()) if k.startswith("verdict:")},
         **_conversations(spec, counters, done, dead, pending),
         **_verification(spec, tally),
     }

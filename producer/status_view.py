@@ -57,6 +57,15 @@ def render_status(report: dict) -> Group:
         for reason, count in report["dead_by_reason"].items():
             dead.add_row(cell(reason), f"{count:,}")
         parts.append(dead)
+    origins = (report.get("provenance") or {}).get("servers") or []
+    if origins:  # what made the samples so far (contract/provenance.py)
+        made = Table(title="samples made by (server, SGLang, model, weight version)")
+        for column in ("server", "SGLang", "model", "weight version"):
+            made.add_column(column, overflow="fold")
+        for origin in origins:
+            made.add_row(cell(origin["server"]), cell(origin.get("sglang_version") or "-"),
+                         cell(origin.get("model_path") or "-"), cell(origin["weight_version"]))
+        parts.append(made)
     servers = Table(title="servers, as each worker sees them")
     for column in ("worker", "seen", "server", "state", "in flight / target", "model", "note"):
         servers.add_column(column, overflow="fold")

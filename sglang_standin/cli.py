@@ -51,6 +51,9 @@ def _server_options(g: argparse._ArgumentGroup) -> None:
                    help="default: the model path. A local folder with a tokenizer.json gives the stand-in "
                         "a tokenizer: text input, POST /tokenize, and the vocabulary size")
     g.add_argument("--served-model-name", default=None, help="default: the model path")
+    g.add_argument("--weight-version", default=_D.weight_version,
+                   help="the weights' version, as SGLang's --weight-version: reported by /model_info, "
+                        "/server_info and each answer's meta_info")
     g.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on every route but /health* and "
                         "/metrics* (as SGLang); 401 {\"error\": \"Unauthorized\"} otherwise")

@@ -80,6 +80,7 @@ class StandinConfig:
     model_path: str = DEFAULT_MODEL_PATH
     tokenizer_path: str | None = None
     served_model_name: str | None = None
+    weight_version: str = "default"  # SGLang's --weight-version: in /model_info, /server_info and each answer
     api_key: str | None = None
     context_length: int | None = None
     model_context_length: int = 32768

@@ -84,7 +84,7 @@ def result_body(plan: Planned, ids: list[int], finish: dict | None, cfg: Standin
         "id": plan.sub.rid,
         "finish_reason": finish,
         "prompt_tokens": len(plan.sub.input_ids),
-        "weight_version": "default",
+        "weight_version": cfg.weight_version,
         "num_retractions": 0,
         **(load._asdict() if load is not None and cfg.meta_info_load else {}),
         **(logprob_meta(plan.sub.logprob, plan.sub.input_ids, ids, cfg.vocab_size) if plan.sub.logprob else {}),
@@ -92,7 +92,7 @@ def result_body(plan: Planned, ids: list[int], finish: dict | None, cfg: Standin
         "reasoning_tokens": reasoning_tokens(ids, cfg),
         "completion_tokens": completion,
         "cached_tokens": cached,
-        "weight_versions": [{"version": "default", "start": 0, "end": len(ids)}],
+        "weight_versions": [{"version": cfg.weight_version, "start": 0, "end": len(ids)}],
         "cached_tokens_details": {"device": cached, "host": 0} if cached else None,
         "dp_rank": None,
     }
@@ -124,7 +124,7 @@ def final_body(plan: Planned, outcome: Outcome, cfg: StandinConfig, started: flo
     """The finished result, honouring aborts from /abort_request."""
     if outcome.aborted == "waiting":  # SGLang sends a reduced meta_info here
         return {"text": "", "output_ids": [], "meta_info": {
-            "id": plan.sub.rid, "finish_reason": dict(WAITING_ABORT), "weight_version": "default",
+            "id": plan.sub.rid, "finish_reason": dict(WAITING_ABORT), "weight_version": cfg.weight_version,
             "e2e_latency": time.perf_counter() - started, "completion_tokens": 0,
             "response_sent_to_client_ts": time.time()}}
     if outcome.aborted == "running":

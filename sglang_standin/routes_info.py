@@ -13,6 +13,7 @@ import json
 from starlette.requests import Request
 from starlette.responses import JSONResponse, PlainTextResponse, Response
 
+from sglang_standin import errors
 from sglang_standin.state import StandinState
 
 VERSION = "0.5.23"  # the SGLang release whose answers the stand-in gives (tests/real/test_standin_contract.py)
@@ -50,7 +51,7 @@ async def model_info(request: Request) -> Response:
         "tokenizer_path": cfg.tokenizer_path,
         "is_generation": True,
         "preferred_sampling_params": None,
-        "weight_version": "default",
+        "weight_version": cfg.weight_version,
         "load_format": "auto",
         "reasoning_parser": cfg.reasoning_parser,
         "tool_call_parser": None,
@@ -75,7 +76,7 @@ def server_args(state: StandinState) -> dict:
         "enable_metrics": cfg.enable_metrics,
         "skip_server_warmup": cfg.warmup_seconds == 0, "tp_size": 1, "dp_size": 1,
         "stream_interval": 1, "incremental_streaming_output": False,
-        "weight_version": "default", "api_key": None,
+        "weight_version": state.launch_weight_version or cfg.weight_version, "api_key": None,
     }
 
 
@@ -141,6 +142,29 @@ async def abort_request(request: Request) -> Response:
     elif isinstance(body.get("rid"), str) and body["rid"]:
         engine.abort(body["rid"])
     return Response(status_code=200)
+
+
+async def update_weight_version(request: Request) -> Response:
+    """POST /update_weight_version {"new_version": ..., "abort_all_requests": true}: what an RL loop
+    calls after pushing new weights. From then on /model_info and every answer report the new
+    version, while /server_info keeps the launch value, as SGLang 0.5.23 does (the stand-in's config
+    is the one setting changed at run time). Requests in flight are aborted first unless
+    `abort_all_requests` is false."""
+    try:
+        body = json.loads(await request.body() or b"{}")
+    except ValueError as exc:
+        return errors.schema_error(f"1 validation error: body: JSON decode error ({exc})")
+    version = body.get("new_version") if isinstance(body, dict) else None
+    if not isinstance(version, str):
+        return errors.schema_error("1 validation error: body.new_version: Field required (a string)")
+    state = _state(request)
+    if body.get("abort_all_requests", True):
+        state.engine.abort(None)
+    if state.launch_weight_version is None:
+        state.launch_weight_version = state.cfg.weight_version
+    object.__setattr__(state.cfg, "weight_version", version)
+    return JSONResponse({"success": True, "message": f"Weight version updated to {version}",
+                         "new_version": version})
 
 
 async def standin_stats(request: Request) -> Response:

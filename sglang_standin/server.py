@@ -46,6 +46,7 @@ def routes(cfg: StandinConfig) -> list[Route]:
         Route("/v1/models/{model:path}", info.get_model, methods=["GET"]),
         Route("/flush_cache", info.flush_cache, methods=["GET", "POST"]),
         Route("/abort_request", info.abort_request, methods=["POST"]),
+        Route("/update_weight_version", info.update_weight_version, methods=["POST"]),
         Route("/tokenize", routes_tokenize.tokenize, methods=["POST"]),
         Route("/v1/tokenize", routes_tokenize.tokenize, methods=["POST"]),
         Route("/standin/stats", info.standin_stats, methods=["GET"]),

@@ -50,6 +50,9 @@ class StandinState:
     wedge: Wedge | None = None
     created: int = field(default_factory=lambda: int(time.time()))
     rids: set[str] = field(default_factory=set)  # given rids in flight: another request may not reuse one
+    # /server_info's weight_version once /update_weight_version changed the current one: the launch
+    # value, as SGLang 0.5.23 keeps it there (only /model_info and the answers report the new one)
+    launch_weight_version: str | None = None
 
     def __post_init__(self) -> None:
         if self.lifecycle is None:

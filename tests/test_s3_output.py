@@ -186,6 +186,9 @@ def test_a_worker_that_dies_right_after_its_upload_is_reconciled_not_generated_a
         fleet.producer("export", f"s3://{BUCKET}/exports/default", **on_s3(s3))
         assert sorted(exported_ids(s3, "exports/default/")) == ids
     assert len([k for k in s3.keys("exports/default/") if k.endswith(".parquet")]) == 1  # the first one's gone
+    # and the dataset card is beside it, naming the server that made the samples
+    card = s3.client().get_object(Bucket=BUCKET, Key="exports/default/README.md")["Body"].read().decode()
+    assert card.startswith("---\n") and "reasoning_fleet:" in card and "| http://127.0.0.1:" in card
     fleet.producer("export", "--index-only", str(tmp_path / "index"), **on_s3(s3))
     keep = pq.read_table(tmp_path / "index" / "keep-000.parquet").to_pylist()
     assert sorted(r["id"] for r in keep) == ids and {r["shard"] for r in keep} == {shard.rsplit("/", 1)[1]}

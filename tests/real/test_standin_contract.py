@@ -112,14 +112,14 @@ def test_health_and_the_info_routes_report_the_same_limits(pair: Pair):
     assert [(r.status_code, r.content) for r in health] == [(200, b"")] * 2
     # And the model is named alike
     real, standin = (r.json() for r in model_info)
-    for key in ("model_path", "served_model_name", "reasoning_parser", "is_generation"):
+    for key in ("model_path", "served_model_name", "reasoning_parser", "is_generation", "weight_version"):
         assert real[key] == standin[key], key
     # And /server_info has the same limits: no context length (not given), the given batch limit,
     # the scheduler's longest input (context - 6), the KV size, and the effective batch per rank
     real, standin = (r.json() for r in server_info)
     for key in ("model_path", "served_model_name", "context_length", "max_running_requests",
                 "max_req_input_len", "max_total_num_tokens", "allow_auto_truncate", "dp_size",
-                "reasoning_parser", "version"):
+                "reasoning_parser", "version", "weight_version"):
         assert real.get(key, "absent") == standin.get(key, "absent"), key
     assert real["context_length"] is None and real["max_req_input_len"] == CONTEXT - 6
     effective = [[s["effective_max_running_requests_per_dp"] for s in info["internal_states"]]
@@ -171,6 +171,8 @@ def test_a_generation_has_the_same_keys_types_and_echoed_rid(pair: Pair):
         assert set(real["meta_info"]) == set(standin["meta_info"]), both(answers)
         read = ("id", "finish_reason", "prompt_tokens", "completion_tokens", "cached_tokens", "e2e_latency")
         assert {k: shape(real["meta_info"][k]) for k in read} == {k: shape(standin["meta_info"][k]) for k in read}
+        # and the weights that made it (the run's provenance, the shards' weight_version column), alike
+        assert real["meta_info"]["weight_version"] == standin["meta_info"]["weight_version"] == "default"
     # And the rid comes back as meta_info.id, the budget as a length finish, alike
     for answer in first:
         meta = answer.json()["meta_info"]
@@ -350,6 +352,31 @@ def test_tokenize_answers_with_the_servers_own_tokenizer_alike(pair: Pair):
 
 
 # ------------------------------------------------------------------------------------------- the end
+def test_a_new_weight_version_is_reported_alike_by_the_info_routes_and_every_answer(pair: Pair):
+    # Given both servers at the default weight version (this test comes late, before the one that ends
+    # them: its generation would change what the load and cache tests read of a fresh server)
+    try:
+        # When an RL loop names new weights (without aborting what runs), and a request lacks the version
+        updated = pair.ask("POST", "/update_weight_version", json={"new_version": "rl-7", "abort_all_requests": False})
+        missing = pair.ask("POST", "/update_weight_version", json={})
+
+        # Then both accept it with the same body, and refuse the request without a version alike
+        assert [r.status_code for r in updated] == [200, 200], both(updated)
+        assert updated[0].json() == updated[1].json() == {"success": True, "message": "Weight version updated to rl-7",
+                                                          "new_version": "rl-7"}
+        assert missing[0].status_code == missing[1].status_code, both(missing)
+        # And /model_info and each answer's meta_info report it from then on, alike, while /server_info
+        # keeps the launch value (0.5.23 updates the tokenizer manager's copy, not the server args)
+        assert [r.json()["weight_version"] for r in pair.ask("GET", "/model_info")] == ["rl-7", "rl-7"]
+        assert [r.json()["weight_version"] for r in pair.ask("GET", "/server_info")] == ["default", "default"]
+        # (ids no other test's prompt starts with: nothing of it in the prefix cache they read)
+        answers = pair.ask("POST", "/generate", **generate([700 + i for i in range(6)], max_new_tokens=2,
+                                                           ignore_eos=True))
+        assert [r.json()["meta_info"]["weight_version"] for r in answers] == ["rl-7", "rl-7"]
+    finally:  # the other tests of the pair see the default again
+        pair.ask("POST", "/update_weight_version", json={"new_version": "default", "abort_all_requests": False})
+
+
 def test_an_id_outside_the_vocabulary_ends_both_servers_without_an_answer(pair: Pair):
     # Given both servers (this test ends them: it runs last)
     vocabulary = 129280  # the bundled tokenizer's length, the checkpoint's vocab_size

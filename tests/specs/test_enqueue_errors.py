@@ -99,3 +99,37 @@ def test_a_file_of_only_malformed_lines_reports_each_line_and_fails(server, tmp_
     assert "line 1: invalid JSON" in result.output and "line 3: " in result.output
     published = result.output.split("┡", 1)[1].splitlines()[1]
     assert published.strip("│ ").split()[0] == "0"
+
+
+def test_a_parquet_file_is_enqueued_its_bad_rows_reported_by_row_number(server, client, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    # Given a Parquet file of three prompts, the middle one with no user turn
+    def turn(role: str, text: str) -> list[dict]:
+        return [{"role": role, "content": text}]
+
+    rows = [{"key": "a", "q": turn("user", "What is 2+2?")}, {"key": "b", "q": turn("system", "x")},
+            {"key": "c", "q": turn("user", "Name a prime.")}]
+    pq.write_table(pa.Table.from_pylist(rows), tmp_path / "p.parquet")
+
+    # When it is enqueued naming its columns
+    result = enqueue(server, str(tmp_path / "p.parquet"), "--messages-column", "q", "--id-column", "key",
+                     "--run", "tab")
+
+    # Then the good rows are published, the bad one is reported by its row number, and it exits 1
+    assert result.exit_code == 1, result.output
+    assert "row 1: no user message\n" in result.output
+    published = result.output.split("┡", 1)[1].splitlines()[1]
+    assert published.strip("│ ").split()[0] == "2"
+
+
+def test_a_table_without_its_named_column_is_one_line_and_records_no_run(server, client, tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.Table.from_pylist([{"text": "x"}]), tmp_path / "p.parquet")
+    result = enqueue(server, str(tmp_path / "p.parquet"), "--messages-column", "question")
+    assert result.exit_code == 2
+    assert "has no column 'question' (--messages-column); its columns: text" in one_line(result.output)
+    assert client.scard(RUNS) == 0

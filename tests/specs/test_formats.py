@@ -171,7 +171,7 @@ def test_each_format_holds_the_parquet_exports_rows_with_the_same_figures(client
     assert figures["parquet"]["conversation_rows"] == 2
     # And each manifest names the one file the format wrote, with its rows
     assert manifests["specforge"]["files"][0]["name"] == "specforge.jsonl"
-    assert sorted(p.name for p in (tmp_path / "specforge").iterdir()) == ["manifest.json", "specforge.jsonl"]
+    assert sorted(p.name for p in (tmp_path / "specforge").iterdir()) == ["README.md", "manifest.json", "specforge.jsonl"]
 
 
 def test_a_conversation_turn_is_its_own_row_supervising_only_its_answer(client, run, chat, tmp_path):
@@ -223,7 +223,7 @@ def test_a_format_export_replaces_an_earlier_export_of_another_format(client, ru
     dest = tmp_path / "dest"
     export_run(spec(chat), client, output_dir, dest, format="parquet")
     export_run(spec(chat), client, output_dir, dest, format="speculators")
-    assert sorted(p.name for p in dest.iterdir()) == ["manifest.json", "speculators.jsonl"]
+    assert sorted(p.name for p in dest.iterdir()) == ["README.md", "manifest.json", "speculators.jsonl"]
     export_run(spec(chat), client, output_dir, dest, format="parquet")
     assert not (dest / "speculators.jsonl").exists()
     assert json.loads((dest / "manifest.json").read_text())["format"]["rows"] == len(stored)

@@ -133,8 +133,10 @@ def test_a_shard_keeps_the_logprobs_compactly_and_reads_back_as_n_by_k(tmp_path)
     path = tmp_path / "s.parquet"
     pq.write_table(samples_to_table([with_scores, plain]), path)
     table = pq.read_table(path)
-    # Then the columns are float32 and int32 lists at the schema's end, null for the plain row
-    assert table.schema.names[-5:] == ["top_k", "min_p", "logprobs", "top_logprob_ids", "top_logprobs"]
+    # Then the columns are float32 and int32 lists, together, null for the plain row
+    names = table.schema.names
+    assert names[names.index("top_k"):names.index("top_logprobs") + 1] == ["top_k", "min_p", "logprobs", "top_logprob_ids",
+                                                                          "top_logprobs"]
     assert str(table.schema.field("top_logprobs").type) == "list<element: float>"
     assert str(table.schema.field("top_logprob_ids").type) == "list<element: int32>"
     rows = table.to_pylist()

@@ -46,6 +46,7 @@ from contract.line_sampling import line_seed, merged
 from contract.samples import sample_seed, split_sample_key
 from contract.deadletters import DeadLetter, DeadLetters
 from contract.names import PromptState, Reason
+from contract.provenance import weight_version_of
 from contract.replication import expected, replicated, written_again
 from contract.schema import Sample
 from contract.spec import RunSpec
@@ -340,6 +341,7 @@ def _requests(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int],
                 generation = _alone(rt, binding, tries, send) if alone else send()
                 rt.pool.observe_answer(binding, generation.meta_info)  # the server's load, for its tuner
                 cache_hits.observe(binding.url, len(prompt_ids), generation.cached_tokens)
+                _note_origin(rt, spec, binding, generation)
                 return generation
         except Recheck:  # a server came up meanwhile: ask it for the run's tokenizer first
             continue
@@ -371,6 +373,18 @@ def _requests(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int],
             if not _pause(tries, error, s.retry_backoff, s.retry_backoff_max, transient=True,
                           limit=s.max_attempts):
                 raise Unfit(_server_error(rt, spec, prompt_id, prompt_ids, sampling, tries)) from exc
+
+
+def _note_origin(rt: Runtime, spec: RunSpec, binding: ServerBinding, generation: Generation) -> None:
+    """The run's provenance: this server, its SGLang version and model, and the weights that made the
+    answer, recorded once per (run, server, weight version) a worker sees (`contract/provenance.py`:
+    no Redis command a sample after the first); a failed write is tried again on the next answer."""
+    version = weight_version_of(generation.meta_info, binding.weight_version)
+    try:
+        rt.provenance.observe(rt.redis, spec.name, binding.url, version, binding.sglang_version,
+                              binding.model_path, binding.served_model_name)
+    except redis.RedisError as exc:
+        log.debug("run %s: provenance of %s not recorded yet (%r)", spec.name, binding.url, exc)
 
 
 def _send(rt: Runtime, spec: RunSpec, binding: ServerBinding, prompt_id: str, prompt_ids: list[int],
@@ -557,6 +571,8 @@ def _row(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], trie
         top_k=sampling.get("top_k"),
         min_p=sampling.get("min_p"),
         **_logprob_columns(generation),
+        weight_version=weight_version_of(meta, next((b.weight_version for b in rt.pool.bindings
+                                                     if b.url == generation.server), None)),
     )
 
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 import redis
 
 from contract.clock import CLOCK
+from contract.provenance import Recorder
 from contract.connections import redact_url
 from contract.shard_home import home
 from contract.write_refusal import READ_ONLY
@@ -55,6 +56,8 @@ class Runtime:
     tokenizers: TokenizerChecks | None = None  # whether each server's tokenizer is a run's
     crash_watch: CrashWatch | None = None  # whether a server that dropped a request died
     verdicts: Verdicts | None = None  # the runs' verifiers' check processes (`enqueue --verify`)
+    # the (run, server, weight version) this process has recorded in its runs' provenance (contract/provenance.py)
+    provenance: Recorder = field(default_factory=lambda: Recorder(socket.gethostname()))
 
     def close(self) -> None:
         self.monitor.stop()
@@ -122,7 +125,8 @@ def _build(s: Settings, worker: str) -> Runtime:
     runtime = Runtime(settings=s, worker=worker, pool=pool, monitor=monitor, http=http, redis=client,
                       shards=shards, writes=writes, affinity=Affinity(s.affinity), cpu=cpu,
                       tokenizers=TokenizerChecks(monitor.client), crash_watch=CrashWatch(monitor.client),
-                      verdicts=Verdicts(s.verify_timeout_seconds, s.verify_processes))
+                      verdicts=Verdicts(s.verify_timeout_seconds, s.verify_processes),
+                      provenance=Recorder(worker))
     monitor.client.auth = ServerCredentials(s.server_urls)  # bindings hold redacted URLs
     log.info("worker %s bound to %s; broker %s; shards to %s; %d threads, at most %d in flight per server",
                 worker, ", ".join(b.url for b in pool.bindings), redact_url(s.redis_url), s.output_dir,

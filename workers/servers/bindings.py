@@ -63,6 +63,8 @@ class ServerBinding:
     max_model_len: int | None = None
     max_input_len: int | None = None  # the scheduler's max_req_input_len, where reported
     reasoning_parser: str | None = None
+    sglang_version: str | None = None  # /server_info's version (contract/provenance.py)
+    weight_version: str | None = None  # /model_info's (or /server_info's) weight_version at the last preflight
     vocab_size: int | None = None  # where the server reports one
     refusal: str | None = None
     unread: str | None = None  # what the preflight could not read that the context length depends on
@@ -139,7 +141,8 @@ class ServerBinding:
 
     def snapshot(self) -> dict:
         keep = ("url", "state", "in_flight", "capacity", "target", "sharers", "model_path", "served_model_name",
-                "max_model_len", "reasoning_parser", "refusal", "last_error", "checked_at", "sent")
+                "max_model_len", "reasoning_parser", "refusal", "last_error", "checked_at", "sent",
+                "sglang_version", "weight_version")
         found = {k: getattr(self, k) for k in keep}
         if self.gateway_workers is not None:
             found["gateway_workers"] = len(self.gateway_workers)

@@ -79,6 +79,11 @@ def _combine(client: httpx.Client, binding: ServerBinding, judged: list[ServerBi
         first.refusal = None
     binding.model_path, binding.served_model_name = first.model_path, first.served_model_name
     binding.reasoning_parser = first.reasoning_parser
+    # a gateway's SGLang versions and weight versions, its servers' (joined where they differ)
+    binding.sglang_version = ",".join(sorted({s.sglang_version for s in judged if s.sglang_version})) or \
+        first.sglang_version
+    binding.weight_version = ",".join(sorted({s.weight_version for s in judged if s.weight_version})) or \
+        first.weight_version
     binding.max_model_len = min((s.max_model_len for s in judged if s.max_model_len), default=None)
     binding.max_input_len = min((s.max_input_len for s in judged if s.max_input_len), default=None)
     binding.vocab_size = min((s.vocab_size for s in judged if s.vocab_size), default=None)

@@ -114,6 +114,8 @@ def apply_info(binding: ServerBinding, info: dict[str, Info], key_sent: bool) ->
     binding.model_path = model_info.get("model_path") or server_info.get("model_path")
     binding.served_model_name = server_info.get("served_model_name") or model_info.get("served_model_name")
     binding.reasoning_parser = server_info.get("reasoning_parser") or model_info.get("reasoning_parser")
+    binding.sglang_version = _text(server_info.get("version"))
+    binding.weight_version = _text(model_info.get("weight_version")) or _text(server_info.get("weight_version"))
     cards = models.get("data") or []
     binding.max_model_len = _positive(cards[0].get("max_model_len") if cards else None) or \
         _positive(server_info.get("context_length"))
@@ -140,6 +142,11 @@ def credentials_refusal(status: int, route: str, key_sent: bool) -> str:
     else:
         fix = "SGLANG_API_KEY is unset; set it to the server's --api-key"
     return f"HTTP {status} on {route}: the server refuses this worker's credentials ({fix}, then restart the worker)"
+
+
+def _text(value) -> str | None:
+    """A version as text (None where the server gave none)."""
+    return str(value)[:200] if isinstance(value, (str, int, float)) and value != "" else None
 
 
 def _positive(value) -> int | None:

@@ -14,6 +14,12 @@ assistant turn within it, and `id` the turn's prompt id,
 template's rendering of the history with the model's own earlier answers) then
 its output ids, exactly as for a single prompt, whose two columns are null.
 
+A row of a run of several samples a prompt (`enqueue --samples N`) keeps the
+prompt's (its line's) id in `id`, the sample's 0-based index in `sample` and
+the `sampling_seed` it was asked with in `seed` (`contract/samples.py`): (`id`,
+`sample`) names a row. Every row written since samples exist has both (sample 0
+in a run of one sample a prompt); an older shard's read as nulls, i.e. sample 0.
+
 `cached_tokens` is the server's `meta_info.cached_tokens` for the stored
 generation (prompt tokens found in its prefix cache), null where the server
 did not say. Columns are only ever added at the end: readers open shards with
@@ -54,6 +60,8 @@ class Sample:
     conversation: str | None = None  # the conversation's id; None for a single prompt
     turn: int | None = None          # 0-based index of the assistant turn in it; None for a single prompt
     cached_tokens: int | None = None  # prompt tokens the server found in its prefix cache; None: not reported
+    sample: int | None = None         # 0-based index of the sample of its prompt (`enqueue --samples`)
+    seed: int | None = None           # the `sampling_seed` sent for it (contract/samples.py)
 
 
 # Arrow type of each column, by name: the order is Sample's.
@@ -65,6 +73,7 @@ _TYPES = {
     "template_fingerprint": "string", "e2e_latency": "float32", "started_at": "timestamp[ms, UTC]",
     "finished_at": "timestamp[ms, UTC]",
     "conversation": "string", "turn": "int16", "cached_tokens": "int32",
+    "sample": "int32", "seed": "int64",
 }
 COLUMNS = tuple(f.name for f in fields(Sample))
 

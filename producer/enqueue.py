@@ -22,6 +22,17 @@ raises), and a prompt the chat template or the tokenizer fails on is found by
 rendering its batch one prompt at a time, the same way, and rejected alone; the
 other prompts of the batch are published.
 
+**Several samples a prompt** (`--samples N`): each prompt is tokenized once
+and recorded as N ledger entries, one per sample, keyed `<id>~<index>`
+(`contract/samples.py`), each with its own copy of the token ids (a worker's
+intake reads a key's ids in one call, so N copies sit in Redis while the
+samples are queued) and its own message. A prompt is skipped on a re-run only
+when every one of its samples is in the run; otherwise the samples it lacks
+are published (`publish_samples`, which takes any subset of the indices).
+The samples of a prompt are published one after the other, so they reach the
+workers together and the prefix affinity sends them to one server.
+`--samples` above 1 with `--turns all` is refused (`SamplesRefused`).
+
 `--turns all` reads each line as a conversation whose every assistant turn is
 regenerated (`contract/conversations.py`): only turn 0 is rendered and queued
 here, as prompt `<id>#0`, after its conversation is registered; each later
@@ -51,6 +62,7 @@ from contract.ledger import AGAIN, NEW, Entry, Ledger
 from contract.names import PromptState, Thinking
 from contract.publish import publish_prompts
 from contract.replication import replicated
+from contract.samples import sample_key
 from contract.spec import RunSpec, load_spec, save_spec
 from contract.tokenizer_probe import make_probe
 
@@ -78,7 +90,8 @@ class Rejection:
 class EnqueueSummary:
     run: str
     queue: str
-    published: int = 0
+    published: int = 0       # samples published (prompts, in a run of one sample a prompt)
+    prompts: int = 0         # prompts with at least one sample published
     prompt_tokens: int = 0
     already: dict[str, int] = field(default_factory=dict)   # state -> count, skipped on a re-run
     duplicates: list[Rejection] = field(default_factory=list)  # the first MAX_REPORTED
@@ -130,10 +143,26 @@ class RunMismatch(Exception):
     """The run was started with another tokenizer, template or sampling."""
 
 
+class SamplesRefused(ValueError):
+    """`--samples` above 1 with `--turns all`: a conversation's turns are rendered from the one
+    answer stored for each turn before them, which several samples would not name."""
+
+
+def check_samples(samples: int, turns: str) -> None:
+    if samples < 1:
+        raise SamplesRefused(f"--samples must be 1 or more, not {samples}")
+    if samples > 1 and turns == ALL:
+        raise SamplesRefused("--samples above 1 does not go with --turns all: each turn is rendered from the "
+                             "one stored answer of the turn before it; enqueue the conversations with "
+                             "--turns last for several samples of their last turn")
+
+
 def new_spec(chat: ChatTokenizer, name: str, tokenizer: str, max_new_tokens: int, temperature: float,
              top_p: float, thinking: str = "auto", served_model: str | None = None,
-             disabled_rules: Iterable[str] = (), turns: str = LAST, trust_remote_code: bool = False) -> RunSpec:
-    """The spec `enqueue` records for a run: tokenizer identity, sampling, think tokens."""
+             disabled_rules: Iterable[str] = (), turns: str = LAST, trust_remote_code: bool = False,
+             samples: int = 1) -> RunSpec:
+    """The spec `enqueue` records for a run: tokenizer identity, sampling, think tokens, samples a prompt."""
+    check_samples(samples, turns)
     return RunSpec(
         name=name, tokenizer=tokenizer, tokenizer_fingerprint=chat.fingerprint(),
         template_fingerprint=chat.template_fingerprint(),
@@ -144,7 +173,7 @@ def new_spec(chat: ChatTokenizer, name: str, tokenizer: str, max_new_tokens: int
         stop_ids=chat.stop_ids(), served_model=served_model, disabled_rules=sorted(disabled_rules),
         vocab_size=len(chat.tok), turns=turns, trust_remote_code=trust_remote_code,
         history_reasoning=turns == ALL and chat.renders_history_reasoning(),
-        probe=make_probe(chat.tok).to_dict(),
+        probe=make_probe(chat.tok).to_dict(), samples=samples,
     )
 
 
@@ -183,7 +212,7 @@ def enqueue_file(path: Path, spec: RunSpec, chat: ChatTokenizer, client: redis.R
         if spec.turns == ALL:
             items = map(_first_turn, items)
         for batch in _batches(items, BATCH):
-            fresh = _select(batch, ledger, call, summary)
+            fresh = _select(batch, ledger, call, summary, spec.samples)
             following = tokenizer.submit(_tokenize, fresh, spec, chat, max_prompt_tokens, summary)
             if tokenized:
                 publish(tokenized.result())
@@ -214,9 +243,10 @@ def _batches(items: Iterable, size: int) -> Iterator[list]:
 
 
 def _select(batch: list[Prompt | BadLine], ledger: Ledger, call: str,
-            summary: EnqueueSummary) -> list[Prompt]:
-    """Drop bad lines and prompts the run already has, before they are tokenized (a repeat
-    within the batch, or of a batch still being tokenized, is caught at `_publish`)."""
+            summary: EnqueueSummary, samples: int = 1) -> list[Prompt]:
+    """Drop bad lines and prompts the run already has (every one of their `samples` samples),
+    before they are tokenized (a repeat within the batch, or of a batch still being tokenized,
+    is caught at `_publish`)."""
     prompts = []
     for item in batch:
         if isinstance(item, BadLine):
@@ -224,12 +254,17 @@ def _select(batch: list[Prompt | BadLine], ledger: Ledger, call: str,
         else:
             prompts.append(item)
     fresh = []
-    for prompt, entry in zip(prompts, ledger.entries([p.id for p in prompts])):
-        if entry.state is None:
+    n = samples
+    entries = ledger.entries([sample_key(p.id, i, n) for p in prompts for i in range(n)])
+    for number, prompt in enumerate(prompts):
+        mine = entries[number * n:(number + 1) * n]
+        missing = [e for e in mine if e.state is None]
+        if missing:  # a prompt with a sample still to publish
             fresh.append(prompt)
         else:
-            summary.skip(prompt, _outcome(entry, call))
+            summary.skip(prompt, _outcome(mine[0], call))
     return fresh
+
 
 
 def _outcome(entry: Entry, call: str) -> str:
@@ -286,13 +321,50 @@ def _publish(ready: list[tuple[Prompt, list[int]]], spec: RunSpec, app, queue: s
         if spec.turns == ALL:  # the conversation first, so no worker finds its turn 0 without it
             ConversationLedger(ledger.client, spec.name).register(
                 [(p.conversation, p.turns, p.shape) for p, _ in ready])
-        outcomes = ledger.enqueue([(p.id, pack_ids(ids)) for p, ids in ready], call)
-        new = []
-        for (prompt, ids), outcome in zip(ready, outcomes):
-            if outcome == NEW:
-                new.append((prompt, ids))
-            else:
-                summary.skip(prompt, outcome)
-        publish_prompts(app, spec.name, queue, [(p.id, len(ids), None) for p, ids in new])
-    summary.published += len(new)
-    summary.prompt_tokens += sum(len(ids) for _, ids in new)
+        if spec.samples == 1:
+            outcomes = ledger.enqueue([(p.id, pack_ids(ids)) for p, ids in ready], call)
+            new = []
+            for (prompt, ids), outcome in zip(ready, outcomes):
+                if outcome == NEW:
+                    new.append((prompt, ids))
+                else:
+                    summary.skip(prompt, outcome)
+            publish_prompts(app, spec.name, queue, [(p.id, len(ids), None) for p, ids in new])
+            summary.prompts += len(new)
+            summary.published += len(new)
+            summary.prompt_tokens += sum(len(ids) for _, ids in new)
+            return
+        every = range(spec.samples)
+        outcomes = publish_samples(ledger, app, spec, queue, call, [(p.id, ids, every) for p, ids in ready])
+    for (prompt, ids), found in zip(ready, outcomes):
+        published = sum(outcome == NEW for outcome in found)
+        if published:
+            summary.prompts += 1
+            summary.published += published
+            summary.prompt_tokens += published * len(ids)
+        else:
+            summary.skip(prompt, found[0])
+
+
+def publish_samples(ledger: Ledger, app, spec: RunSpec, queue: str, call: str,
+                    prompts: list[tuple[str, list[int], Iterable[int]]]) -> list[list[str]]:
+    """Record, then publish, the given samples of each (prompt id, token ids, sample indices):
+    each index's key gets its own entry (a copy of the ids) and message, where the ledger did
+    not have it (its outcome, per index in order, as `Ledger.enqueue` says). Sample 0 of a
+    prompt counts the prompt in the run's `prompts` in the same step. The caller holds
+    `replicated` (as `_publish` does) where a replica must have them before they count."""
+    records, firsts, shape = [], [], []
+    for prompt_id, ids, indices in prompts:
+        packed, indices = pack_ids(ids), list(indices)
+        for index in indices:
+            records.append((sample_key(prompt_id, index, spec.samples), packed))
+            firsts.append(index == 0)
+        shape.append((len(ids), len(indices)))
+    outcomes = ledger.enqueue(records, call, firsts=firsts)
+    publish_prompts(app, spec.name, queue, [(key, tokens, None) for (key, _), outcome, tokens in zip(
+        records, outcomes, (t for t, n in shape for _ in range(n))) if outcome == NEW])
+    found, start = [], 0
+    for _, n in shape:
+        found.append(outcomes[start:start + n])
+        start += n
+    return found

@@ -133,7 +133,7 @@ async def _schedule_and_answer(request: Request, state: StandinState, call: Gene
             return sse_single([queue_full_stream_body(p, started) for p in plans], call.is_single)
         return errors.queue_full()
     for p in plans:
-        state.stats.note_generation(p.key)
+        state.stats.note_generation(p.key, p.sub.sampling.seed)
     if call.stream:  # uvicorn's own shutdown waits for open streams to finish
         events = sse_events(state, plans, jobs, call.is_single, started)
         return StreamingResponse(events, media_type="text/event-stream")

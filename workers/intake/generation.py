@@ -11,6 +11,14 @@ for its shard while the writer retries, and a wait that outlasts
 `FLEET_SHARD_COMMIT_TIMEOUT` gives the prompt back (its sample withdrawn)
 rather than dead-lettering it. Only a sample the shard schema cannot hold
 (`BadSample`) is the prompt's own `bad_output`.
+
+**One prompt, or one sample of it.** In a run of several samples a prompt
+(`enqueue --samples N`) a message names one sample by its ledger key
+(`<id>~<index>`, `contract/samples.py`): everything here keys by that, and only
+the request's `sampling_seed` and the row's `id`, `sample` and `seed` are
+derived from it (`request_sampling`, `_row`). Every request carries a
+`sampling_seed`, a run of one sample included (sample 0's), so a re-run, a
+retry or a redelivery asks the server for the same sample.
 """
 from __future__ import annotations
 
@@ -30,6 +38,7 @@ from contract.codec import ids_to_b64
 from contract.deadletters import DeadLetter, DeadLetters
 from contract.names import PromptState, Reason
 from contract.replication import expected, replicated, written_again
+from contract.samples import sample_seed, split_sample_key
 from contract.schema import Sample
 from contract.spec import RunSpec
 
@@ -82,9 +91,7 @@ def process_prompt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[
     """Generate, verify and store one prompt (its sample handed to the shard writer through
     `submit`); returns where it ended up."""
     _check_storage(rt, prompt_id)
-    sampling = dict(spec.sampling)
-    if max_new_tokens:
-        sampling["max_new_tokens"] = max_new_tokens
+    sampling = request_sampling(spec, prompt_id, max_new_tokens)
     tries = Attempts(crashes=server_crashes.notes(rt.redis, spec.name, prompt_id))
     if spec.vocab_size and prompt_ids and max(prompt_ids) >= spec.vocab_size:  # never sent: it may kill a server
         return bury(rt, _dead(rt, spec, prompt_id, prompt_ids, sampling, tries, Reason.WORKER_ERROR,
@@ -105,6 +112,19 @@ def process_prompt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[
                               verdict.reason, verdict.message, generation))
     except Unfit as exc:
         return bury(rt, exc.letter)
+
+
+def request_sampling(spec: RunSpec, key: str, max_new_tokens: int | None = None,
+                     line_seed: int | None = None) -> dict:
+    """The sampling params of the requests for ledger key `key`: the run's, a replayed letter's
+    budget, and the sample's `sampling_seed` (the one place a seed is made: `line_seed` is a
+    line's own `sampling.seed`, where it gives one)."""
+    sampling = dict(spec.sampling)
+    if max_new_tokens:
+        sampling["max_new_tokens"] = max_new_tokens
+    prompt, index = split_sample_key(key, spec.samples)
+    sampling["sampling_seed"] = sample_seed(spec.name, prompt, index, line_seed)
+    return sampling
 
 
 class Unfit(Exception):
@@ -144,17 +164,18 @@ class DeadLettered(Exception):
 def bury(rt: Runtime, letter: DeadLetter, forgotten: bool = False) -> str:
     """Every dead letter goes through here: stored unless the prompt is already done,
     counted in the metrics, logged. `forgotten`: the ledger lost the prompt (see `Ledger.bury`)."""
+    _name_sample(rt, letter)
     letter.excerpt.update(_turn_of(rt, letter))
     found = put_letter(rt.redis, letter, forgotten)
     if found == PromptState.DONE or found is None:
-        log.warning("prompt %s is %s: its %s failure (%s) is not dead-lettered", letter.id,
+        log.warning("prompt %s is %s: its %s failure (%s) is not dead-lettered", letter.key,
                     "already stored" if found else "not in the ledger", letter.reason, letter.message)
         return f"not dead-lettered: prompt is {found or 'unknown'}"
     if found == PromptState.QUEUED:
         metrics.PROMPTS.labels(letter.run, "dead").inc()
     metrics.DEAD_LETTERS.labels(letter.reason).inc()
     log.info("prompt %s of run %s dead-lettered, %s: %s; details: python -m producer dead show %s --run %s",
-             letter.id, letter.run, letter.reason, letter.message, letter.id, letter.run)
+             letter.key, letter.run, letter.reason, letter.message, letter.key, letter.run)
     return Buried(letter)
 
 
@@ -170,7 +191,16 @@ def put_letter(client: redis.Redis, letter: DeadLetter, forgotten: bool = False)
     def once() -> str | None:
         with replicated(client):
             return letters.put(letter, forgotten)
-    return written_again(once, f"the dead letter of prompt {letter.id} of run {letter.run}")
+    return written_again(once, f"the dead letter of prompt {letter.key} of run {letter.run}")
+
+
+def _name_sample(rt: Runtime, letter: DeadLetter) -> None:
+    """A letter made for a sample's ledger key names its prompt's id and its sample (`key` gives
+    the ledger key back); a run whose spec cannot be read keeps the key as its id."""
+    try:
+        letter.of_sample(cached_spec(rt.settings.redis_url, letter.run).samples)
+    except (LookupError, ValueError):
+        pass
 
 
 def _turn_of(rt: Runtime, letter: DeadLetter) -> dict:
@@ -469,7 +499,7 @@ def _dead(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], sam
         servers=sorted(set(tries.servers)), worker=rt.worker, prompt_b64=ids_to_b64(prompt_ids),
         prompt_tokens=len(prompt_ids), sampling=sampling, excerpt=excerpt,
         first_attempt_at=tries.started_at,
-    )
+    ).of_sample(spec.samples)
 
 
 def _row(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], tries: Attempts,
@@ -478,8 +508,9 @@ def _row(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], trie
     finish = meta.get("finish_reason") or {}
     matched = finish.get("matched") if isinstance(finish, dict) else None
     binding_model = next((b.model_path for b in rt.pool.bindings if b.url == generation.server), None)
+    line_id, index = split_sample_key(prompt_id, spec.samples)
     return Sample(
-        id=prompt_id,
+        id=line_id,
         input_ids=prompt_ids + out,
         prompt_len=len(prompt_ids),
         output_len=len(out),
@@ -501,4 +532,6 @@ def _row(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], trie
         finished_at=datetime.now(timezone.utc),
         **turn_columns(spec, prompt_id),
         cached_tokens=generation.cached_tokens,
+        sample=index,
+        seed=sampling.get("sampling_seed"),
     )

@@ -295,8 +295,10 @@ def _requests(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int],
         suspect = bool(tries.crashes) and not tries.probed
         try:
             with rt.pool.acquire(spec.served_model, s.server_wait, avoid=avoid, prefer=route.prefer,
-                                 only=taking, suspect=suspect, checked=frozenset(b.url for b in usable)) as binding:
-                rt.affinity.sent(route, binding.url, rt.pool.spilled(route.prefer, binding, spec.served_model))
+                                 only=taking, suspect=suspect, checked=frozenset(b.url for b in usable),
+                                 lookup=lambda: rt.affinity.prefer(route),
+                                 placed=lambda chosen, wanted: rt.affinity.sent(
+                                     route, chosen.url, rt.pool.spilled(wanted, chosen, spec.served_model))) as binding:
                 too_long = prompt_too_long(len(prompt_ids), binding.max_model_len, binding.max_input_len)
                 if too_long:
                     raise Unfit(_dead(rt, spec, prompt_id, prompt_ids, sampling, tries, Reason.PROMPT_TOO_LONG,

@@ -201,6 +201,14 @@ class Affinity:
         server = self.prefixes.server_for(keys)
         return Route(server, keys, "prefix" if server else "")
 
+    def prefer(self, route: Route) -> str | None:
+        """The route's server as of now (`ServerPool.acquire` asks at each pick): its conversation's,
+        else the server its longest leading run was last sent to, which a prompt of the same prefix
+        (a sample of the same prompt) picked since `route` may have set."""
+        if not self.enabled or route.why == "conversation":
+            return route.prefer
+        return self.prefixes.server_for(route.keys) if route.keys else None
+
     def sent(self, route: Route, server: str, spilled: bool = False) -> None:
         """The prompt went to `server` (`spilled`: by the load guard, from its preferred server)."""
         if self.enabled and route.keys:

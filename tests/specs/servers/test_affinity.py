@@ -264,3 +264,25 @@ def test_a_prompt_the_guard_spills_leaves_its_prefix_where_it_was_and_a_down_ser
     with p.acquire("m", 0.05, prefer=route.prefer) as binding:
         affinity.sent(route, binding.url, p.spilled(route.prefer, binding, "m"))
     assert affinity.route(None, "r", False, "p6", prompt).prefer == "b"
+
+
+def test_samples_of_one_prompt_routed_together_follow_the_first_to_its_server():
+    # Given three samples of one new prompt (identical ids) whose routes were all read before any
+    # was sent (their tasks started together), on two idle servers
+    p, affinity = pool("a", "b"), Affinity()
+    prompt = list(range(40))
+    routes = [affinity.route(None, "r", False, f"q~{i}", prompt) for i in range(3)]
+    assert all(route.prefer is None for route in routes)
+
+    # When each takes a slot, the way a worker's request does, holding it
+    held = []
+    for route in routes:
+        context = p.acquire("m", 0.05, prefer=route.prefer, lookup=lambda route=route: affinity.prefer(route),
+                            placed=lambda chosen, wanted, route=route: affinity.sent(
+                                route, chosen.url, p.spilled(wanted, chosen, "m")))
+        held.append((context, context.__enter__()))
+
+    # Then all three went where the first did (the guard allowing), not one to each server by load
+    assert len({binding.url for _, binding in held}) == 1
+    for context, _ in held:
+        context.__exit__(None, None, None)

@@ -51,7 +51,8 @@ class RunKeys:
         # hash: prompt id -> its dead letter's reason, beside it: what the counts by reason need,
         # read by the ledger's scripts without decoding a letter
         self.dead_reasons = f"{base}:dead:reasons"
-        # hash: enqueued, prompt_tokens, output_tokens, state:queued|done|dead, reason:CODE
+        # hash: enqueued, prompt_tokens, output_tokens, state:queued|done|dead, reason:CODE, and prompts
+        # (distinct prompts, in a run of several samples a prompt: contract/samples.py)
         # (dead letters by reason), and the conversations' counts (conversation_ledger.py)
         self.counters = f"{base}:counters"
         self.crashes = f"{base}:crashes"    # hash: prompt id -> unexpected task failures

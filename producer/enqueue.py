@@ -321,21 +321,13 @@ def _publish(ready: list[tuple[Prompt, list[int]]], spec: RunSpec, app, queue: s
         if spec.turns == ALL:  # the conversation first, so no worker finds its turn 0 without it
             ConversationLedger(ledger.client, spec.name).register(
                 [(p.conversation, p.turns, p.shape) for p, _ in ready])
-        if spec.samples == 1:
-            outcomes = ledger.enqueue([(p.id, pack_ids(ids)) for p, ids in ready], call)
-            new = []
-            for (prompt, ids), outcome in zip(ready, outcomes):
-                if outcome == NEW:
-                    new.append((prompt, ids))
-                else:
-                    summary.skip(prompt, outcome)
-            publish_prompts(app, spec.name, queue, [(p.id, len(ids), None) for p, ids in new])
-            summary.prompts += len(new)
-            summary.published += len(new)
-            summary.prompt_tokens += sum(len(ids) for _, ids in new)
-            return
-        every = range(spec.samples)
-        outcomes = publish_samples(ledger, app, spec, queue, call, [(p.id, ids, every) for p, ids in ready])
+        if spec.samples == 1:  # each prompt its own key, as before samples existed
+            outcomes = [[o] for o in ledger.enqueue([(p.id, pack_ids(ids)) for p, ids in ready], call)]
+            publish_prompts(app, spec.name, queue, [(p.id, len(ids), None) for (p, ids), (o,) in zip(ready, outcomes)
+                                                    if o == NEW])
+        else:
+            every = range(spec.samples)
+            outcomes = publish_samples(ledger, app, spec, queue, call, [(p.id, ids, every) for p, ids in ready])
     for (prompt, ids), found in zip(ready, outcomes):
         published = sum(outcome == NEW for outcome in found)
         if published:

@@ -88,6 +88,12 @@ def test_every_sample_of_every_prompt_is_stored_once_with_its_own_seed(fleet, to
     assert (manifest["rows"], manifest["prompts"], manifest["samples_per_prompt"]) == (15, 5, 3)
     assert "exported 15 samples of 5 prompts (3 samples a prompt)" in " ".join(said.split())
 
+    # and the run's report counts every sample once (a prompt's samples are no redelivery), 5 prompts, 15 samples
+    said = " ".join(fleet.producer("report", "--out", str(tmp_path / "report.html")).stdout.split())
+    assert "(15 samples, 0 dead letters)" in said
+    page = (tmp_path / "report.html").read_text()
+    assert "samples (3 a prompt)" in page and "The shards hold" not in page
+
 
 # A dead worker's lease (tests/intake/test_worker_deaths.py): its samples are back on the queue
 # within 1.25 leases, a restore interval and a heartbeat's life, plus slack for a loaded machine.

@@ -149,6 +149,10 @@ def test_a_dead_sample_names_its_prompt_and_sample_and_is_listed_shown_and_repla
 
     # Then each names its prompt's id and its sample
     assert sorted((d["id"], d["sample"]) for d in listed) == [("q1", 1), ("q2", 2)]
+    table = [[cell.strip() for cell in line.strip("│┃").split("│" if "│" in line else "┃")]
+             for line in cli(server, "dead", "list", "--run", "r").output.splitlines() if line.startswith(("│", "┃"))]
+    assert table[0][:3] == ["id", "sample", "reason"]
+    assert sorted(row[:3] for row in table[1:]) == [["q1", "1", "truncated"], ["q2", "2", "truncated"]]
     # and `dead show` finds one by --sample or by its key
     assert "q1, sample 1" in cli(server, "dead", "show", "q1", "--sample", "1", "--run", "r").output
     assert "q2, sample 2" in cli(server, "dead", "show", "q2~2", "--run", "r").output

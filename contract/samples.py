@@ -53,3 +53,27 @@ def sample_seed(run: str, prompt_id: str, index: int, line_seed: int | None = No
         return (line_seed + index) % SEED_MODULUS
     digest = hashlib.sha256(f"{run}\0{prompt_id}\0{index}".encode()).digest()
     return int.from_bytes(digest[:8], "big") % SEED_MODULUS
+
+
+# -- `enqueue --until-verified K` --------------------------------------------------------------
+# A prompt is sampled until K of its samples pass the verifier, at most N (`--samples`) in all.
+# Its samples form K chains: chain j is samples j, j + K, j + 2K, ... (< N). The producer queues
+# each chain's first sample; a sample that does not pass (stored with another verdict, or
+# dead-lettered) queues the next sample of its chain, and one that passes ends it. So each chain
+# yields at most one pass, K passes end every chain, only what failed is sampled again, and a
+# successor is a function of its predecessor alone: queueing it twice (a worker that died
+# between queueing it and settling its predecessor, then the redelivery) queues it once, as the
+# ledger's enqueue is set-if-absent.
+
+
+def first_indices(samples: int, until_verified: int | None) -> range:
+    """The sample indices the producer queues for each prompt."""
+    return range(samples if until_verified is None else min(until_verified, samples))
+
+
+def successor(index: int, samples: int, until_verified: int | None) -> int | None:
+    """The sample queued when sample `index` does not pass; None where its chain ends."""
+    if until_verified is None:
+        return None
+    following = index + until_verified
+    return following if following < samples else None

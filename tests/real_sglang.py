@@ -59,7 +59,7 @@ _held_slots: dict[int, object] = {}  # port -> the slot its server holds, kept a
 THINK_START, THINK_END, EOS, ASSISTANT = 128821, 128822, 1, 128804
 # The trace model's answers, as text; tests/sglang_cpu/make_model.py refuses ids that would repeat.
 REASONING = "First count each apple, then sum everything carefully."
-ANSWER = "The total is twelve!"
+ANSWER = r"So the total is \boxed{12}."  # a math answer, for verifiers (`enqueue --verify math`)
 
 
 STARTED: list["RealServer"] = []  # every server this pytest process started (tests/conftest.py stops them)

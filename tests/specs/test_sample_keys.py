@@ -1,7 +1,7 @@
 """Specification: a sample's ledger key and its seed (contract/samples.py)."""
 import pytest
 
-from contract.samples import row_key, sample_key, sample_seed, split_sample_key
+from contract.samples import first_indices, row_key, sample_key, sample_seed, split_sample_key, successor
 
 
 def test_a_run_of_one_sample_keys_each_prompt_by_its_own_id():
@@ -40,3 +40,25 @@ def test_seeds_are_the_same_on_a_rerun_and_differ_between_samples_prompts_and_ru
 def test_a_lines_own_seed_is_the_first_samples_and_counts_up():
     assert [sample_seed("run", "q1", i, line_seed=41) for i in range(3)] == [41, 42, 43]
     assert sample_seed("run", "q1", 1, line_seed=2**31 - 1) == 0
+
+
+def test_without_until_verified_every_sample_is_queued_up_front_and_none_follows():
+    assert list(first_indices(4, None)) == [0, 1, 2, 3] and successor(0, 4, None) is None
+
+
+def test_until_verified_queues_k_chains_each_stepping_k_up_to_n():
+    assert list(first_indices(8, 2)) == [0, 1]
+    assert [successor(i, 8, 2) for i in range(8)] == [2, 3, 4, 5, 6, 7, None, None]
+    assert list(first_indices(3, 5)) == [0, 1, 2] and successor(2, 3, 5) is None
+
+
+def test_every_sample_below_n_is_in_exactly_one_chain():
+    for n, k in ((8, 3), (5, 1), (7, 7), (10, 4)):
+        chains = []
+        for start in first_indices(n, k):
+            chain, index = [], start
+            while index is not None:
+                chain.append(index)
+                index = successor(index, n, k)
+            chains.append(chain)
+        assert sorted(i for c in chains for i in c) == list(range(n)) and len(chains) == min(k, n)

@@ -28,7 +28,9 @@ and recorded as N ledger entries, one per sample, keyed `<id>~<index>`
 intake reads a key's ids in one call, so N copies sit in Redis while the
 samples are queued) and its own message. A prompt is skipped on a re-run only
 when every one of its samples is in the run; otherwise the samples it lacks
-are published (`publish_samples`, which takes any subset of the indices).
+are published (`publish_samples`, which takes any subset of the indices; with
+`--until-verified K` enqueue queues only each chain's first sample,
+`contract.samples.first_indices`, and a worker the rest).
 The samples of a prompt are published one after the other, so they reach the
 workers together and the prefix affinity sends them to one server.
 `--samples` above 1 with `--turns all` is refused (`SamplesRefused`).
@@ -62,7 +64,7 @@ from contract.ledger import AGAIN, NEW, Entry, Ledger
 from contract.names import PromptState, Thinking
 from contract.publish import publish_prompts
 from contract.replication import replicated
-from contract.samples import sample_key
+from contract.samples import first_indices, sample_key
 from contract.spec import RunSpec, load_spec, save_spec
 from contract.tokenizer_probe import make_probe
 
@@ -199,6 +201,7 @@ def enqueue_file(path: Path, spec: RunSpec, chat: ChatTokenizer, client: redis.R
     queue = queue_for(queue_prefix, spec.served_model)
     summary = EnqueueSummary(run=spec.name, queue=queue)
     ledger, call = Ledger(client, spec.name), secrets.token_hex(4)  # this call, as the ledger knows it
+    first = first_indices(spec.samples, spec.until_verified)  # the samples enqueue queues for each prompt
     started = time.monotonic()
 
     def publish(ready: list[tuple[Prompt, list[int]]]) -> None:
@@ -212,7 +215,7 @@ def enqueue_file(path: Path, spec: RunSpec, chat: ChatTokenizer, client: redis.R
         if spec.turns == ALL:
             items = map(_first_turn, items)
         for batch in _batches(items, BATCH):
-            fresh = _select(batch, ledger, call, summary, spec.samples)
+            fresh = _select(batch, ledger, call, summary, spec.samples, first)
             following = tokenizer.submit(_tokenize, fresh, spec, chat, max_prompt_tokens, summary)
             if tokenized:
                 publish(tokenized.result())
@@ -243,10 +246,10 @@ def _batches(items: Iterable, size: int) -> Iterator[list]:
 
 
 def _select(batch: list[Prompt | BadLine], ledger: Ledger, call: str,
-            summary: EnqueueSummary, samples: int = 1) -> list[Prompt]:
-    """Drop bad lines and prompts the run already has (every one of their `samples` samples),
-    before they are tokenized (a repeat within the batch, or of a batch still being tokenized,
-    is caught at `_publish`)."""
+            summary: EnqueueSummary, samples: int = 1, indices: range = range(1)) -> list[Prompt]:
+    """Drop bad lines and prompts the run already has (every one of the samples `indices` that
+    enqueue queues, of `samples` a prompt), before they are tokenized (a repeat within the batch,
+    or of a batch still being tokenized, is caught at `_publish`)."""
     prompts = []
     for item in batch:
         if isinstance(item, BadLine):
@@ -254,8 +257,8 @@ def _select(batch: list[Prompt | BadLine], ledger: Ledger, call: str,
         else:
             prompts.append(item)
     fresh = []
-    n = samples
-    entries = ledger.entries([sample_key(p.id, i, n) for p in prompts for i in range(n)])
+    n = len(indices)
+    entries = ledger.entries([sample_key(p.id, i, samples) for p in prompts for i in indices])
     for number, prompt in enumerate(prompts):
         mine = entries[number * n:(number + 1) * n]
         missing = [e for e in mine if e.state is None]
@@ -326,7 +329,7 @@ def _publish(ready: list[tuple[Prompt, list[int]]], spec: RunSpec, app, queue: s
             publish_prompts(app, spec.name, queue, [(p.id, len(ids), None) for (p, ids), (o,) in zip(ready, outcomes)
                                                     if o == NEW])
         else:
-            every = range(spec.samples)
+            every = first_indices(spec.samples, spec.until_verified)  # all N, unless until-verified's first
             outcomes = publish_samples(ledger, app, spec, queue, call, [(p.id, ids, every) for p, ids in ready])
     for (prompt, ids), found in zip(ready, outcomes):
         published = sum(outcome == NEW for outcome in found)

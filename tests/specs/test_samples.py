@@ -64,6 +64,8 @@ def test_each_prompt_is_published_as_n_samples_each_with_its_own_ids_and_message
     assert (tally.enqueued, tally.queued, tally.prompts) == (9, 9, 3)
     status = json.loads(cli(server, "status", "--json").output)
     assert (status["prompts"], status["samples"], status["samples_per_prompt"], status["queued"]) == (3, 9, 3, 9)
+    (run,) = json.loads(cli(server, "runs", "--json").output)
+    assert (run["prompts"], run["samples"], run["queued"]) == (3, 9, 9)
 
 
 def test_a_rerun_publishes_only_the_samples_the_run_lacks(server, client, prompts):

@@ -12,7 +12,10 @@ prompt token (`--prefill-per-token`), so a miss costs time as on a GPU:
   distinct prompts of about 1,000 tokens, each sampled N times (`enqueue
   --samples N`, default 4): every sample of a prompt has its ids, so at best
   N - 1 of N hit the cache (the oracle sends a prompt's samples to one
-  server, prompts spread evenly).
+  server, prompts spread evenly). The stand-ins draw each answer with its
+  `sampling_seed` (`--seeded-outputs`), so a prompt's samples differ in
+  length and tokens as a real model's do, and the oracle sends the seeds the
+  fleet does (the same run name's), so both sides generate the same tokens.
 
 Three sides per workload, each on fresh stand-ins: (a) the **oracle**
 (`oracle_conversations`, `oracle_shared`), an asyncio client that sends every
@@ -44,6 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+
+from contract.samples import sample_seed
 
 from .lab import Lab, Standin
 from .prompts import long_prompts, write_jsonl
@@ -200,7 +205,9 @@ def oracle_samples(urls: list[str], records: list[dict], opts: CacheOptions) -> 
     lanes = _Lanes(urls, opts.batch)
 
     async def work(url, client, item) -> None:
-        await lanes.post(client, url, item[0], item[1], sampling)
+        prompt, _, index = item[0].rpartition("~")  # the seed the fleet's run sends for this sample
+        seeded = {**sampling, "sampling_seed": sample_seed(_run_name("samples", {}), prompt, int(index))}
+        await lanes.post(client, url, item[0], item[1], seeded)
 
     started = time.process_time()
     asyncio.run(lanes.run(queues, work))
@@ -267,8 +274,17 @@ def _summary(standins: list[Standin]) -> dict:
             "balance": max(tokens) / mean if mean else None}
 
 
+def _standin_options(workload: str, opts: CacheOptions) -> list[str]:
+    """The stand-ins' options; for samples, answers drawn with each request's seed."""
+    return opts.standin_options(_cache_tokens(workload, opts)) + ["--seeded-outputs"] * (workload == "samples")
+
+
+def _run_name(workload: str, env: dict) -> str:
+    return f"cache-{workload}-{'off' if env.get('FLEET_AFFINITY') == 'off' else 'on'}"
+
+
 def measure_oracle(lab: Lab, workload: str, records: list[dict], opts: CacheOptions) -> dict:
-    standins = lab.standins(opts.servers, opts.standin_options(_cache_tokens(workload, opts)))
+    standins = lab.standins(opts.servers, _standin_options(workload, opts))
     try:
         urls = [s.url for s in standins]
         run = {"conversations": oracle_conversations, "samples": oracle_samples}.get(workload, oracle_shared)
@@ -284,9 +300,9 @@ def measure_oracle(lab: Lab, workload: str, records: list[dict], opts: CacheOpti
 def measure_fleet(lab: Lab, workload: str, prompt_file: Path, total: int, opts: CacheOptions,
                   env: dict[str, str]) -> dict:
     lab.flush()
-    run = f"cache-{workload}-{'off' if env.get('FLEET_AFFINITY') == 'off' else 'on'}"
+    run = _run_name(workload, env)
     output_dir = lab.output_dir("cache")
-    standins = lab.standins(opts.servers, opts.standin_options(_cache_tokens(workload, opts)))
+    standins = lab.standins(opts.servers, _standin_options(workload, opts))
     workers = []
     turns = "all" if workload == "conversations" else "last"
     samples = opts.samples if workload == "samples" else 1

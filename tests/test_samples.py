@@ -23,7 +23,7 @@ import redis
 from contract import heartbeats
 from contract.samples import sample_seed
 from sglang_standin.cli import parse_config
-from sglang_standin.outputs import generate_output
+from sglang_standin.outputs import for_seed, generate_output
 
 from conftest import messages_of, render, varied_prompts, write_prompts
 from waiting import wait_until
@@ -45,9 +45,10 @@ def _stored(fleet) -> Counter:
 
 
 def test_every_sample_of_every_prompt_is_stored_once_with_its_own_seed(fleet, tokenizer, tmp_path):
-    # Given two stand-ins, a real worker bound to both, and five prompts
-    _, url_a = fleet.standin()
-    _, url_b = fleet.standin()
+    # Given two stand-ins that draw each answer with its request's seed (as a real model's samples
+    # differ), a real worker bound to both, and five prompts
+    _, url_a = fleet.standin("--seeded-outputs")
+    _, url_b = fleet.standin("--seeded-outputs")
     fleet.worker("w1", [url_a, url_b])
     records = varied_prompts(5)
     prompts = write_prompts(tmp_path / "p.jsonl", records)
@@ -64,14 +65,16 @@ def test_every_sample_of_every_prompt_is_stored_once_with_its_own_seed(fleet, to
     assert all(r["seed"] == sample_seed("default", r["id"], r["sample"]) for r in rows)
     sent = {k: v for url in (url_a, url_b) for k, v in _stats(url)["seeds"].items()}
     assert sent == {f"{r['id']}~{r['sample']}": [r["seed"]] for r in rows}
-    # ...and each holds its prompt's exact tokens and the server's output (the stand-in's tokens do
-    # not depend on the seed, so the samples of a prompt are alike here, unlike a real model's)
-    standin = parse_config(["--port", "1"])
+    # ...and each holds its prompt's exact tokens and the server's answer to them with its seed, so the
+    # samples of a prompt differ
+    standin = parse_config(["--port", "1", "--seeded-outputs"])
     for record in records:
         prompt_ids = render(tokenizer, messages_of(record))
-        output_ids, _ = generate_output(prompt_ids, MAX_NEW_TOKENS, standin)
-        for row in (r for r in rows if r["id"] == record["id"]):
+        mine = [r for r in rows if r["id"] == record["id"]]
+        for row in mine:
+            output_ids, _ = generate_output(prompt_ids, MAX_NEW_TOKENS, for_seed(standin, row["seed"]))
             assert row["input_ids"] == prompt_ids + output_ids and row["prompt_len"] == len(prompt_ids)
+        assert len({tuple(r["input_ids"]) for r in mine}) == SAMPLES
     # the samples of a prompt went to one server (its prefix's) while the load guard allowed
     servers = {record["id"]: {r["server"] for r in rows if r["id"] == record["id"]} for record in records}
     assert sum(len(s) == 1 for s in servers.values()) >= 4, servers

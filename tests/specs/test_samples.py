@@ -225,3 +225,16 @@ def test_a_shard_row_keeps_the_prompts_id_and_adds_sample_and_seed_at_the_end():
     assert COLUMNS.index("sample") == COLUMNS.index("cached_tokens") + 1
     assert COLUMNS.index("seed") == COLUMNS.index("sample") + 1
     assert str(arrow_schema().field("sample").type) == "int32" and str(arrow_schema().field("seed").type) == "int64"
+
+
+def test_the_standin_draws_a_samples_answer_with_its_seed_only_when_asked():
+    from sglang_standin.cli import parse_config
+    from sglang_standin.outputs import for_seed, generate_output
+
+    ids = list(range(100, 300))
+    seeded, plain = parse_config(["--port", "1", "--seeded-outputs"]), parse_config(["--port", "1"])
+    # With --seeded-outputs the samples of one prompt differ, and one seed always gives one answer
+    answers = [generate_output(ids, 4096, for_seed(seeded, seed))[0] for seed in (1, 2, 3, 1)]
+    assert answers[0] == answers[3] and len({tuple(a) for a in answers}) == 3
+    # without it (the default, which tests compare answers with) the answer is the prompt's alone
+    assert generate_output(ids, 4096, for_seed(plain, 1))[0] == generate_output(ids, 4096, plain)[0]

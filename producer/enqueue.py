@@ -31,8 +31,12 @@ when every one of its samples is in the run; otherwise the samples it lacks
 are published (`publish_samples`, which takes any subset of the indices; with
 `--until-verified K` enqueue queues only each chain's first sample,
 `contract.samples.first_indices`, and a worker the rest).
-The samples of a prompt are published one after the other, so they reach the
-workers together and the prefix affinity sends them to one server.
+The samples of a prompt go to one server (prefix affinity) and should find
+its prompt in that server's cache: published one after the other they would
+start together and be prefilled in the same step, before the cache holds the
+prompt. So each group of `SPREAD` prompts is published sample 0 of each, then
+sample 1 of each, and so on: a prompt's next sample follows `SPREAD` messages
+later, once the one before it has been prefilled.
 `--samples` above 1 with `--turns all` is refused (`SamplesRefused`).
 
 `--turns all` reads each line as a conversation whose every assistant turn is
@@ -64,7 +68,7 @@ from contract.ledger import AGAIN, NEW, Entry, Ledger
 from contract.names import PromptState, Thinking
 from contract.publish import publish_prompts
 from contract.replication import replicated
-from contract.samples import first_indices, sample_key
+from contract.samples import first_indices, sample_key, split_sample_key
 from contract.spec import RunSpec, load_spec, save_spec
 from contract.tokenizer_probe import make_probe
 
@@ -72,6 +76,7 @@ from contract.chat import ChatTokenizer
 from .prompts import MAX_LINE_BYTES, BadLine, Prompt, read_prompts
 
 BATCH = 256  # prompts tokenized and published together
+SPREAD = 8   # prompts whose samples are published interleaved (module docstring)
 MAX_REPORTED = 1000  # rejected and duplicate lines kept with their numbers; the rest are counted
 
 
@@ -341,6 +346,20 @@ def _publish(ready: list[tuple[Prompt, list[int]]], spec: RunSpec, app, queue: s
             summary.skip(prompt, found[0])
 
 
+def spread(messages: list[tuple[str, int, None]], samples: int) -> list[tuple[str, int, None]]:
+    """The messages of samples' keys in publishing order: in groups of `SPREAD` prompts (in the
+    order they came), the first sample given of each prompt, then the next of each, and so on."""
+    by_prompt: dict[str, list] = {}
+    for message in messages:
+        by_prompt.setdefault(split_sample_key(message[0], samples)[0], []).append(message)
+    prompts, ordered = list(by_prompt.values()), []
+    for start in range(0, len(prompts), SPREAD):
+        group = prompts[start:start + SPREAD]
+        for rank in range(max(len(p) for p in group)):
+            ordered += [p[rank] for p in group if rank < len(p)]
+    return ordered
+
+
 def publish_samples(ledger: Ledger, app, spec: RunSpec, queue: str, call: str,
                     prompts: list[tuple[str, list[int], Iterable[int]]]) -> list[list[str]]:
     """Record, then publish, the given samples of each (prompt id, token ids, sample indices):
@@ -356,8 +375,9 @@ def publish_samples(ledger: Ledger, app, spec: RunSpec, queue: str, call: str,
             firsts.append(index == 0)
         shape.append((len(ids), len(indices)))
     outcomes = ledger.enqueue(records, call, firsts=firsts)
-    publish_prompts(app, spec.name, queue, [(key, tokens, None) for (key, _), outcome, tokens in zip(
-        records, outcomes, (t for t, n in shape for _ in range(n))) if outcome == NEW])
+    tokens = [t for t, n in shape for _ in range(n)]
+    new = [(key, n, None) for (key, _), outcome, n in zip(records, outcomes, tokens) if outcome == NEW]
+    publish_prompts(app, spec.name, queue, spread(new, spec.samples))
     found, start = [], 0
     for _, n in shape:
         found.append(outcomes[start:start + n])

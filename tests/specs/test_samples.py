@@ -238,3 +238,20 @@ def test_the_standin_draws_a_samples_answer_with_its_seed_only_when_asked():
     assert answers[0] == answers[3] and len({tuple(a) for a in answers}) == 3
     # without it (the default, which tests compare answers with) the answer is the prompt's alone
     assert generate_output(ids, 4096, for_seed(plain, 1))[0] == generate_output(ids, 4096, plain)[0]
+
+
+def test_the_samples_of_a_group_of_prompts_are_published_interleaved():
+    from producer.enqueue import SPREAD, spread
+
+    # Given new samples of SPREAD + 2 prompts, 3 each, in the order the ledger took them
+    prompts = [f"q{i}" for i in range(SPREAD + 2)]
+    messages = [(f"{p}~{n}", 5, None) for p in prompts for n in range(3)]
+
+    # When they are ordered for publishing
+    ordered = [key for key, _, _ in spread(messages, 3)]
+
+    # Then each group of SPREAD prompts goes sample 0 of each, then 1 of each, then 2 of each, every key once
+    group = prompts[:SPREAD]
+    assert ordered[:3 * SPREAD] == [f"{p}~{n}" for n in range(3) for p in group]
+    assert ordered[3 * SPREAD:] == [f"{p}~{n}" for n in range(3) for p in prompts[SPREAD:]]
+    assert sorted(ordered) == sorted(key for key, _, _ in messages)

@@ -91,6 +91,10 @@ def test_every_sample_of_every_prompt_is_stored_once_with_its_own_seed(fleet, to
     assert (manifest["rows"], manifest["prompts"], manifest["samples_per_prompt"]) == (15, 5, 3)
     assert "exported 15 samples of 5 prompts (3 samples a prompt)" in " ".join(said.split())
 
+    # and `show` decodes one sample of a prompt
+    shown = fleet.producer("show", "p-0002", "--sample", "2").stdout
+    assert "sample 2 of prompt p-0002" in shown and str(sample_seed("default", "p-0002", 2)) in shown
+
     # and the run's report counts every sample once (a prompt's samples are no redelivery), 5 prompts, 15 samples
     said = " ".join(fleet.producer("report", "--out", str(tmp_path / "report.html")).stdout.split())
     assert "(15 samples, 0 dead letters)" in said

@@ -13,7 +13,8 @@ Parts (each can be chosen with --parts, each sized by its flags):
   storage          shard commit time and worker CPU per sample with OUTPUT_DIR on an S3 server
                    (moto, a separate process) vs a local folder, same run
   cache            prefix-cache hit share and throughput of the fleet (affinity on and off)
-                   against an oracle client, on conversations and shared system prompts
+                   against an oracle client, on conversations and shared system prompts, and
+                   with --cache-workloads samples on several samples a prompt (enqueue --samples)
                    (not in the default set: --parts cache)
   sample           Redis commands, Redis CPU and worker CPU per stored sample, one worker on a
                    batch-256 stand-in with short answers (not in the default set: --parts sample)
@@ -114,7 +115,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     c.add_argument("--scale-row-tokens", type=int, default=256, help="tokens per exported row")
     c.add_argument("--scale-skip", default="", help="comma-separated: export, worst-case, producer")
     k = p.add_argument_group("prefix cache")
-    k.add_argument("--cache-workloads", default="conversations,shared", help="conversations, shared, or both")
+    k.add_argument("--cache-workloads", default="conversations,shared",
+                   help="conversations, shared, samples (several samples a prompt), comma-separated")
+    k.add_argument("--cache-samples", type=int, default=4, help="samples a prompt (the samples workload)")
+    k.add_argument("--cache-sampled-prompts", type=int, default=320, help="distinct prompts (the samples workload)")
     k.add_argument("--cache-conversations", type=int, default=480, help="conversations of 3-6 turns")
     k.add_argument("--cache-shared-prompts", type=int, default=1280, help="prompts under 8 shared system prompts")
     k.add_argument("--cache-batch", type=int, default=16, help="batch of each of the 4 stand-ins")
@@ -337,6 +341,7 @@ def main(argv: list[str] | None = None) -> int:
                 details["cache"] = run_cache(lab, CacheOptions(
                     workloads=tuple(w.strip() for w in args.cache_workloads.split(",") if w.strip()),
                     conversations=args.cache_conversations, shared_prompts=args.cache_shared_prompts,
+                    samples=args.cache_samples, sampled_prompts=args.cache_sampled_prompts,
                     batch=args.cache_batch, prefill_per_token=args.cache_prefill_per_token,
                     fleet_env=_env_pairs(args.fleet_env)), log)
                 figures += cache_figures(details["cache"], hit_goal=0.9, speed_goal=args.ratio_goal)

@@ -8,6 +8,14 @@ prompt token (`--prefill-per-token`), so a miss costs time as on a GPU:
   by turn (`enqueue --turns all`): turn k+1's prompt starts with turn k's.
 - **shared system prompts**: single prompts under 8 system prompts of about
   1,500 tokens each, in a shuffled order, an equal number under each.
+- **samples** (`--cache-workloads samples`, not in the default set):
+  distinct prompts of about 1,000 tokens, each sampled N times (`enqueue
+  --samples N`, default 4): every sample of a prompt has its ids, so at best
+  N - 1 of N hit the cache (the oracle sends a prompt's samples to one
+  server, prompts spread evenly). The stand-ins draw each answer with its
+  `sampling_seed` (`--seeded-outputs`), so a prompt's samples differ in
+  length and tokens as a real model's do, and the oracle sends the seeds the
+  fleet does (the same run name's), so both sides generate the same tokens.
 
 Three sides per workload, each on fresh stand-ins: (a) the **oracle**
 (`oracle_conversations`, `oracle_shared`), an asyncio client that sends every
@@ -40,6 +48,8 @@ from pathlib import Path
 
 import httpx
 
+from contract.samples import sample_seed
+
 from .lab import Lab, Standin
 from .prompts import long_prompts, write_jsonl
 from .publish import build_spec, chat_tokenizer, enqueue, prepare, sampling_params, token_count
@@ -59,6 +69,10 @@ class CacheOptions:
     user_tokens: int = 150              # one user message
     conversation_cache_tokens: int = 0        # per server; 0: 400 x conversations (a quarter of them fit, not all)
     shared_cache_tokens: int = 6_000          # per server: 2 system prompts and the answers fit, not 8
+    sampled_prompts: int = 320          # the samples workload: distinct prompts...
+    samples: int = 4                    # ...each sampled this many times
+    sampled_tokens: int = 1000          # tokens of each (one user message)
+    samples_cache_tokens: int = 40_000  # per server: about 36 prompts with their answers, of the 80 it gets
     output_len_median: float = 120
     output_len_sigma: float = 0.5
     output_len_max: int = 400
@@ -112,6 +126,13 @@ def shared_records(opts: CacheOptions) -> list[dict]:
     return records
 
 
+def sampled_records(opts: CacheOptions) -> list[dict]:
+    """Distinct prompts (each its own opening words, then a text of about `sampled_tokens` tokens)."""
+    texts = _texts(64, opts.sampled_tokens)
+    return [{"id": f"q{i:05d}", "messages": [{"role": "user", "content": f"Prompt {i}. {texts[i % len(texts)]}"}]}
+            for i in range(opts.sampled_prompts)]
+
+
 # ---------------------------------------------------------------------------------- the oracle
 
 class _Lanes:
@@ -160,6 +181,33 @@ def oracle_shared(urls: list[str], records: list[dict], opts: CacheOptions) -> d
 
     async def work(url, client, item) -> None:
         await lanes.post(client, url, item[0], item[1], sampling)
+
+    started = time.process_time()
+    asyncio.run(lanes.run(queues, work))
+    return {"errors": lanes.errors, "client_cpu_s": time.process_time() - started}
+
+
+def oracle_samples(urls: list[str], records: list[dict], opts: CacheOptions) -> dict:
+    """Every sample of prompt i to server i mod N, `batch` in flight on each server; a server's prompts
+    taken `batch` at a time, sample 0 of each, then sample 1 of each, ..., so a prompt's next sample
+    comes a generation after the one before it, once that one's prompt is in the cache (sent one
+    after the other, the samples of a prompt, whose stand-in answers are alike, would start and end
+    in the same steps, and never find each other's prompt cached)."""
+    chat, sampling = chat_tokenizer(), sampling_params(opts.max_new_tokens)
+    queues = [deque() for _ in urls]
+    mine: list[list] = [[] for _ in urls]
+    for i, (record, ids) in enumerate(zip(records, chat.render([r["messages"] for r in records]))):
+        mine[i % len(urls)].append((record["id"], ids))
+    for queue, prompts in zip(queues, mine):
+        for start in range(0, len(prompts), opts.batch):
+            chunk = prompts[start:start + opts.batch]
+            queue.extend((f"{pid}~{k}", ids) for k in range(opts.samples) for pid, ids in chunk)
+    lanes = _Lanes(urls, opts.batch)
+
+    async def work(url, client, item) -> None:
+        prompt, _, index = item[0].rpartition("~")  # the seed the fleet's run sends for this sample
+        seeded = {**sampling, "sampling_seed": sample_seed(_run_name("samples", {}), prompt, int(index))}
+        await lanes.post(client, url, item[0], item[1], seeded)
 
     started = time.process_time()
     asyncio.run(lanes.run(queues, work))
@@ -226,11 +274,20 @@ def _summary(standins: list[Standin]) -> dict:
             "balance": max(tokens) / mean if mean else None}
 
 
+def _standin_options(workload: str, opts: CacheOptions) -> list[str]:
+    """The stand-ins' options; for samples, answers drawn with each request's seed."""
+    return opts.standin_options(_cache_tokens(workload, opts)) + ["--seeded-outputs"] * (workload == "samples")
+
+
+def _run_name(workload: str, env: dict) -> str:
+    return f"cache-{workload}-{'off' if env.get('FLEET_AFFINITY') == 'off' else 'on'}"
+
+
 def measure_oracle(lab: Lab, workload: str, records: list[dict], opts: CacheOptions) -> dict:
-    standins = lab.standins(opts.servers, opts.standin_options(_cache_tokens(workload, opts)))
+    standins = lab.standins(opts.servers, _standin_options(workload, opts))
     try:
         urls = [s.url for s in standins]
-        run = oracle_conversations if workload == "conversations" else oracle_shared
+        run = {"conversations": oracle_conversations, "samples": oracle_samples}.get(workload, oracle_shared)
         client = run(urls, records, opts)
         summary = _summary(standins)
     finally:
@@ -243,20 +300,21 @@ def measure_oracle(lab: Lab, workload: str, records: list[dict], opts: CacheOpti
 def measure_fleet(lab: Lab, workload: str, prompt_file: Path, total: int, opts: CacheOptions,
                   env: dict[str, str]) -> dict:
     lab.flush()
-    run = f"cache-{workload}-{'off' if env.get('FLEET_AFFINITY') == 'off' else 'on'}"
+    run = _run_name(workload, env)
     output_dir = lab.output_dir("cache")
-    standins = lab.standins(opts.servers, opts.standin_options(_cache_tokens(workload, opts)))
+    standins = lab.standins(opts.servers, _standin_options(workload, opts))
     workers = []
     turns = "all" if workload == "conversations" else "last"
+    samples = opts.samples if workload == "samples" else 1
     try:
         # A worker that has been up a while: it has loaded the run's tokenizer (to render next
         # turns) before the first prompt, as the oracle has; `workers.output.turns.warm` logs it.
-        prepare(run, opts.max_new_tokens, turns)
+        prepare(run, opts.max_new_tokens, turns, samples)
         workers = [lab.worker(run, {"SGLANG_URLS": ",".join(s.url for s in standins),
                                     "OUTPUT_DIR": str(output_dir), **env})]
         if turns == "all":
             _wait_logged(workers[0], "tokenizer bundled loaded", opts.timeout)
-        enqueue(prompt_file, run, opts.max_new_tokens, turns=turns)
+        enqueue(prompt_file, run, opts.max_new_tokens, turns=turns, samples=samples)
         states = lab.wait_finished(run, total, opts.timeout, [*workers, *(s.process for s in standins)])
         summary = _summary(standins)
     finally:
@@ -277,19 +335,21 @@ def _wait_logged(process, line: str, timeout: float) -> None:
 def _cache_tokens(workload: str, opts: CacheOptions) -> int:
     if workload == "conversations":
         return opts.conversation_cache_tokens or 400 * opts.conversations
-    return opts.shared_cache_tokens
+    return opts.samples_cache_tokens if workload == "samples" else opts.shared_cache_tokens
 
 
 def run_cache(lab: Lab, opts: CacheOptions, log) -> dict:
     results = {}
     for workload in opts.workloads:
-        records = conversation_records(opts) if workload == "conversations" else shared_records(opts)
+        records = {"conversations": conversation_records, "samples": sampled_records}.get(
+            workload, shared_records)(opts)
         total = sum(sum(1 for m in r["messages"] if m["role"] == "user") for r in records) \
-            if workload == "conversations" else len(records)
+            if workload == "conversations" else len(records) * (opts.samples if workload == "samples" else 1)
         prompt_file = write_jsonl(lab.root / "prompts" / f"cache-{workload}.jsonl",
                                   [(r["id"], r["messages"]) for r in records])
         sides = {}
-        log(f"cache {workload}: oracle, {len(records)} {workload}, {total} requests")
+        units = "prompts" if workload == "samples" else workload
+        log(f"cache {workload}: oracle, {len(records)} {units}, {total} requests")
         sides["oracle"] = measure_oracle(lab, workload, records, opts)
         log(f"  hit share {sides['oracle']['hit_share']:.3f}, "
             f"{sides['oracle']['throughput']['tokens_per_s']:,.0f} tok/s")
@@ -299,12 +359,13 @@ def run_cache(lab: Lab, opts: CacheOptions, log) -> dict:
             sides[side] = measure_fleet(lab, workload, prompt_file, total, opts, env)
             log(f"  hit share {sides[side]['hit_share']:.3f}, "
                 f"{sides[side]['throughput']['tokens_per_s']:,.0f} tok/s, balance {sides[side]['balance']:.3f}")
-        results[workload] = {"requests": total, "units": len(records), "sides": sides,
+        results[workload] = {"requests": total, "units": len(records), "unit": units, "sides": sides,
                              "cache_tokens": _cache_tokens(workload, opts)}
     return results
 
 
-NAMES = {"conversations": "conversations (--turns all)", "shared": "8 shared system prompts"}
+NAMES = {"conversations": "conversations (--turns all)", "shared": "8 shared system prompts",
+         "samples": "several samples a prompt (--samples)"}
 
 
 def cache_figures(results: dict, hit_goal: float = 0.9, speed_goal: float = 0.97,
@@ -338,6 +399,6 @@ def cache_figures(results: dict, hit_goal: float = 0.9, speed_goal: float = 0.97
                        met=at_most(d["balance"], balance_goal) if judged else None,
                        note="output tokens per server; the oracle's " + f"{oracle['balance']:.3f}"),
             ]
-        figures[-6].note = (f"{r['units']} {workload}, {r['requests']} requests; 4 servers, prefix cache "
+        figures[-6].note = (f"{r['units']} {r.get('unit', workload)}, {r['requests']} requests; 4 servers, prefix cache "
                             f"{r['cache_tokens']:,} tokens each")
     return figures

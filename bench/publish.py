@@ -24,24 +24,26 @@ def token_count(text: str) -> int:
     return len(chat_tokenizer().tok(text, add_special_tokens=False)["input_ids"])
 
 
-def build_spec(run: str, max_new_tokens: int, temperature: float = 0.6, top_p: float = 0.95, turns: str = "last"):
-    """The RunSpec `python -m producer enqueue --run RUN --max-new-tokens M [--turns all]` would store."""
+def build_spec(run: str, max_new_tokens: int, temperature: float = 0.6, top_p: float = 0.95, turns: str = "last",
+               samples: int = 1):
+    """The RunSpec `python -m producer enqueue --run RUN --max-new-tokens M [--turns all] [--samples N]` would store."""
     from producer.enqueue import new_spec
 
-    return new_spec(chat_tokenizer(), run, "bundled", max_new_tokens, temperature, top_p, turns=turns)
+    return new_spec(chat_tokenizer(), run, "bundled", max_new_tokens, temperature, top_p, turns=turns, samples=samples)
 
 
-def prepare(run: str, max_new_tokens: int, turns: str = "last"):
+def prepare(run: str, max_new_tokens: int, turns: str = "last", samples: int = 1):
     """Record the run's spec before any prompt (as `enqueue` does first): a worker started now
     knows the run, and warms its tokenizer for a run of conversations."""
     from contract.connections import redis_for
     from contract.settings import SharedSettings
     from producer.enqueue import prepare_run
 
-    return prepare_run(redis_for(SharedSettings().redis_url), build_spec(run, max_new_tokens, turns=turns))
+    return prepare_run(redis_for(SharedSettings().redis_url), build_spec(run, max_new_tokens, turns=turns,
+                                                                         samples=samples))
 
 
-def enqueue(path: Path, run: str, max_new_tokens: int, turns: str = "last"):
+def enqueue(path: Path, run: str, max_new_tokens: int, turns: str = "last", samples: int = 1):
     """Publish a prompt file as run `run`; returns the producer's EnqueueSummary."""
     from contract.broker import celery_app
     from contract.connections import redis_for
@@ -51,7 +53,7 @@ def enqueue(path: Path, run: str, max_new_tokens: int, turns: str = "last"):
     settings = SharedSettings()
     app = celery_app(settings.redis_url, queue=settings.queue_prefix)
     client = redis_for(settings.redis_url)
-    spec = prepare_run(client, build_spec(run, max_new_tokens, turns=turns))
+    spec = prepare_run(client, build_spec(run, max_new_tokens, turns=turns, samples=samples))
     summary = enqueue_file(path, spec, chat_tokenizer(), client, app, settings.queue_prefix)
     if summary.rejected or summary.published == 0:
         raise RuntimeError(f"enqueue of {path} published {summary.published}, "

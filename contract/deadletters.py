@@ -28,6 +28,7 @@ import redis
 
 from .keys import RunKeys
 from .ledger import Ledger
+from .samples import SEPARATOR, split_sample_key
 
 log = logging.getLogger(__name__)
 _UNKNOWN_WARNED: set[str] = set()  # fields of letters this process has warned about
@@ -48,6 +49,19 @@ class DeadLetter:
     excerpt: dict = field(default_factory=dict)
     first_attempt_at: float = 0.0
     dead_at: float = field(default_factory=time.time)
+    sample: int | None = None  # the sample's index in a run of several samples a prompt; else None
+
+    @property
+    def key(self) -> str:
+        """The ledger key of the letter's prompt, or of its sample (`contract/samples.py`)."""
+        return self.id if self.sample is None else f"{self.id}{SEPARATOR}{self.sample}"
+
+    def of_sample(self, samples: int) -> "DeadLetter":
+        """The letter made for ledger key `id` in a run of `samples` samples a prompt, naming
+        its prompt's id and its sample (a no-op where it does already, or in a run of one)."""
+        if samples > 1 and self.sample is None:
+            self.id, self.sample = split_sample_key(self.id, samples)
+        return self
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -80,9 +94,10 @@ class DeadLetters:
     def put(self, letter: DeadLetter, forgotten: bool = False) -> str | None:
         """Store the letter unless its prompt is already done; returns the state the prompt
         was in (queued or dead: stored; done or None: left as it was). `forgotten`: see `Ledger.bury`."""
-        return self.ledger.bury(letter.id, letter.reason, letter.to_json(), forgotten)
+        return self.ledger.bury(letter.key, letter.reason, letter.to_json(), forgotten)
 
     def get(self, prompt_id: str) -> DeadLetter | None:
+        """The letter of a ledger key (a prompt's id, or a sample's `<id>~<index>`)."""
         raw = self.ledger.letter(prompt_id)
         return DeadLetter.from_json(raw) if raw else None
 
@@ -117,7 +132,7 @@ class DeadLetters:
             found = [letter for letter in found if not reasons or letter.reason in reasons]
         else:
             found = list(itertools.islice(self.scan(reasons), limit))
-        return sorted(found, key=lambda letter: letter.id)
+        return sorted(found, key=lambda letter: (letter.id, letter.sample or 0))
 
     def stats(self) -> dict[str, int]:
         """Dead letters by reason, from the ledger's counts."""

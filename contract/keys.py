@@ -53,7 +53,8 @@ class RunKeys:
         self.dead_reasons = f"{base}:dead:reasons"
         # hash: enqueued, prompt_tokens, output_tokens, state:queued|done|dead, reason:CODE
         # (dead letters by reason), verdict:pass|fail|error (stored samples by verdict class, in a run
-        # with a verifier: contract/verifiers.py), and the conversations' counts (conversation_ledger.py)
+        # with a verifier: contract/verifiers.py), prompts (distinct prompts, in a run of several
+        # samples a prompt: contract/samples.py), and the conversations' counts (conversation_ledger.py)
         self.counters = f"{base}:counters"
         self.crashes = f"{base}:crashes"    # hash: prompt id -> unexpected task failures
         # hash: prompt id -> JSON list of the server crashes it was in flight at ({server, at}; server_crashes.py)

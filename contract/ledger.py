@@ -156,6 +156,7 @@ class Tally:
     prompt_tokens: int = 0
     output_tokens: int = 0
     verdicts: dict[str, int] = field(default_factory=dict)  # stored samples by verdict class (pass, fail, error)
+    prompts: int | None = None  # distinct prompts of a run of several samples a prompt; None: as many as enqueued
 
     @classmethod
     def from_counters(cls, counters: dict[str, int]) -> "Tally":
@@ -163,7 +164,8 @@ class Tally:
                    done=counters.get("state:done", 0), dead=counters.get("state:dead", 0),
                    reasons={k[7:]: v for k, v in sorted(counters.items()) if k.startswith("reason:") and v > 0},
                    prompt_tokens=counters.get("prompt_tokens", 0), output_tokens=counters.get("output_tokens", 0),
-                   verdicts={k[8:]: v for k, v in sorted(counters.items()) if k.startswith("verdict:") and v > 0})
+                   verdicts={k[8:]: v for k, v in sorted(counters.items()) if k.startswith("verdict:") and v > 0},
+                   prompts=counters.get("prompts"))
 
     def by_state(self) -> dict[str, int]:
         return {str(s): n for s, n in ((QUEUED, self.queued), (DONE, self.done), (DEAD, self.dead)) if n}
@@ -261,13 +263,15 @@ class Ledger:
     # would have returned, one reply per `READ_CHUNK` of prompts (`outcomes` and `found` read them).
 
     def enqueue(self, payloads: dict[str, bytes] | list[tuple[str, bytes]], call: int | str = "",
-                pipe: redis.client.Pipeline | None = None) -> list[str] | None:
+                pipe: redis.client.Pipeline | None = None, firsts: list[bool] | None = None) -> list[str] | None:
         """New prompts become queued with their packed ids, by enqueue call `call`, one script
         call per `READ_CHUNK` of them. Returns, per (id, packed ids) in order, NEW, AGAIN
         (queued earlier by this same call, in this list or before) or the state it found (left
-        as it is)."""
+        as it is). `firsts` (a run of several samples a prompt, where the ids are samples' keys):
+        which keys are a prompt's sample 0, each counted in `prompts` too when new, in the same step."""
         items = list(payloads.items()) if isinstance(payloads, dict) else list(payloads)
-        records = [(pid, raw, count_ids(raw)) for pid, raw in items]
+        flags = ["1" if f else "" for f in firsts] if firsts is not None else [""] * len(items)
+        records = [(pid, raw, count_ids(raw), flag) for (pid, raw), flag in zip(items, flags)]
         replies = self._in_chunks(lua.ENQUEUE, [pid for pid, _ in items], records, {"call": call}, pipe)
         return None if pipe is not None else self.outcomes(replies)
 

@@ -83,13 +83,15 @@ for i, p in ipairs(prompts) do out[i] = state(p) end
 return out
 """, prelude=PRELUDE, each=("field",), key_offset="B")
 
-# Per prompt 'new', 'again' (queued by this same call) or the state found.
+# Per prompt 'new', 'again' (queued by this same call) or the state found. A record whose `first`
+# is '1' (sample 0 of a prompt in a run of several samples a prompt) also counts a prompt when new.
 ENQUEUE = Lua("""
 local mine, out = 'q' .. a.call, {}
 for i, p in ipairs(prompts) do
   local found = state(p)
   if not found then
     queue(p, mine, nil)
+    if p.first == '1' then add('prompts', 1) end
     out[i] = 'new'
   elseif found == mine then
     out[i] = 'again'
@@ -99,7 +101,7 @@ for i, p in ipairs(prompts) do
 end
 flush()
 return out
-""", prelude=PRELUDE, head=("call",), each=("field", "id", "ids", "tokens"), key_offset="B")
+""", prelude=PRELUDE, head=("call",), each=("field", "id", "ids", "tokens", "first"), key_offset="B")
 
 # Per prompt 1 (dead, now queued; its letter gone) or 0 (left as it was).
 REQUEUE = Lua("""

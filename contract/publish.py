@@ -7,11 +7,22 @@ declares its queue once, builds protocol-2 messages with Celery's own
 `as_task_v2`, pushes them through one pipelined kombu producer, and sends the
 batch's `task-sent` events as one buffered event message (Celery's event
 receivers, Flower's included, unpack such lists).
+
+The samples of a prompt (`enqueue --samples N`, `contract/samples.py`) are
+recorded and published here too, by the producer and by a worker that queues
+the next sample of an until-verified chain: each sample's key its own ledger
+entry (a copy of the ids) and message, interleaved in groups of `SPREAD`
+prompts so a prompt's next sample is not prefilled in the same step as the one
+before it (the prefix cache holds the prompt by then).
 """
 from __future__ import annotations
 
-from .codec import task_argsrepr
+from typing import Iterable
+
+from .codec import pack_ids, task_argsrepr
 from .keys import TASK_NAME, task_id
+from .ledger import NEW, Ledger
+from .samples import sample_key, split_sample_key
 
 CHUNK = 500  # messages a pipeline carries, and task-sent events one event message carries
 
@@ -54,3 +65,54 @@ def _sent_events(app, producer, count: int):
     message (a no-op when `task_send_sent_event` is off)."""
     return app.events.Dispatcher(producer.connection, enabled=app.conf.task_send_sent_event,
                                  buffer_group=["task"], buffer_limit=count + 1)
+
+
+SPREAD = 8  # prompts whose samples are published interleaved (module docstring)
+
+
+def spread(messages: list[tuple[str, int, None]], samples: int) -> list[tuple[str, int, None]]:
+    """The messages of samples' keys in publishing order: in groups of `SPREAD` prompts (in the
+    order they came), the first sample given of each prompt, then the next of each, and so on."""
+    by_prompt: dict[str, list] = {}
+    for message in messages:
+        by_prompt.setdefault(split_sample_key(message[0], samples)[0], []).append(message)
+    prompts, ordered = list(by_prompt.values()), []
+    for start in range(0, len(prompts), SPREAD):
+        group = prompts[start:start + SPREAD]
+        for rank in range(max(len(p) for p in group)):
+            ordered += [p[rank] for p in group if rank < len(p)]
+    return ordered
+
+
+def enqueue_samples(ledger: Ledger, samples: int, call: str,
+                    prompts: list[tuple[str, list[int], Iterable[int]]]) -> list[list[str]]:
+    """Record the given samples of each (prompt id, token ids, sample indices) in the ledger: each
+    index's key its own entry (a copy of the ids) where the ledger did not have it; per prompt, the
+    outcome of each index in order, as `Ledger.enqueue` says. Sample 0 of a prompt counts the
+    prompt in the run's `prompts` in the same step."""
+    records, firsts, shape = [], [], []
+    for prompt_id, ids, indices in prompts:
+        packed, indices = pack_ids(ids), list(indices)
+        for index in indices:
+            records.append((sample_key(prompt_id, index, samples), packed))
+            firsts.append(index == 0)
+        shape.append(len(indices))
+    outcomes = ledger.enqueue(records, call, firsts=firsts)
+    found, start = [], 0
+    for n in shape:
+        found.append(outcomes[start:start + n])
+        start += n
+    return found
+
+
+def publish_samples(app, ledger: Ledger, samples: int, queue: str, call: str,
+                    prompts: list[tuple[str, list[int], Iterable[int]]]) -> list[str]:
+    """Record (`enqueue_samples`), then publish, the given samples of each prompt; the keys
+    published (those the ledger did not have). A crash in between leaves queued samples without a
+    message, which the workers' audit republishes."""
+    prompts = [(pid, ids, list(indices)) for pid, ids, indices in prompts]
+    outcomes = enqueue_samples(ledger, samples, call, prompts)
+    new = [(sample_key(pid, index, samples), len(ids), None) for (pid, ids, indices), found in zip(prompts, outcomes)
+           for index, outcome in zip(indices, found) if outcome == NEW]
+    publish_prompts(app, ledger.run, queue, spread(new, samples))
+    return [key for key, _, _ in new]

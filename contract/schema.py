@@ -14,6 +14,12 @@ assistant turn within it, and `id` the turn's prompt id,
 template's rendering of the history with the model's own earlier answers) then
 its output ids, exactly as for a single prompt, whose two columns are null.
 
+A row of a run of several samples a prompt (`enqueue --samples N`) keeps the
+prompt's (its line's) id in `id`, the sample's 0-based index in `sample` and
+the `sampling_seed` it was asked with in `seed` (`contract/samples.py`): (`id`,
+`sample`) names a row. Every row written since samples exist has both (sample 0
+in a run of one sample a prompt); an older shard's read as nulls, i.e. sample 0.
+
 `cached_tokens` is the server's `meta_info.cached_tokens` for the stored
 generation (prompt tokens found in its prefix cache), null where the server
 did not say. `verified` and `verdict` are the run's verifier's judgement of the
@@ -73,6 +79,8 @@ class Sample:
     top_logprob_ids: list[int] | None = None    # K candidates per output token, flattened row-major
     top_logprobs: list[float] | None = None     # their log-probabilities, in the same order
     weight_version: str | None = None  # the answer's meta_info.weight_version (else the server's); None: older shard
+    sample: int | None = None         # 0-based index of the sample of its prompt (`enqueue --samples`)
+    seed: int | None = None           # the `sampling_seed` sent for it (contract/samples.py)
 
 
 # Arrow type of each column, by name: the order is Sample's.
@@ -88,6 +96,7 @@ _TYPES = {
     "top_k": "int32", "min_p": "float32", "logprobs": "list<float32>", "top_logprob_ids": "list<int32>",
     "top_logprobs": "list<float32>",
     "weight_version": "string",
+    "sample": "int32", "seed": "int64",
 }
 COLUMNS = tuple(f.name for f in fields(Sample))
 

@@ -20,8 +20,9 @@ from contract.conversations import ALL, LAST
 from contract.logprobs import MAX_LOGPROBS
 from contract.names import VERIFY_RULES, Thinking
 
-from .cli_common import (check_has_prompts, choice, connect, err, fail, json_option, load_run, out, print_shown,
-                         no_prompts, publisher, reading, redis_option, run_name, run_option, shards_of)
+from .cli_common import (check_has_prompts, choice, connect, err, fail, json_option, ledger_key, load_run, out,
+                         print_shown, no_prompts, publisher, reading, redis_option, run_name, run_option,
+                         sample_option, shards_of)
 from .cli_dead import dead_app
 from .prompts import MAX_LINE_BYTES
 from .visible import visible
@@ -83,6 +84,9 @@ def enqueue(
     turns: str = choice(LAST, "--turns", values=(LAST, ALL), metavar="TURNS",
                         help="last: one generation per prompt (its whole conversation is the prompt); all: "
                              "regenerate every assistant turn of each conversation, in order."),
+    samples: int = typer.Option(1, min=1, metavar="N", help="Samples of each prompt, each its own request with its "
+                                "own sampling_seed (from the run, the prompt and the sample's index: a re-run asks "
+                                "the same seeds) and its own row (columns sample, seed). Not with --turns all."),
     max_queued: int = typer.Option(100_000, min=0, metavar="N",
                                    help="Hold back while the queue is deeper than this (0: never)."),
     max_line_bytes: int = typer.Option(MAX_LINE_BYTES, min=1, metavar="N", help="A longer line is reported and "
@@ -124,9 +128,15 @@ def enqueue(
     """
     from .tokenizer_choice import TokenizerUnavailable, choose, load_chat
 
+    from .enqueue import SamplesRefused, check_samples
+
     name = run_name(run)
     if verify is not None:
         _check_verifier(verify, turns)
+    try:
+        check_samples(samples, turns)
+    except SamplesRefused as exc:
+        raise fail(str(exc))
     try:
         chosen = choose(tokenizer)
     except TokenizerUnavailable as exc:
@@ -155,7 +165,7 @@ def enqueue(
         raise fail(str(exc))
     spec = new_spec(chat, name, chosen.name, max_new_tokens, temperature, top_p, thinking,
                     served_model, disable_rule, turns, trust_remote_code, verify, logprobs=logprobs,
-                    line_fields=may_carry_sampling(prompts))
+                    line_fields=may_carry_sampling(prompts), samples=samples)
     try:
         spec = prepare_run(client, spec)
     except (RunMismatch, OlderLayout) as exc:
@@ -174,7 +184,7 @@ def enqueue(
             err.print(f"[red]{escape(str(exc))}[/red]: run the same enqueue again; it publishes only "
                       "what the new primary lacks")
             raise typer.Exit(3)
-    _print_enqueue_summary(summary, spec.thinking)
+    _print_enqueue_summary(summary, spec.thinking, spec.samples)
     out.print(chosen.summary_line(), highlight=False, soft_wrap=True)
     if not (summary.published or summary.rejected_count or summary.skipped):  # a pipe that gave nothing
         raise no_prompts(prompts)
@@ -194,7 +204,7 @@ def _check_verifier(name: str, turns: str) -> None:
         raise fail(str(exc))
 
 
-def _print_enqueue_summary(summary, mode: str) -> None:
+def _print_enqueue_summary(summary, mode: str, samples: int = 1) -> None:
     def say(text: str) -> None:  # the file's own text (an id): one line, no markup, controls shown
         err.print(visible(text), markup=False, highlight=False, soft_wrap=True)
 
@@ -214,6 +224,10 @@ def _print_enqueue_summary(summary, mode: str) -> None:
     table.add_row(f"{summary.published:,}", f"{summary.prompt_tokens:,}", already,
                   f"{summary.duplicate_count:,}", f"{summary.rejected_count:,}", f"{rate:,.0f}")
     out.print(table)
+    if samples > 1:
+        out.print(f"{summary.published:,} samples of {summary.prompts:,} prompts published ({samples} samples a "
+                  f"prompt; the prompts counted in skipped, duplicates and rejected are whole prompts)",
+                  highlight=False)
     if summary.held_back:
         out.print(f"held back {summary.held_back:.0f}s while the queue was deeper than --max-queued")
 
@@ -347,7 +361,8 @@ def export(dest: str = typer.Argument(..., metavar="DEST", help="A new or empty 
     letters = ", ".join(f"{k}={v:,}" for k, v in manifest["dead_letters"].items()) or "none"
     what = "indexed" if index_only else "exported"
     target = dest if is_bucket(dest) else Path(dest).resolve()
-    out.print(f"{what} {manifest['rows']:,} samples ({manifest['duplicates_dropped']:,} duplicates dropped, "
+    several = f" of {manifest['prompts']:,} prompts ({spec.samples} samples a prompt)" if spec.samples > 1 else ""
+    out.print(f"{what} {manifest['rows']:,} samples{several} ({manifest['duplicates_dropped']:,} duplicates dropped, "
               f"left out{' as not done or not verified' if verified_only else ' as not done'}: {left_out}) into {len(manifest['files']):,} files under {target}, "
               f"from {manifest['source']}; dead letters: {letters}", highlight=False, soft_wrap=True)
     if "format" in manifest:
@@ -409,6 +424,7 @@ def report(run: Optional[str] = run_option(),
 
 @app.command(short_help="One sample or dead letter, decoded.")
 def show(prompt_id: str = typer.Argument(..., metavar="ID", help="The prompt's id (its line's \"id\")."),
+         sample: Optional[int] = sample_option(),
          run: Optional[str] = run_option(),
          ids: bool = typer.Option(False, "--ids", help="Also list every token: position, id, text."),
          trust_remote_code: bool = typer.Option(False, "--trust-remote-code",
@@ -425,9 +441,10 @@ def show(prompt_id: str = typer.Argument(..., metavar="ID", help="The prompt's i
     from .show import find_samples, letter_view, sample_view
 
     spec = load_run(client, run)
+    prompt_id = ledger_key(spec, prompt_id, sample)  # in a run of several samples a prompt: one sample's
     where = shards_of(settings, client, spec)
     with reading(where):
-        rows = find_samples(where, spec.name, [prompt_id]).get(prompt_id)
+        rows = find_samples(where, spec.name, [prompt_id], spec.samples).get(prompt_id)
     if rows:
         print_shown(sample_view(rows, spec), spec, trust_remote_code, ids)
         return

@@ -170,3 +170,42 @@ def print_shown(shown, spec, trust_remote_code: bool, with_ids: bool) -> None:
 
     text = render_text(shown, load_decoder(spec, trust_remote_code), with_ids=with_ids)
     sys.stdout.write(visible(text, lines=True))
+
+
+def sample_option():
+    return typer.Option(None, "--sample", min=0, metavar="INDEX",
+                        help="A run of several samples a prompt (enqueue --samples): which sample (default 0).")
+
+
+def ledger_key(spec, prompt_id: str, sample: int | None) -> str:
+    """The ledger key of a prompt's sample (`contract/samples.py`): `--sample` (0 left out), or the
+    key itself given as ID (`<id>~<index>`, as a queue message names it)."""
+    from contract.samples import sample_key, split_sample_key
+
+    if spec.samples == 1:
+        if sample:
+            raise fail(f"run {spec.name!r} takes one sample a prompt: there is no sample {sample}")
+        return prompt_id
+    if sample is None:
+        try:
+            split_sample_key(prompt_id, spec.samples)
+            return prompt_id  # a key already
+        except ValueError:
+            sample = 0
+    if sample >= spec.samples:
+        raise fail(f"run {spec.name!r} takes {spec.samples} samples a prompt (0 to {spec.samples - 1}), not {sample}")
+    return sample_key(prompt_id, sample, spec.samples)
+
+
+def sample_keys(spec, given: str) -> list[str]:
+    """The ledger keys `--id ID` names: the ID in a run of one sample a prompt; else its every
+    sample, or the one sample a key `<id>~<index>` names."""
+    from contract.samples import sample_key, split_sample_key
+
+    if spec.samples == 1:
+        return [given]
+    try:
+        split_sample_key(given, spec.samples)
+        return [given]
+    except ValueError:
+        return [sample_key(given, i, spec.samples) for i in range(spec.samples)]

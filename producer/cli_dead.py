@@ -12,8 +12,8 @@ from rich.table import Table
 
 from contract.names import Reason
 
-from .cli_common import (choice, connect, err, fail, json_option, load_run, out, print_shown, publisher,
-                         redis_option, run_option)
+from .cli_common import (choice, connect, err, fail, json_option, ledger_key, load_run, out, print_shown, publisher,
+                         redis_option, run_option, sample_keys, sample_option)
 from .visible import cell
 
 dead_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
@@ -34,7 +34,8 @@ def dead_list(run: Optional[str] = run_option(), reason: list[str] = reason_opti
     _, client = connect(redis_url)
     from contract.deadletters import DeadLetters
 
-    name = load_run(client, run).name
+    spec = load_run(client, run)
+    name, several = spec.name, spec.samples > 1  # a run of several samples a prompt: each letter names its sample
     store = DeadLetters(client, name)
     letters = store.scan(reason or None)
     if limit:
@@ -45,10 +46,10 @@ def dead_list(run: Optional[str] = run_option(), reason: list[str] = reason_opti
     shown = 0
     for page in _pages(letters, 500):
         table = Table(title=None if shown else f"dead letters of run {name!r}", show_header=not shown)
-        for column in ("id", "reason", "attempts", "message"):
+        for column in ("id", *("sample",) * several, "reason", "attempts", "message"):
             table.add_column(column, overflow="fold")
         for d in page:
-            table.add_row(cell(d.id), d.reason, f"{d.attempts:,}", cell(d.message))
+            table.add_row(cell(d.id), *(str(d.sample),) * several, d.reason, f"{d.attempts:,}", cell(d.message))
         out.print(table)
         shown += len(page)
     total = store.count(reason or None)
@@ -71,6 +72,7 @@ def _pages(items, size: int):
 
 @dead_app.command("show", short_help="One dead letter, decoded (or as JSON).")
 def dead_show(prompt_id: str = typer.Argument(..., metavar="ID", help="The prompt's id."),
+              sample: Optional[int] = sample_option(),
               run: Optional[str] = run_option(),
               ids: bool = typer.Option(False, "--ids", help="Also list every token: position, id, text."),
               trust_remote_code: bool = typer.Option(False, "--trust-remote-code",
@@ -85,9 +87,10 @@ def dead_show(prompt_id: str = typer.Argument(..., metavar="ID", help="The promp
     from .show import letter_view
 
     spec = load_run(client, run)
-    letter = DeadLetters(client, spec.name).get(prompt_id)
+    key = ledger_key(spec, prompt_id, sample)
+    letter = DeadLetters(client, spec.name).get(key)
     if letter is None:
-        raise fail(f"no dead letter with id {prompt_id!r} in run {spec.name!r}", 1)
+        raise fail(f"no dead letter with id {key!r} in run {spec.name!r}", 1)
     if as_json:
         data = letter.summary() | {"prompt_ids": b64_to_ids(letter.prompt_b64)}
         sys.stdout.write(json.dumps(data) + "\n")  # ASCII: a control character stays an escape
@@ -113,7 +116,8 @@ def dead_stats(run: Optional[str] = run_option(), as_json: bool = json_option(),
 
 @dead_app.command("requeue", short_help="Queue dead-lettered prompts again.")
 def dead_requeue(run: Optional[str] = run_option(), reason: list[str] = reason_option("Only this reason code"),
-                 prompt_id: list[str] = typer.Option([], "--id", metavar="ID", help="Only this prompt (repeatable)."),
+                 prompt_id: list[str] = typer.Option([], "--id", metavar="ID", help="Only this prompt (repeatable): "
+                                                     "each of its dead samples, or one sample as ID~INDEX."),
                  max_new_tokens: Optional[int] = typer.Option(None, min=1, metavar="N",
                                                               help="A larger budget, e.g. for truncated prompts."),
                  yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
@@ -127,6 +131,7 @@ def dead_requeue(run: Optional[str] = run_option(), reason: list[str] = reason_o
 
     spec = load_run(client, run)
     store = DeadLetters(client, spec.name)
+    prompt_id = [key for given in prompt_id for key in sample_keys(spec, given)]
     pages = [store.select(reason or None, prompt_id)] if prompt_id else store.pages(reason or None)
     total = sum(len(p) for p in pages) if prompt_id else store.count(reason or None)
     if not total:
@@ -166,7 +171,7 @@ def dead_purge(run: Optional[str] = run_option(), reason: list[str] = reason_opt
         return
     if not yes:
         typer.confirm(f"delete {total:,} dead letters of run {spec.name!r}?", abort=True)
-    purged = sum(store.remove([d.id for d in page]) for page in store.pages(reason or None))
+    purged = sum(store.remove([d.key for d in page]) for page in store.pages(reason or None))
     out.print(f"purged {purged:,} dead letters", highlight=False)
 
 

@@ -36,6 +36,23 @@ is decided when the run starts, from the file (`prompts.mentions_line_fields`);
 a later enqueue into a run started without them rejects such a line (with its
 number) rather than queue a prompt whose sampling no worker would read.
 
+**Several samples a prompt** (`--samples N`): each prompt is tokenized once
+and recorded as N ledger entries, one per sample, keyed `<id>~<index>`
+(`contract/samples.py`), each with its own copy of the token ids (a worker's
+intake reads a key's ids in one call, so N copies sit in Redis while the
+samples are queued) and its own message. A prompt is skipped on a re-run only
+when every one of its samples is in the run; otherwise the samples it lacks
+are published (`contract.publish.publish_samples`, which takes any subset of the indices; with
+`--until-verified K` enqueue queues only each chain's first sample,
+`contract.samples.first_indices`, and a worker the rest).
+The samples of a prompt go to one server (prefix affinity) and should find
+its prompt in that server's cache: published one after the other they would
+start together and be prefilled in the same step, before the cache holds the
+prompt. So each group of `SPREAD` prompts (`contract.publish.spread`) is published sample 0 of each, then
+sample 1 of each, and so on: a prompt's next sample follows `SPREAD` messages
+later, once the one before it has been prefilled.
+`--samples` above 1 with `--turns all` is refused (`SamplesRefused`).
+
 `--turns all` reads each line as a conversation whose every assistant turn is
 regenerated (`contract/conversations.py`): only turn 0 is rendered and queued
 here, as prompt `<id>#0`, after its conversation is registered; each later
@@ -70,8 +87,9 @@ from contract.kombu_redis import queue_depth
 from contract.ledger import AGAIN, NEW, Entry, Ledger
 from contract.line_fields import LineFields
 from contract.names import PromptState, Thinking
-from contract.publish import publish_prompts
+from contract.publish import enqueue_samples, publish_prompts, spread
 from contract.replication import replicated
+from contract.samples import first_indices, sample_key, split_sample_key
 from contract.spec import RunSpec, load_spec, save_spec
 from contract.tokenizer_probe import make_probe
 
@@ -102,7 +120,8 @@ class Rejection:
 class EnqueueSummary:
     run: str
     queue: str
-    published: int = 0
+    published: int = 0       # samples published (prompts, in a run of one sample a prompt)
+    prompts: int = 0         # prompts with at least one sample published
     prompt_tokens: int = 0
     already: dict[str, int] = field(default_factory=dict)   # state -> count, skipped on a re-run
     duplicates: list[Rejection] = field(default_factory=list)  # the first MAX_REPORTED
@@ -162,14 +181,30 @@ class RunMismatch(Exception):
     """The run was started with another tokenizer, template or sampling."""
 
 
+class SamplesRefused(ValueError):
+    """`--samples` above 1 with `--turns all`: a conversation's turns are rendered from the one
+    answer stored for each turn before them, which several samples would not name."""
+
+
+def check_samples(samples: int, turns: str) -> None:
+    if samples < 1:
+        raise SamplesRefused(f"--samples must be 1 or more, not {samples}")
+    if samples > 1 and turns == ALL:
+        raise SamplesRefused("--samples above 1 does not go with --turns all: each turn is rendered from the "
+                             "one stored answer of the turn before it; enqueue the conversations with "
+                             "--turns last for several samples of their last turn")
+
+
 def new_spec(chat: ChatTokenizer, name: str, tokenizer: str, max_new_tokens: int, temperature: float,
              top_p: float, thinking: str = "auto", served_model: str | None = None,
              disabled_rules: Iterable[str] = (), turns: str = LAST, trust_remote_code: bool = False,
-             verify: str | None = None, logprobs: int | None = None, line_fields: bool = False) -> RunSpec:
-    """The spec `enqueue` records for a run: tokenizer identity, sampling, think tokens, and the
-    verifier of its answers (`verify`). `line_fields`: whether some line carries its own sampling
+             verify: str | None = None, logprobs: int | None = None, line_fields: bool = False,
+             samples: int = 1) -> RunSpec:
+    """The spec `enqueue` records for a run: tokenizer identity, sampling, think tokens, samples a
+    prompt, the verifier of its answers (`verify`). `line_fields`: whether some line carries its own sampling
     (`prompts.mentions_line_fields`); a run with a verifier keeps every line's fields too. Decided
     once for the run, as workers read a run's spec once."""
+    check_samples(samples, turns)
     return RunSpec(
         name=name, tokenizer=tokenizer, tokenizer_fingerprint=chat.fingerprint(),
         template_fingerprint=chat.template_fingerprint(),
@@ -182,6 +217,7 @@ def new_spec(chat: ChatTokenizer, name: str, tokenizer: str, max_new_tokens: int
         history_reasoning=turns == ALL and chat.renders_history_reasoning(),
         probe=make_probe(chat.tok).to_dict(), verify=verify, logprobs=logprobs or None,
         line_fields=line_fields or verify is not None,
+        samples=samples,
     )
 
 
@@ -213,6 +249,7 @@ def enqueue_file(path: Path, spec: RunSpec, chat: ChatTokenizer, client: redis.R
     table = TableSource(path, columns) if is_table(path) else None  # refused whole here, before any publish
     summary = EnqueueSummary(run=spec.name, queue=queue, unit="row" if table else "line")
     ledger, call = Ledger(client, spec.name), secrets.token_hex(4)  # this call, as the ledger knows it
+    first = first_indices(spec.samples, spec.until_verified)  # the samples enqueue queues for each prompt
     started = time.monotonic()
 
     def publish(ready: list[tuple[Prompt, list[int]]]) -> None:
@@ -226,7 +263,7 @@ def enqueue_file(path: Path, spec: RunSpec, chat: ChatTokenizer, client: redis.R
         if spec.turns == ALL:
             items = map(_first_turn, items)
         for batch in _batches(items, BATCH):
-            fresh = _select(batch, spec, ledger, call, summary)
+            fresh = _select(batch, spec, ledger, call, summary, first)
             following = tokenizer.submit(_tokenize, fresh, spec, chat, max_prompt_tokens, summary)
             if tokenized:
                 publish(tokenized.result())
@@ -276,9 +313,10 @@ def _batches(items: Iterable, size: int) -> Iterator[list]:
 
 
 def _select(batch: list[Prompt | BadLine], spec: RunSpec, ledger: Ledger, call: str,
-            summary: EnqueueSummary) -> list[Prompt]:
-    """Drop bad lines and prompts the run already has, before they are tokenized (a repeat
-    within the batch, or of a batch still being tokenized, is caught at `_publish`)."""
+            summary: EnqueueSummary, indices: range = range(1)) -> list[Prompt]:
+    """Drop bad lines and prompts the run already has (every one of the samples `indices` that
+    enqueue queues, of `spec.samples` a prompt), before they are tokenized (a repeat within the
+    batch, or of a batch still being tokenized, is caught at `_publish`)."""
     prompts = []
     for item in batch:
         if isinstance(item, BadLine):
@@ -288,11 +326,15 @@ def _select(batch: list[Prompt | BadLine], spec: RunSpec, ledger: Ledger, call: 
         else:
             prompts.append(item)
     fresh = []
-    for prompt, entry in zip(prompts, ledger.entries([p.id for p in prompts])):
-        if entry.state is None:
+    n = len(indices)
+    entries = ledger.entries([sample_key(p.id, i, spec.samples) for p in prompts for i in indices])
+    for number, prompt in enumerate(prompts):
+        mine = entries[number * n:(number + 1) * n]
+        missing = [e for e in mine if e.state is None]
+        if missing:  # a prompt with a sample still to publish
             fresh.append(prompt)
         else:
-            summary.skip(prompt, _outcome(entry, call))
+            summary.skip(prompt, _outcome(mine[0], call))
     return fresh
 
 
@@ -351,25 +393,33 @@ def _publish(ready: list[tuple[Prompt, list[int]]], spec: RunSpec, app, queue: s
             ConversationLedger(ledger.client, spec.name).register(
                 [(p.conversation, p.turns, p.shape) for p, _ in ready])
         outcomes = _enqueue(ledger, spec, ready, call)
-        new = []
-        for (prompt, ids), outcome in zip(ready, outcomes):
-            if outcome == NEW:
-                new.append((prompt, ids))
-            else:
-                summary.skip(prompt, outcome)
-        publish_prompts(app, spec.name, queue, [(p.id, len(ids), None) for p, ids in new])
-    summary.published += len(new)
-    summary.prompt_tokens += sum(len(ids) for _, ids in new)
+        messages = [(sample_key(p.id, index, spec.samples), len(ids), None)
+                    for (p, ids), found in zip(ready, outcomes)
+                    for index, outcome in zip(first_indices(spec.samples, spec.until_verified), found) if outcome == NEW]
+        publish_prompts(app, spec.name, queue, spread(messages, spec.samples) if spec.samples > 1 else messages)
+    for (prompt, ids), found in zip(ready, outcomes):
+        published = sum(outcome == NEW for outcome in found)
+        if published:
+            summary.prompts += 1
+            summary.published += published
+            summary.prompt_tokens += published * len(ids)
+        else:
+            summary.skip(prompt, found[0])
 
 
-def _enqueue(ledger: Ledger, spec: RunSpec, ready: list[tuple[Prompt, list[int]]], call: str) -> list[str]:
-    """The ledger's enqueue of `ready` (its outcomes, in order), each line's record for workers
-    written first (`contract/line_fields.py`), so no worker takes a prompt whose record is not there
-    yet. The first line of an id keeps its record: one made here for a prompt the ledger did not
-    take as new is a repeated id's, not its line's, and is dropped again."""
+def _enqueue(ledger: Ledger, spec: RunSpec, ready: list[tuple[Prompt, list[int]]], call: str) -> list[list[str]]:
+    """The ledger's enqueue of `ready`: per prompt, the outcome of each sample enqueue queues
+    (`contract.samples.first_indices`; one in a run of one sample), as `Ledger.enqueue` says. Each
+    line's record for workers is written first (`contract/line_fields.py`), so no worker takes a
+    prompt whose record is not there yet. The first line of an id keeps its record: one made here
+    for a prompt the ledger took nothing of is a repeated id's, not its line's, and is dropped again."""
     lines = LineFields(ledger.client, spec.name)
     recorded = lines.add_new(_records((p for p, _ in ready), spec)) if spec.line_fields else []
-    outcomes = ledger.enqueue([(p.id, pack_ids(ids)) for p, ids in ready], call)
-    taken = {line_id(p) for (p, _), outcome in zip(ready, outcomes) if outcome == NEW}
+    if spec.samples == 1:  # each prompt its own key, as before samples existed
+        outcomes = [[o] for o in ledger.enqueue([(p.id, pack_ids(ids)) for p, ids in ready], call)]
+    else:
+        every = first_indices(spec.samples, spec.until_verified)  # all N, unless until-verified's first
+        outcomes = enqueue_samples(ledger, spec.samples, call, [(p.id, ids, every) for p, ids in ready])
+    taken = {line_id(p) for (p, _), found in zip(ready, outcomes) if NEW in found}
     lines.drop(sorted(set(recorded) - taken))
     return outcomes

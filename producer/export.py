@@ -19,6 +19,11 @@ Invariants, and why they hold:
   its kept rows are written out a row group at a time (ParquetWriter), so no
   file is ever whole in memory. `jobs` processes each export an interleaved
   share of the shards into their own files (`part-<job>-<n>.parquet`).
+- **Each sample once, in a run of several samples a prompt.** A row's ledger
+  key is derived from its `id` and `sample` (`contract/samples.py`'s
+  `row_key`), so the rule above holds per sample: every (`id`, `sample`) done
+  is exported once. The manifest counts the samples (`rows`) and the run's
+  prompts (`prompts`, as enqueued; `samples_per_prompt`).
 - **Readers of the shards in place** (`index_only`): `keep-<job>.parquet`
   lists (shard file name, row number in the shard, id) of every canonical row,
   read from the shards' `id` column alone; a distributed reader (DuckDB,
@@ -70,6 +75,7 @@ import redis
 from contract.ledger import Entry, Ledger, shard_code
 from contract.names import PromptState
 from contract.provenance import read_provenance, summary as provenance_summary
+from contract.samples import row_key
 from contract.schema import arrow_schema
 from contract.shard_home import check_found
 from contract.spec import RunSpec, check_run_name
@@ -183,6 +189,7 @@ class _Share:
     models: set = field(default_factory=set)
     complete_only: bool = False  # only the turns of complete conversations (`--complete-only`)
     verified_only: bool = False  # only the samples the run's verifier passed (`--verified-only`)
+    samples: int = 1     # the run's samples a prompt: a row's ledger key is `row_key(id, sample, samples)`
     whole: int = 0       # shards exported as they are
     rewritten: int = 0   # shards read row by row (some rows left out, or too many for a file)
 
@@ -199,7 +206,8 @@ def _write_export(spec: RunSpec, client: redis.Redis, output_dir: str, folder: P
         jobs = min(os.cpu_count() or 1, 8, sum(sizes.values()) // JOB_BYTES)
     jobs = max(1, min(jobs if redis_url else 1, len(sources)))
     shares = [_Share(n, spec.name, sources[n::jobs], str(folder), rows_per_file, index_only, output_dir, redis_url,
-                     complete_only=complete_only, verified_only=verified_only) for n in range(jobs)]
+                     complete_only=complete_only, verified_only=verified_only, samples=spec.samples)
+                for n in range(jobs)]
     if jobs == 1:
         shares = [_export_share(shares[0], client, on_progress, on_file)]
     else:
@@ -216,7 +224,10 @@ def _write_export(spec: RunSpec, client: redis.Redis, output_dir: str, folder: P
     manifest = {
         "run": spec.name,
         "exported_at": time.time(),
-        "rows": rows,
+        "rows": rows,  # samples exported (one row each)
+        # the run's prompts as enqueued (of several samples each where samples_per_prompt > 1)
+        "prompts": tally.enqueued if spec.samples == 1 or tally.prompts is None else tally.prompts,
+        "samples_per_prompt": spec.samples,
         "source_rows": sum(s.source_rows for s in shares),
         "duplicates_dropped": sum(s.duplicates for s in shares),
         # stored rows whose id is not done: dead, queued, missing
@@ -342,12 +353,15 @@ def _export_rows(name: str, source, ledger: Ledger, writer: "RollingWriter", sha
     """The shard's rows a batch at a time, each kept iff the ledger says its prompt is done
     with its canonical copy in this shard."""
     canonical = b"%d" % shard_code(name)  # the stored state of a prompt done in this shard
-    columns = (["id", "verified", "verdict"] if share.verified_only else ["id"]) if share.index_only else None
+    columns = (["id"] + ["sample"] * (share.samples > 1) + ["verified", "verdict"] * share.verified_only
+               if share.index_only else None)
     dataset = _dataset(source)
     seen: set[str] = set()  # this shard's ids: a row written twice into one shard counts once
     offset = 0  # the batch's first row number in the shard
     for batch in dataset.to_batches(columns=columns, batch_size=BATCH_ROWS, batch_readahead=1):
         ids = batch.column("id").to_pylist()
+        if share.samples > 1:  # each row's ledger key: a sample's `<id>~<index>`
+            ids = [row_key(i, n, share.samples) for i, n in zip(ids, batch.column("sample").to_pylist())]
         share.source_rows += len(ids)
         keep = [_keep(prompt_id, raw, canonical, seen, share) for prompt_id, raw in zip(ids, ledger.raw_entries(ids))]
         if share.complete_only:

@@ -9,6 +9,10 @@ think-end token *by id*, special tokens kept visible, token counts, and the
 provenance columns. The ids are the truth; the text is only their decoding,
 so `--ids` lists every id beside its piece of text. The report embeds the
 same rendering for its example samples.
+
+In a run of several samples a prompt a sample is named by its ledger key
+(`<id>~<index>`, or `show ID --sample INDEX`): the shards are filtered on the
+prompt's id and the rows matched by (`id`, `sample`) (`contract/samples.py`).
 """
 from __future__ import annotations
 
@@ -19,6 +23,7 @@ import pyarrow.compute as pc
 
 from contract.codec import b64_to_ids
 from contract.deadletters import DeadLetter
+from contract.samples import row_key, split_sample_key
 from contract.schema import COLUMNS, arrow_schema
 from contract.spec import RunSpec
 
@@ -87,9 +92,10 @@ def load_decoder(spec: RunSpec, trust_remote_code: bool = False) -> Decoder:
     return decoder
 
 
-def find_samples(output_dir: str, run: str, ids: list[str]) -> dict[str, list[dict]]:
-    """Every stored copy of each id (a redelivered prompt can be stored twice), with its shard
-    (`__filename`), read one shard at a time."""
+def find_samples(output_dir: str, run: str, ids: list[str], samples: int = 1) -> dict[str, list[dict]]:
+    """Every stored copy of each ledger key (a redelivered prompt can be stored twice), with its
+    shard (`__filename`), read one shard at a time; `ids` are keys of a run of `samples` samples
+    a prompt (its prompts' ids where it takes one)."""
     import pyarrow.parquet as pq
 
     from contract.storage import store_for
@@ -98,11 +104,15 @@ def find_samples(output_dir: str, run: str, ids: list[str]) -> dict[str, list[di
     found: dict[str, list[dict]] = {}
     if not ids:
         return found
+    wanted = set(ids)
+    prompts = sorted({split_sample_key(key, samples)[0] for key in ids}) if samples > 1 else ids
     for location in store.shards(run):
         table = pq.read_table(store.source(location), schema=arrow_schema(), columns=list(COLUMNS),
-                              filters=pc.field("id").isin(ids))
+                              filters=pc.field("id").isin(prompts))
         for row in table.to_pylist():
-            found.setdefault(row["id"], []).append({**row, "__filename": location})
+            key = row_key(row["id"], row["sample"], samples)
+            if key in wanted:
+                found.setdefault(key, []).append({**row, "__filename": location})
     return found
 
 
@@ -111,7 +121,9 @@ def sample_view(rows: list[dict], spec: RunSpec) -> Shown:
     ids, prompt_len = row["input_ids"], row["prompt_len"]
     output = ids[prompt_len:]
     end = row["think_end_index"]
-    shown = Shown(f"sample {row['id']} (run {row['run']})" + (f", stored {len(rows):,} times" if len(rows) > 1 else ""))
+    several = spec.samples > 1
+    which = f"sample {row['sample'] or 0} of prompt {row['id']}" if several else f"sample {row['id']}"
+    shown = Shown(f"{which} (run {row['run']})" + (f", stored {len(rows):,} times" if len(rows) > 1 else ""))
     reasoning = (end - prompt_len) if end is not None else None
     answer = len(output) - reasoning - 1 if reasoning is not None else None
     shown.fields = [
@@ -121,7 +133,7 @@ def sample_view(rows: list[dict], spec: RunSpec) -> Shown:
         ("shard", str(row.get("__filename", ""))),
         *[(k, _text(row[k])) for k in ("finish_reason", "stop_token", "think_end_index", "server", "cached_tokens",
                                        "model", "worker", "attempts", "max_new_tokens", "temperature", "top_p",
-                                       "top_k", "min_p", "e2e_latency", "started_at", "finished_at")],
+                                       "top_k", "min_p", "e2e_latency", "started_at", "finished_at", "seed")],
         *_logprobs_field(row),
         ("tokenizer", f"{spec.tokenizer} (fingerprint {row['tokenizer_fingerprint']}"
          + ("" if row["tokenizer_fingerprint"] == spec.tokenizer_fingerprint else f", spec has {spec.tokenizer_fingerprint}")
@@ -145,7 +157,8 @@ def sample_view(rows: list[dict], spec: RunSpec) -> Shown:
 def letter_view(letter: DeadLetter, spec: RunSpec) -> Shown:
     prompt = b64_to_ids(letter.prompt_b64)
     excerpt = letter.excerpt or {}
-    shown = Shown(f"dead letter {letter.id} (run {letter.run}): {letter.reason}")
+    which = letter.id if letter.sample is None else f"{letter.id}, sample {letter.sample}"
+    shown = Shown(f"dead letter {which} (run {letter.run}): {letter.reason}")
     shown.fields = [("reason", letter.reason), ("message", letter.message), ("attempts", str(letter.attempts)),
                     ("servers", ", ".join(letter.servers)), ("worker", letter.worker),
                     ("tokens", f"prompt {letter.prompt_tokens:,}"

@@ -9,6 +9,11 @@ workers' registry, never a scan of the keyspace), and the queue depth from
 the broker; a run with a verifier adds its samples by verdict (passed,
 failed, error), counted by the ledger as each is stored. So `status` sends the same few commands whatever the run's size
 (`tests/test_scale.py`, `python -m bench --parts scale`).
+
+In a run of several samples a prompt (`enqueue --samples N`) each sample is a
+ledger entry: queued, in flight, done and dead count samples, `samples` all of
+them, and `prompts` the distinct prompts (the run's `prompts` counter, which
+`enqueue` keeps in the same step as each prompt's sample 0).
 """
 from __future__ import annotations
 
@@ -38,10 +43,15 @@ def collect_status(client: redis.Redis, spec: RunSpec, queue_prefix: str) -> dic
     rate = samples / window
     records = heartbeats.read_all(client)
     in_flight = in_flight_of(records, spec.name, pending)
+    entries = done + dead + pending
     return {
         "run": spec.name,
         "queue": queue,
-        "prompts": done + dead + pending,
+        # a run of several samples a prompt: its distinct prompts (counted at enqueue); below, its
+        # samples (ledger entries), which queued, in_flight, done and dead count
+        "prompts": entries if spec.samples == 1 or tally.prompts is None else tally.prompts,
+        "samples": entries,
+        "samples_per_prompt": spec.samples,
         "queued": pending - in_flight,
         "in_flight": in_flight,
         # messages on the queue, of every run that shares it: never a count of this run's

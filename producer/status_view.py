@@ -34,10 +34,13 @@ def render_status(report: dict) -> Group:
     depth = report.get("queue_depth")
     shared = f", {depth:,} messages of every run on it" if depth is not None else ""
     counts = Table(title=f"run {report['run']!r} (queue {report['queue']}{shared})")
-    columns = ("prompts", "queued", "in_flight", "done", "dead", "samples/s", "tokens/s", "ETA")
-    for column in columns:
+    several = report.get("samples_per_prompt", 1) > 1  # queued ... dead then count samples
+    if several:
+        counts.title += f"; {report['samples_per_prompt']} samples a prompt, each counted"
+    shown = ("prompts", *("samples",) * several, "queued", "in_flight", "done", "dead")
+    for column in (*shown, "samples/s", "tokens/s", "ETA"):
         counts.add_column(column, justify="right")
-    counts.add_row(*(f"{report[k]:,}" for k in ("prompts", "queued", "in_flight", "done", "dead")),
+    counts.add_row(*(f"{report[k]:,}" for k in shown),
                    f"{report['samples_per_s']:.2f}", f"{report['tokens_per_s']:,.0f}",
                    "done" if report["finished"] else _duration(report["eta_s"]))
     parts = [counts]

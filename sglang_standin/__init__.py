@@ -23,6 +23,12 @@ and those fields): a test sees the sampling a client really sent.
 
 Run it with `python -m sglang_standin --port 30000 [options]` (see --help).
 
+An answer is the prompt's alone by default, whatever the request's
+`sampling_seed` (which /standin/stats `seeds` records per key); with
+`--seeded-outputs` it is drawn with that seed mixed in (`outputs.for_seed`),
+so the samples of one prompt differ, as a real model's do at a temperature
+above 0.
+
 Faults are shares of prompts (`--fault-NAME SHARE`, names in FAULT_NAMES),
 decided per prompt, so a test can predict them: `outputs.fault_for(ids, cfg)`
 draws u = Random(sha256(b"sglang-standin/fault/" + seed as 16-byte signed

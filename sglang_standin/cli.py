@@ -135,6 +135,8 @@ def _output_options(g: argparse._ArgumentGroup) -> None:
     g.add_argument("--eos-id", type=int, default=_D.eos_id)
     g.add_argument("--emit-think-start", action="store_true",
                    help="outputs begin with think-start (template leaves it to the model)")
+    g.add_argument("--seeded-outputs", action="store_true",
+                   help="a request's sampling_seed varies its answer, as a real model's samples differ")
 
 
 def _fault_options(g: argparse._ArgumentGroup) -> None:

@@ -120,6 +120,9 @@ class StandinConfig:
     think_end_id: int = 128822
     eos_id: int = 1
     emit_think_start: bool = False
+    # a request's sampling_seed varies its answer (length, tokens, planted faults: `for_seed`), as a
+    # real model's samples of one prompt differ; off, the answer is the prompt's alone
+    seeded_outputs: bool = False
     # --- faults: shares in [0, 1], laid out in FAULT_NAMES order
     fault_missing_think_end: float = 0.0
     fault_double_think_end: float = 0.0

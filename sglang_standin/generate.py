@@ -31,7 +31,7 @@ from sglang_standin.bad_outputs import bad_output_kind
 from sglang_standin.batching import Job
 from sglang_standin.config import StandinConfig
 from sglang_standin.delivery import deliver
-from sglang_standin.outputs import fault_for, generate_output, prompt_key
+from sglang_standin.outputs import fault_for, for_seed, generate_output, prompt_key
 from sglang_standin.request_model import (GenerateCall, SubRequest, load_body, out_of_vocabulary,
                                            parse_generate, require_json)
 from sglang_standin.responses import Load, Planned, final_body, queue_full_stream_body
@@ -99,7 +99,9 @@ def crash_on_oov(vocab_size: int) -> None:
 
 
 def plan(sub: SubRequest, cfg: StandinConfig) -> Planned:
-    """Decide a sub-request's key, fault, bad-output kind and full output."""
+    """Decide a sub-request's key, fault, bad-output kind and full output (drawn with its
+    sampling_seed under --seeded-outputs: `outputs.for_seed`)."""
+    cfg = for_seed(cfg, sub.sampling.seed)
     ids, finish = generate_output(sub.input_ids, sub.max_new_tokens, cfg,
                                   sub.sampling.stop_token_ids, sub.sampling.ignore_eos)
     key = sub.rid if sub.rid_given else prompt_key(sub.input_ids)
@@ -146,7 +148,7 @@ async def _schedule_and_answer(request: Request, state: StandinState, call: Gene
             return sse_single([queue_full_stream_body(p, started) for p in plans], call.is_single)
         return errors.queue_full()
     for p in plans:
-        state.stats.note_generation(p.key)
+        state.stats.note_generation(p.key, p.sub.sampling.seed)
     if call.stream:  # uvicorn's own shutdown waits for open streams to finish
         events = sse_events(state, plans, jobs, call.is_single, started)
         return StreamingResponse(events, media_type="text/event-stream")

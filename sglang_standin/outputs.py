@@ -52,6 +52,17 @@ def prompt_rng(prompt_ids: Sequence[int], cfg: StandinConfig, purpose: bytes) ->
     return random.Random(int.from_bytes(h.digest(), "big"))
 
 
+def for_seed(cfg: StandinConfig, sampling_seed: int | None) -> StandinConfig:
+    """The config one request's answer is drawn with: with `--seeded-outputs` and a
+    `sampling_seed`, the seed mixed into `cfg.seed` (so each sample of a prompt gets its own
+    length, tokens and faults, and the same seed the same answer); else `cfg` itself."""
+    if not cfg.seeded_outputs or sampling_seed is None:
+        return cfg
+    import dataclasses
+
+    return dataclasses.replace(cfg, seed=(cfg.seed * 1_000_003 + int(sampling_seed) + 1) % 2**127)
+
+
 def fault_for(prompt_ids: Sequence[int], cfg: StandinConfig) -> str | None:
     """The fault this prompt gets (a FAULT_NAMES entry), or None.
 

@@ -29,6 +29,7 @@ class Sampling:
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
     stream_interval: int = 1
+    seed: int | None = None  # sampling_seed: noted in the stats (the stand-in's tokens do not depend on it)
 
 
 def parse_sampling(params: dict) -> Sampling:
@@ -41,6 +42,7 @@ def parse_sampling(params: dict) -> Sampling:
             stop_token_ids=_stop_ids(params.get("stop_token_ids")),
             ignore_eos=bool(params.get("ignore_eos", False)),
             stream_interval=max(1, int(params.get("stream_interval") or 1)),
+            seed=params.get("sampling_seed"),
         )
     except TypeError as exc:  # wrong types crash real SGLang's handler too
         raise InternalError(str(exc)) from exc

@@ -14,6 +14,8 @@ sampling a client really sent. `spans` gives, per key generated more than once, 
 end (wall clock, `time.time()`; end null while it runs, or when its client left
 and the stand-in has not noticed yet): a test tells by them whether a second
 generation began while the first still ran, or after it was answered.
+`seeds` gives, per key, the `sampling_seed` of each generation that carried
+one (a test of samples checks the seeds a worker sent).
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ class Stats:
         self.generations: dict[str, int] = defaultdict(int)
         self.generating: dict[str, int] = defaultdict(int)  # started and not yet answered (fault tests)
         self.spans: dict[str, list[list[float | None]]] = defaultdict(list)  # [start, end] of each generation
+        self.seeds: dict[str, list[int]] = defaultdict(list)  # sampling_seed of each generation that had one
         self.bad_outputs: dict[str, list[str]] = defaultdict(list)
         self.trickled: dict[str, int] = defaultdict(int)
         self.wedged: dict[str, int] = defaultdict(int)
@@ -54,8 +57,10 @@ class Stats:
         self.attempts[key] += 1
         return self.attempts[key]
 
-    def note_generation(self, key: str) -> None:
-        """A generation for `key` was started (not a fault-injected 500/503)."""
+    def note_generation(self, key: str, seed: int | None = None) -> None:
+        """A generation for `key` was started (not a fault-injected 500/503), with `seed` as its sampling_seed."""
+        if seed is not None:
+            self.seeds[key].append(seed)
         self.generations[key] += 1
         self.generating[key] += 1
         self.spans[key].append([time.time(), None])
@@ -126,6 +131,7 @@ class Stats:
             "generating": sorted(self.generating),
             "spans": {k: [list(span) for span in v] for k, v in self.spans.items() if len(v) > 1},
             "attempts": dict(self.attempts),
+            "seeds": {k: list(v) for k, v in self.seeds.items()},
             "bad_outputs": {k: list(v) for k, v in self.bad_outputs.items()},
             "trickled": dict(self.trickled),
             "wedged": dict(self.wedged),

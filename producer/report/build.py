@@ -24,7 +24,7 @@ from .figures import figures, repeated_hashes
 from .letters import LetterTally
 from .page import page
 from .read import dead_letters, shard_batches
-from .samples import EXAMPLES, SampleTally, output_hashes
+from .samples import EXAMPLES, SampleTally, output_hashes, row_keys
 from .tally import Picks
 
 SECTION_LIMIT = 600  # tokens a section shows on the page (head and tail); `show` prints all
@@ -47,7 +47,7 @@ def build_report(client: redis.Redis, spec: RunSpec, output_dir: str, queue_pref
     check_found(spec.name, status["done"], data["samples"]["unique_ids"], store_for(output_dir).where(spec.name))
     repeated = repeated_hashes(samples)
     if repeated:
-        data["examples"]["repeated"] = _repeated_ids(output_dir, spec.name, repeated)
+        data["examples"]["repeated"] = _repeated_ids(output_dir, spec, repeated)
     built = {"at": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
              "shards": len(store_for(output_dir).shards(spec.name)), "folder": store_for(output_dir).where(spec.name)}
     charts = [(chart, *draw(chart, data)) for chart in CHARTS]
@@ -56,12 +56,12 @@ def build_report(client: redis.Redis, spec: RunSpec, output_dir: str, queue_pref
     return data
 
 
-def _repeated_ids(output_dir: str, run: str, hashes: set[int]) -> list[str]:
-    """A second pass, only when some output repeats: the smallest ids among the repeated outputs."""
+def _repeated_ids(output_dir: str, spec: RunSpec, hashes: set[int]) -> list[str]:
+    """A second pass, only when some output repeats: the smallest ids (ledger keys) among the repeated outputs."""
     picks = Picks(EXAMPLES)
-    for batch in shard_batches(output_dir, run, columns=("id", "prompt_len", "input_ids")):
-        pairs = output_hashes(batch)
-        ids = batch.column("id").to_pylist()
+    for batch in shard_batches(output_dir, spec.name, columns=("id", "prompt_len", "input_ids", "sample")):
+        pairs = output_hashes(batch, spec.samples)
+        ids = row_keys(batch, spec.samples)
         for row in range(batch.num_rows):
             if int(pairs[row, 0]) in hashes:
                 picks.offer(0, ids[row])
@@ -78,7 +78,8 @@ def _examples(client: redis.Redis, spec: RunSpec, output_dir: str, buckets: dict
     if not where:
         return []
     decoder = load_decoder(spec, trust_remote_code)
-    stored = find_samples(output_dir, spec.name, [i for i, b in where.items() if not b[0].startswith("dead:")])
+    stored = find_samples(output_dir, spec.name, [i for i, b in where.items() if not b[0].startswith("dead:")],
+                          spec.samples)
     letters = DeadLetters(client, spec.name)
     examples = []
     for prompt_id, names in where.items():

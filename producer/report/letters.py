@@ -35,7 +35,7 @@ class LetterTally:
         self.prompt_tokens += letter.prompt_tokens
         since = max(0.0, letter.dead_at - self.spec.created_at)
         self.timelines.setdefault(reason, FoldingGrid(1, (1.0,), TIME_CELLS)).add(([since],))
-        self.picks.setdefault(reason, Picks(EXAMPLES)).offer(0, letter.id)
+        self.picks.setdefault(reason, Picks(EXAMPLES)).offer(0, letter.key)
         self.finish[finish_type(letter.excerpt)] += 1
         self.closure[closure(letter.excerpt)] += 1
 

@@ -65,7 +65,10 @@ def page(spec: RunSpec, status: dict, data: dict, charts: list, examples: list[d
 def _header(spec: RunSpec, status: dict, data: dict, built: dict) -> str:
     samples, quality = data["samples"], data["quality"]
     agree = samples["unique_ids"] == status["done"]
-    cards = [("prompts", status["prompts"], ""), ("stored", status["done"], ""),
+    several = status.get("samples_per_prompt", 1) > 1  # then stored, dead and pending count samples
+    cards = [("prompts", status["prompts"], ""),
+             *([(f"samples ({status['samples_per_prompt']} a prompt)", status["samples"], "")] if several else []),
+             ("stored", status["done"], ""),
              ("dead letters", status["dead"], "bad" if status["dead"] else ""),
              ("pending", status["pending"], ""), ("output tokens", status["output_tokens"], ""),
              ("samples in shards", samples["unique_ids"], "" if agree else "bad"),

@@ -21,7 +21,7 @@ from contract.storage import store_for
 COLUMNS = ("id", "input_ids", "prompt_len", "output_len", "finish_reason", "stop_token", "think_end_index",
            "server", "model", "max_new_tokens", "temperature", "top_p", "attempts", "worker",
            "tokenizer_fingerprint", "template_fingerprint", "e2e_latency", "started_at", "finished_at",
-           "cached_tokens")  # a shard older than a column has no such column in its batches
+           "cached_tokens", "sample")  # a shard older than a column has no such column in its batches
 BATCH_ROWS = 256
 
 

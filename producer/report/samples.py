@@ -10,7 +10,9 @@ reasoning = `think_end_index - prompt_len` (output tokens before think-end),
 answer = output tokens after think-end (the stop token included). Prefix-cache
 hits (`cached_tokens`) are summed per server and over time only over the rows
 that have the figure (`contract/cache_hits.py`); a shard older than the column
-has none.
+has none. In a run of several samples a prompt a row is named by its ledger key
+(`row_key` of `id` and `sample`), so each sample counts once and two samples
+of one prompt are never a redelivery.
 """
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 
 from contract.cache_hits import Hits
+from contract.samples import row_key
 from contract.spec import RunSpec
 
 from .tally import Counts, FoldingGrid, LogHistogram, Picks
@@ -54,14 +57,14 @@ class SampleTally:
                                                             "empty_answer")}}
 
     def add(self, batch: pa.RecordBatch) -> None:
-        c = _Columns(batch)
+        c = _Columns(batch, self.spec.samples)
         self.rows += batch.num_rows
         self._lengths(c)
         self._outcomes(c)
         self._time(c)
         self._servers(c)
         self._provenance(batch)
-        self.hashes.append(output_hashes(batch))
+        self.hashes.append(output_hashes(batch, self.spec.samples))
 
     def _lengths(self, c: "_Columns") -> None:
         self.lengths["output"].add(c.output_len)
@@ -129,9 +132,9 @@ class ServerTally:
 class _Columns:
     """A batch's columns as numpy arrays, and the per-sample quantities derived from them."""
 
-    def __init__(self, batch: pa.RecordBatch):
+    def __init__(self, batch: pa.RecordBatch, samples: int = 1):
         col = batch.column
-        self.ids = col("id").to_numpy(zero_copy_only=False)
+        self.ids = np.array(row_keys(batch, samples), dtype=object)
         self.prompt_len = col("prompt_len").to_numpy(zero_copy_only=False).astype(np.int64)
         self.output_len = col("output_len").to_numpy(zero_copy_only=False).astype(np.int64)
         think_end = col("think_end_index")
@@ -160,13 +163,22 @@ class _Columns:
         return has_output & ((last == self.stop_token) | np.isin(last, stop_ids))
 
 
-def output_hashes(batch: pa.RecordBatch) -> np.ndarray:
-    """(hash of the output ids, hash of the id) per row, as two uint64 columns."""
+def row_keys(batch: pa.RecordBatch, samples: int = 1) -> list[str]:
+    """Each row's ledger key: its id, or in a run of several samples a prompt `<id>~<sample>`."""
+    ids = batch.column("id").to_pylist()
+    if samples == 1:
+        return ids
+    indices = batch.column("sample").to_pylist() if "sample" in batch.schema.names else [None] * len(ids)
+    return [row_key(i, n, samples) for i, n in zip(ids, indices)]
+
+
+def output_hashes(batch: pa.RecordBatch, samples: int = 1) -> np.ndarray:
+    """(hash of the output ids, hash of the row's ledger key) per row, as two uint64 columns."""
     values, offsets = flat_ids(batch.column("input_ids"))
     raw = memoryview(values.astype("<i4").tobytes())
     prompt_len = batch.column("prompt_len").to_numpy(zero_copy_only=False)
     pairs = np.empty((batch.num_rows, 2), dtype=np.uint64)
-    for row, (start, end, prompt_id) in enumerate(zip(offsets[:-1], offsets[1:], batch.column("id").to_pylist())):
+    for row, (start, end, prompt_id) in enumerate(zip(offsets[:-1], offsets[1:], row_keys(batch, samples))):
         begin = int(start) + int(prompt_len[row])
         pairs[row, 0] = _hash64(raw[begin * 4: int(end) * 4])
         pairs[row, 1] = _hash64(prompt_id.encode())

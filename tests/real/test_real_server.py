@@ -133,3 +133,25 @@ def test_lines_own_sampling_and_logprobs_through_the_real_engine(fleet, tmp_path
             own = httpx.post(f"{server.url}/generate", json=body, timeout=120).json()
             assert own["output_ids"] == output
             assert row["logprobs"] == pytest.approx([e[0] for e in own["meta_info"]["output_token_logprobs"]], abs=1e-3)
+
+
+def test_samples_of_a_prompt_are_each_the_real_servers_answer_and_it_takes_their_seeds(fleet, tmp_path, shared_sglang):
+    # Given the real server with a random model, and a worker bound to it
+    server = shared_sglang("random")
+    fleet.worker("w1", [server.url])
+
+    # When 3 prompts are enqueued with 2 samples each (every request carries its sampling_seed), at
+    # temperature 0 so that each answer can be asked again
+    fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(3))), "--tokenizer", "bundled",
+                   "--samples", "2", "--temperature", "0", "--max-new-tokens", "16", "--thinking", "off",
+                   "--disable-rule", "truncated")
+
+    # Then the server takes the seeds (no request refused), every (id, sample) is stored once, and each
+    # is the server's own answer to its ids asked again with its seed
+    assert fleet.wait_finished(timeout=300) == {"done": 6}
+    rows = fleet.rows()
+    assert sorted((r["id"], r["sample"]) for r in rows) == [(f"p-{i:04d}", n) for i in range(3) for n in range(2)]
+    for row in rows:
+        prompt = row["input_ids"][:row["prompt_len"]]
+        own = server.generate(prompt, max_new_tokens=16, temperature=0, sampling_seed=row["seed"])
+        assert row["input_ids"][row["prompt_len"]:] == own["output_ids"], (row["id"], row["sample"])

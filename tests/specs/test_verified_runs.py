@@ -56,14 +56,14 @@ def test_enqueue_records_each_lines_fields_with_its_prompt_and_a_repeated_id_kee
     again = _enqueue(ledger, spec(), [(lines[2], [5, 6])], "c1")
 
     # Then both prompts are queued with their line's fields, and the repeat changed nothing
-    assert first == ["new", "new"] and again == ["again"]
+    assert first == [["new"], ["new"]] and again == [["again"]]
     fields = LineFields(client, RUN)
     assert fields.get("q1")["fields"]["answer"] == "1" and fields.get("q2")["fields"]["answer"] == "2"
 
 
 def test_a_run_without_a_verifier_keeps_no_fields(client):
     line = parse_line(json.dumps({"id": "q1", "prompt": "?", "answer": "1"}).encode(), 1)
-    assert _enqueue(Ledger(client, RUN), spec(None), [(line, [5])], "c1") == ["new"]
+    assert _enqueue(Ledger(client, RUN), spec(None), [(line, [5])], "c1") == [["new"]]
     assert LineFields(client, RUN).get("q1") == {}
 
 

@@ -23,6 +23,15 @@ rather than dead-lettering it. Only a sample the shard schema cannot hold
 In a run with a verifier (`enqueue --verify`), a sample that passed the think
 checks has its answer checked before it goes to its shard (`output/verdicts.py`):
 pass or fail, it is stored, with its verdict.
+
+**One prompt, or one sample of it.** In a run of several samples a prompt
+(`enqueue --samples N`) a message names one sample by its ledger key
+(`<id>~<index>`, `contract/samples.py`): everything here keys by that, and only
+the request's `sampling_seed` and the row's `id`, `sample` and `seed` are
+derived from it (`request_sampling`, `_row`). Every request of a run of several
+samples carries its `sampling_seed` (as does one whose line gives a seed), so a
+re-run, a retry or a redelivery asks the server for the same sample; a run of
+one sample sends none, so a server older than the key still takes it.
 """
 from __future__ import annotations
 
@@ -48,6 +57,7 @@ from contract.deadletters import DeadLetter, DeadLetters
 from contract.names import PromptState, Reason
 from contract.provenance import weight_version_of
 from contract.replication import expected, replicated, written_again
+from contract.samples import sample_seed, split_sample_key
 from contract.schema import Sample
 from contract.spec import RunSpec
 
@@ -193,17 +203,18 @@ class DeadLettered(Exception):
 def bury(rt: Runtime, letter: DeadLetter, forgotten: bool = False) -> str:
     """Every dead letter goes through here: stored unless the prompt is already done,
     counted in the metrics, logged. `forgotten`: the ledger lost the prompt (see `Ledger.bury`)."""
+    _name_sample(rt, letter)
     letter.excerpt.update(_turn_of(rt, letter))
     found = put_letter(rt.redis, letter, forgotten)
     if found == PromptState.DONE or found is None:
-        log.warning("prompt %s is %s: its %s failure (%s) is not dead-lettered", letter.id,
+        log.warning("prompt %s is %s: its %s failure (%s) is not dead-lettered", letter.key,
                     "already stored" if found else "not in the ledger", letter.reason, letter.message)
         return f"not dead-lettered: prompt is {found or 'unknown'}"
     if found == PromptState.QUEUED:
         metrics.PROMPTS.labels(letter.run, "dead").inc()
     metrics.DEAD_LETTERS.labels(letter.reason).inc()
     log.info("prompt %s of run %s dead-lettered, %s: %s; details: python -m producer dead show %s --run %s",
-             letter.id, letter.run, letter.reason, letter.message, letter.id, letter.run)
+             letter.key, letter.run, letter.reason, letter.message, letter.key, letter.run)
     return Buried(letter)
 
 
@@ -219,7 +230,16 @@ def put_letter(client: redis.Redis, letter: DeadLetter, forgotten: bool = False)
     def once() -> str | None:
         with replicated(client):
             return letters.put(letter, forgotten)
-    return written_again(once, f"the dead letter of prompt {letter.id} of run {letter.run}")
+    return written_again(once, f"the dead letter of prompt {letter.key} of run {letter.run}")
+
+
+def _name_sample(rt: Runtime, letter: DeadLetter) -> None:
+    """A letter made for a sample's ledger key names its prompt's id and its sample (`key` gives
+    the ledger key back); a run whose spec cannot be read keeps the key as its id."""
+    try:
+        letter.of_sample(cached_spec(rt.settings.redis_url, letter.run).samples)
+    except (LookupError, ValueError):
+        pass
 
 
 def _turn_of(rt: Runtime, letter: DeadLetter) -> dict:
@@ -319,8 +339,10 @@ def _requests(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int],
         suspect = bool(tries.crashes) and not tries.probed
         try:
             with rt.pool.acquire(spec.served_model, s.server_wait, avoid=avoid, prefer=route.prefer,
-                                 only=taking, suspect=suspect, checked=frozenset(b.url for b in usable)) as binding:
-                rt.affinity.sent(route, binding.url, rt.pool.spilled(route.prefer, binding, spec.served_model))
+                                 only=taking, suspect=suspect, checked=frozenset(b.url for b in usable),
+                                 lookup=lambda: rt.affinity.prefer(route),
+                                 placed=lambda chosen, wanted: rt.affinity.sent(
+                                     route, chosen.url, rt.pool.spilled(wanted, chosen, spec.served_model))) as binding:
                 too_long = prompt_too_long(len(prompt_ids), binding.max_model_len, binding.max_input_len)
                 if too_long:
                     raise Unfit(_dead(rt, spec, prompt_id, prompt_ids, sampling, tries, Reason.PROMPT_TOO_LONG,
@@ -536,7 +558,7 @@ def _dead(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], sam
         servers=sorted(set(tries.servers)), worker=rt.worker, prompt_b64=ids_to_b64(prompt_ids),
         prompt_tokens=len(prompt_ids), sampling=sampling, excerpt=excerpt,
         first_attempt_at=tries.started_at,
-    )
+    ).of_sample(spec.samples)
 
 
 def _row(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], tries: Attempts,
@@ -545,8 +567,9 @@ def _row(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], trie
     finish = meta.get("finish_reason") or {}
     matched = finish.get("matched") if isinstance(finish, dict) else None
     binding_model = next((b.model_path for b in rt.pool.bindings if b.url == generation.server), None)
+    line_id, index = split_sample_key(prompt_id, spec.samples)
     return Sample(
-        id=prompt_id,
+        id=line_id,
         input_ids=prompt_ids + out,
         prompt_len=len(prompt_ids),
         output_len=len(out),
@@ -573,6 +596,8 @@ def _row(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], trie
         **_logprob_columns(generation),
         weight_version=weight_version_of(meta, next((b.weight_version for b in rt.pool.bindings
                                                      if b.url == generation.server), None)),
+        sample=index,
+        seed=sampling.get("sampling_seed"),
     )
 
 

@@ -28,6 +28,11 @@ and the prompt generated as usual. A final name is never replaced and holds the
 rows it was written with (`contract/storage`), so the check cannot be fooled by
 a later shard.
 
+Rows are matched with the ledger by their ledger key (`contract/samples.py`):
+a row's `id` is its prompt's, so in a run of several samples a prompt the key
+is derived from its `id` and `sample` (`row_key`), with the run's `samples`
+read from its spec once per process (`ShardBook.keys`).
+
 The hash holds only in-flight groups (not one field per prompt of the run):
 `mark_group_done` and `bury` delete entries, and one a dead worker left goes at
 its prompt's next delivery (found, or dropped; `intake` drops the entry of a
@@ -48,8 +53,10 @@ from contract.ledger import Ledger
 from contract.write_refusal import refusal
 from contract.names import PromptState
 from contract.replication import FailedOver, confirmed, replicated, written_again
+from contract.samples import row_key
 from contract.schema import Sample, is_shard
 from contract.verifiers import verdict_class
+from contract.spec import load_spec
 from contract.storage import store_for
 
 from . import deliveries
@@ -80,6 +87,16 @@ class ShardBook:
         self.home = home  # this worker's OUTPUT_DIR (`contract.shard_home.home`), noted in each run it writes
         self.homed: set[str] = set()  # runs whose home this process has noted
         self.recent = Recent(remember)  # (run, [(id, output_len)], shard) of the groups marked done lately
+        self.samples: dict[str, int] = {}  # each run's samples a prompt (its spec's; never changes)
+
+    def keys(self, run: str, rows: list[Sample]) -> list[str]:
+        """The rows' ledger keys: their ids, or in a run of several samples a prompt each
+        sample's `<id>~<index>` (the run's spec read once)."""
+        if run not in self.samples:
+            spec = load_spec(self.client, run)
+            self.samples[run] = spec.samples if spec else 1
+        samples = self.samples[run]
+        return [row.id for row in rows] if samples == 1 else [row_key(row.id, row.sample, samples) for row in rows]
 
     def writing(self, run: str, rows: list[Sample], shard: str) -> None:
         """Raises `LedgerRefused` when Redis refuses the entries (or a failover outlasts
@@ -87,7 +104,6 @@ class ShardBook:
         Other Redis errors are let be: without entries a crash after the link costs a
         generation, no more. The first group of a run also notes, in the same round trip, where
         this worker writes its shards, so that commands read them there (`contract/shard_home.py`)."""
-        ids = [row.id for row in rows]
         new_home = self.home if self.home and run not in self.homed else None
 
         def fill(pipe) -> None:
@@ -95,6 +111,7 @@ class ShardBook:
             if new_home:
                 shard_home.record(pipe, run, new_home)
         try:
+            ids = self.keys(run, rows)
             written_again(lambda: confirmed(self.client, fill),
                           f"the writing entries of {len(rows)} samples of run {run}")
             if new_home:
@@ -110,7 +127,7 @@ class ShardBook:
         """Best effort: an entry left naming a file that was never linked is dropped at the
         prompt's next delivery."""
         try:
-            Ledger(self.client, run).unwritten([row.id for row in rows], shard)
+            Ledger(self.client, run).unwritten(self.keys(run, rows), shard)
         except redis.RedisError as exc:
             log.warning("could not drop the writing entries of %d samples of run %s (%r)", len(rows), run, exc)
 
@@ -120,13 +137,14 @@ class ShardBook:
         fails: its tasks then fail, and their redeliveries find the entries). Returns once a
         replica has the done marks, so no task is acknowledged for a prompt a failover could
         turn back to queued; a failover met on the way writes them again on the new primary."""
-        samples = [(row.id, row.output_len, verdict_class(row.verified, row.verdict)) for row in rows]
-        tags = GROUP_ACKS.claim(run, [row.id for row in rows])
+        keys = self.keys(run, rows)
+        samples = [(key, row.output_len, verdict_class(row.verified, row.verdict)) for key, row in zip(keys, rows)]
+        tags = GROUP_ACKS.claim(run, keys)
         found = written_again(lambda: self.mark(run, samples, shard, tags),
                               f"the done marks of {len(rows)} samples of run {run}")
         kombu_redis.settled(tags)
         self.recent.add((run, samples, shard))
-        again = [row.id for row, state in zip(rows, found) if state not in (PromptState.QUEUED, PromptState.DEAD)]
+        again = [key for key, state in zip(keys, found) if state not in (PromptState.QUEUED, PromptState.DEAD)]
         if again:
             log.warning("%d prompts stored again (already done or not in the ledger), counted once: %s",
                         len(again), ", ".join(again[:10]))
@@ -152,15 +170,16 @@ class ShardBook:
         return Ledger.found(replies[:done_replies[-1]])
 
 
-def reconciled(ledger: Ledger, output_dir: str, prompt_id: str, shard: str) -> str | None:
+def reconciled(ledger: Ledger, output_dir: str, prompt_id: str, shard: str, samples: int = 1) -> str | None:
     """The prompt's sample is in `shard` (its writing entry's name): mark it done there and say
     so; None when it is not (the entry is dropped and the prompt is to be generated). Raises
-    `OSError` when storage cannot tell (the caller gives the prompt back, entry kept)."""
+    `OSError` when storage cannot tell (the caller gives the prompt back, entry kept).
+    `prompt_id` is the ledger key, in a run of `samples` samples a prompt."""
     location = store_for(output_dir).location(ledger.run, shard)
     if PurePosixPath(shard).name != shard or not is_shard(PurePosixPath(shard)):
         output_len = verdict = None  # not a final shard name: nothing to look for
     else:
-        output_len, verdict = _output_len(output_dir, location, prompt_id)
+        output_len, verdict = _output_len(output_dir, location, prompt_id, samples)
     if output_len is None:
         ledger.unwritten([prompt_id], shard)
         log.info("prompt %s: its sample was being written to %s, which does not hold it; generating it",
@@ -176,11 +195,11 @@ def reconciled(ledger: Ledger, output_dir: str, prompt_id: str, shard: str) -> s
     return f"reconciled: {location}"
 
 
-def _output_len(output_dir: str, location: str, prompt_id: str) -> tuple[int | None, str | None]:
+def _output_len(output_dir: str, location: str, prompt_id: str, samples: int = 1) -> tuple[int | None, str | None]:
     """The prompt's row's output length in the shard at `location`, and its verdict class (None
     without a verifier); (None, None) when the shard or the row is not there."""
     try:
-        return _rows_of(output_dir, location).get(prompt_id, (None, None))
+        return _rows_of(output_dir, location, samples).get(prompt_id, (None, None))
     except FileNotFoundError:  # not cached: a live worker may still create it
         return None, None
     except pa.ArrowInvalid as exc:  # never for a final name (created whole)
@@ -189,20 +208,19 @@ def _output_len(output_dir: str, location: str, prompt_id: str) -> tuple[int | N
 
 
 @lru_cache(maxsize=4)
-def _rows_of(output_dir: str, location: str) -> dict[str, tuple[int, str | None]]:
-    """A shard's ids, output lengths and verdict classes (those columns only; a shard written
-    before verdicts has none). A final name never changes its content, so the prompts of one dead
-    worker's group read their shard once."""
-    source = store_for(output_dir).source(location)
-    columns = ["id", "output_len"]
-    if "verdict" in pq.read_schema(source).names:
-        columns += ["verified", "verdict"]
-    if not isinstance(source, str):
-        source.seek(0)
-    table = pq.read_table(source, columns=columns)
+def _rows_of(output_dir: str, location: str, samples: int = 1) -> dict[str, tuple[int, str | None]]:
+    """A shard's rows' ledger keys, output lengths and verdict classes (from the `id`, `sample`,
+    `output_len`, `verified` and `verdict` columns only; an older shard without `sample` holds
+    samples 0, one without verdicts none). A final name never changes its content, so the prompts
+    of one dead worker's group read their shard once."""
+    shard = pq.ParquetFile(store_for(output_dir).source(location))
+    names = shard.schema_arrow.names
+    columns = ["id", "output_len"] + ["sample"] * (samples > 1 and "sample" in names)
+    columns += ["verified", "verdict"] * ("verdict" in names)
+    table = shard.read(columns=columns)
     ids, lengths = table.column("id").to_pylist(), table.column("output_len").to_pylist()
-    if "verdict" not in columns:
-        return {i: (n, None) for i, n in zip(ids, lengths)}
-    classes = [verdict_class(v, d) for v, d in zip(table.column("verified").to_pylist(),
-                                                  table.column("verdict").to_pylist())]
-    return {i: (n, c) for i, n, c in zip(ids, lengths, classes)}
+    indices = table.column("sample").to_pylist() if "sample" in columns else [None] * len(ids)
+    classes = ([verdict_class(v, d) for v, d in zip(table.column("verified").to_pylist(),
+                                                    table.column("verdict").to_pylist())]
+               if "verdict" in columns else [None] * len(ids))
+    return {row_key(i, n, samples): (length, c) for i, n, length, c in zip(ids, indices, lengths, classes)}

@@ -120,7 +120,7 @@ def _generate(self, run: str, prompt_id: str, max_new_tokens: int | None) -> str
             if spec.turns == "all":  # its next turn is rendered here: the tokenizer loads meanwhile
                 turns.warm(spec)
             tag = None if spec.turns == "all" else (self.request.properties or {}).get("delivery_tag")
-            with TaskSamples(rt.shards, tag) as samples:
+            with TaskSamples(rt.shards, tag, prompt_id) as samples:
                 outcome = process_prompt(rt, spec, prompt_id, unpack_ids(raw), max_new_tokens, samples.submit)
         STARTED.finish(rt.redis, run, prompt_id, cleared=samples.marked_done())
         if spec.turns == "all" and not isinstance(outcome, Buried):
@@ -177,7 +177,8 @@ def _reconciled(rt: Runtime, ledger: Ledger, prompt_id: str, shard: str) -> str 
     """The prompt's sample was being written to `shard` when an earlier delivery ended: if it
     is there, the prompt is done without generating (`reconcile.py`), its deliveries forgotten."""
     try:
-        found = reconciled(ledger, rt.settings.output_dir, prompt_id, shard)
+        samples = cached_spec(rt.settings.redis_url, ledger.run).samples
+        found = reconciled(ledger, rt.settings.output_dir, prompt_id, shard, samples)
     except OSError as exc:  # storage cannot tell yet: keep the entry, try again later
         raise GiveBack(f"cannot read shard {shard} to see whether it holds prompt {prompt_id}: {exc}") from exc
     if found:
@@ -264,13 +265,15 @@ class TaskSamples:
     """What one task hands the shard writer: its samples are counted in `committing()` from
     their submit until the task leaves the `with` block (marked done, or failed). With `tag`
     (its message's delivery tag), the group commit that marks a sample done also acknowledges
-    the message, until the task leaves the block (`group_acks`)."""
+    the message, until the task leaves the block (`group_acks`). `key` is the prompt's ledger
+    key (a sample's `<id>~<index>` in a run of several samples a prompt, whose rows keep the
+    prompt's id in `id`)."""
 
     in_flight = 0  # across the worker's tasks
     _lock = threading.Lock()
 
-    def __init__(self, writer: ShardWriter, tag: str | None = None):
-        self.writer, self.tag = writer, tag
+    def __init__(self, writer: ShardWriter, tag: str | None = None, key: str | None = None):
+        self.writer, self.tag, self.key = writer, tag, key
         self.last_row: Sample | None = None  # a conversation's next turn is rendered from it
         self._futures: list[Future] = []
         self._expected: list[tuple[str, str]] = []
@@ -285,8 +288,9 @@ class TaskSamples:
 
     def submit(self, run: str, row: Sample) -> Future:
         if self.tag:
-            GROUP_ACKS.expect(run, row.id, self.tag)
-            self._expected.append((run, row.id))
+            key = self.key or row.id
+            GROUP_ACKS.expect(run, key, self.tag)
+            self._expected.append((run, key))
         future = self.writer.submit(run, row)
         self._futures.append(future)
         self.last_row = row

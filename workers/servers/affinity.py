@@ -10,6 +10,9 @@ in two common cases, and this module names the server that holds them:
   one field per conversation in progress, dropped when it completes), so
   every worker reads it, across redeliveries and worker restarts. It is the
   binding's URL as the worker holds it (redacted: never a credential).
+- **the samples of one prompt** (`enqueue --samples N`): identical ids, so
+  the last key below (the whole prompt's) sends samples 1 to N-1 where
+  sample 0 went, while the load guard allows, and N - 1 of N hit its cache.
 - **a shared prefix** (a long system prompt, a few-shot preamble): prompts
   whose first block of `BLOCK` tokens or more match what a server was recently
   sent go to that server. `RecentPrefixes` maps a hash of each leading run of
@@ -114,11 +117,17 @@ def sticky(prefer: str | None, candidates: Sequence[Loaded], margin: float,
 
 
 def block_keys(ids: Sequence[int]) -> list[int]:
-    """A hash of each leading run of whole blocks of `ids` (first block, first two, ...)."""
-    keys, running = [], 0
+    """A hash of each leading run of whole blocks of `ids` (first block, first two, ...), then,
+    where the ids end within `MAX_BLOCKS` blocks, of the whole prompt: so the samples of one
+    prompt (`enqueue --samples`, identical ids) follow the first to its server even where the
+    prompt is shorter than a block, or ends in a part of one."""
+    keys, running, end = [], 0, 0
     for start in range(0, min(len(ids), BLOCK * MAX_BLOCKS) - BLOCK + 1, BLOCK):
         running = hash((running, tuple(ids[start:start + BLOCK])))
         keys.append(running)
+        end = start + BLOCK
+    if end < len(ids) <= BLOCK * MAX_BLOCKS:
+        keys.append(hash((running, tuple(ids[end:]), "whole")))
     return keys
 
 
@@ -191,6 +200,14 @@ class Affinity:
             return Route(server, keys, "conversation")
         server = self.prefixes.server_for(keys)
         return Route(server, keys, "prefix" if server else "")
+
+    def prefer(self, route: Route) -> str | None:
+        """The route's server as of now (`ServerPool.acquire` asks at each pick): its conversation's,
+        else the server its longest leading run was last sent to, which a prompt of the same prefix
+        (a sample of the same prompt) picked since `route` may have set."""
+        if not self.enabled or route.why == "conversation":
+            return route.prefer
+        return self.prefixes.server_for(route.keys) if route.keys else None
 
     def sent(self, route: Route, server: str, spilled: bool = False) -> None:
         """The prompt went to `server` (`spilled`: by the load guard, from its preferred server)."""

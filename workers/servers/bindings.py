@@ -34,7 +34,7 @@ import threading
 import time
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 from contract.connections import redact_url
 from contract.names import ServerState
@@ -192,16 +192,26 @@ class ServerPool:
     @contextmanager
     def acquire(self, model: str | None, wait: float, avoid: str | None = None,
                 prefer: str | None = None, only: frozenset[str] | None = None,
-                suspect: bool = False, checked: frozenset[str] = frozenset()) -> Iterator[ServerBinding]:
+                suspect: bool = False, checked: frozenset[str] = frozenset(),
+                lookup: Callable[[], str | None] | None = None,
+                placed: Callable[[ServerBinding, str | None], None] | None = None) -> Iterator[ServerBinding]:
         """Hold a slot on the preferred server while the load guard allows it, else on the
         least-loaded usable server (among `only`, where given, chosen from the usable servers
         `checked`: `Recheck` when another has become usable; one whose crash suspects wait for
-        their probes only for a `suspect`), waiting up to `wait` seconds."""
+        their probes only for a `suspect`), waiting up to `wait` seconds.
+
+        `lookup` (affinity's, `Affinity.prefer`) names the preferred server afresh at each pick,
+        and `placed` is told the server chosen and the one preferred, both under the pool's lock:
+        so of prompts that share a prefix and arrive together (the samples of one prompt), the
+        second is picked after the first was placed, and follows it."""
         deadline = time.monotonic() + wait
         with self._lock:
             while True:
-                chosen, hold_for = self._pick(model, avoid, prefer, only, suspect, checked)
+                wanted = (lookup() or prefer) if lookup is not None else prefer
+                chosen, hold_for = self._pick(model, avoid, wanted, only, suspect, checked)
                 if chosen:
+                    if placed is not None:
+                        placed(chosen, wanted)
                     break
                 left = deadline - time.monotonic()
                 if left <= 0:

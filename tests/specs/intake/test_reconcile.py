@@ -141,3 +141,47 @@ def test_a_judged_sample_is_counted_by_its_verdict_once_whether_its_group_was_ma
 
     # Then each is counted once, by its verdict's class
     assert ledger.tally().verdicts == {"pass": 1, "fail": 1, "error": 1}
+
+
+def _samples_run(client, n: int) -> Ledger:
+    """A run of 3 samples a prompt (its spec says so) with samples 0..n-1 of p-0 queued."""
+    from contract.spec import RunSpec, save_spec
+
+    save_spec(client, RunSpec(name="r", tokenizer="t", tokenizer_fingerprint="t", template_fingerprint="g",
+                              sampling={}, thinking="prompt", think_start_id=1, think_end_id=2, stop_ids=[1],
+                              samples=3))
+    ledger = Ledger(client, "r")
+    ledger.enqueue({f"p-0~{n}": pack_ids([1, 2, 3]) for n in range(n)})
+    return ledger
+
+
+def test_a_group_of_samples_of_one_prompt_is_marked_done_sample_by_sample(client, tmp_path):
+    # Given samples 0-2 of one prompt in a run of 3 samples a prompt, each a row with the prompt's id
+    ledger = _samples_run(client, 3)
+    writer = ShardWriter(str(tmp_path), "w", max_rows=3, max_wait=30, book=ShardBook(client))
+
+    # When the three rows (same id, samples 0, 1, 2) are committed as one group
+    paths = {f.result(timeout=10) for f in [writer.submit("r", sample(0, sample=n)) for n in range(3)]}
+    writer.close()
+
+    # Then each sample's key is done in that shard, once, and no entry is left
+    code = shard_code(paths.pop())
+    assert ledger.entries([f"p-0~{n}" for n in range(3)]) == [Entry("done", shard=code)] * 3
+    assert ledger.tally().done == 3 and not client.exists(RunKeys("r").writing)
+
+
+def test_a_delivery_finds_its_sample_by_id_and_index_and_not_a_sibling(client, tmp_path):
+    # Given a shard holding sample 1 of p-0, linked by a worker that died before marking it done,
+    # and entries naming that shard for samples 1 and 2 (which the shard lacks)
+    ledger = _samples_run(client, 3)
+    writer = ShardWriter(str(tmp_path), "w", max_rows=1, max_wait=30)  # files only
+    shard = Path(writer.submit("r", sample(0, sample=1)).result(timeout=10))
+    writer.close()
+    ledger.writing(["p-0~1", "p-0~2"], shard.name)
+
+    # When each is delivered again
+    found = [reconciled(ledger, str(tmp_path), key, ledger.intake(key)[1], samples=3) for key in ("p-0~1", "p-0~2")]
+
+    # Then sample 1 is done in that shard without a generation, and sample 2 is to be generated
+    assert found[0] == f"reconciled: {shard}" and found[1] is None
+    assert ledger.states(["p-0~0", "p-0~1", "p-0~2"]) == ["queued", "done", "queued"]

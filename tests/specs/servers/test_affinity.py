@@ -172,12 +172,26 @@ def test_a_prompt_waiting_for_its_preferred_server_moves_once_another_falls_beyo
     assert landed == ["b"]
 
 
-def test_the_leading_blocks_of_prompts_that_share_a_prefix_match_and_short_prompts_give_none():
+def test_the_leading_blocks_of_prompts_that_share_a_prefix_match_and_short_prompts_match_only_themselves():
     system = list(range(1000, 1000 + 3 * BLOCK + 10))
     one, two = block_keys(system + [1, 2, 3] * 40), block_keys(system + [7, 8, 9] * 40)
     assert one[:3] == two[:3] and one[3] != two[3]
-    assert block_keys(list(range(BLOCK - 1))) == []
+    # a prompt shorter than a block has only its whole prompt's key: the same prompt's (its samples'), no other's
+    short = list(range(BLOCK - 1))
+    assert len(block_keys(short)) == 1 and block_keys(short) == block_keys(list(short))
+    assert block_keys(short) != block_keys(short[:-1]) and block_keys(short[:-1] + [7]) != block_keys(short)
+    # a prompt ending within a block: its whole blocks' keys, then its own (its samples')
+    assert len(block_keys(system)) == 4 and block_keys(system)[:3] == one[:3]
+    assert len(block_keys(list(range(2 * BLOCK)))) == 2  # whole blocks only: nothing more to key
     assert len(block_keys(list(range(BLOCK * (MAX_BLOCKS + 5))))) == MAX_BLOCKS
+
+
+def test_the_samples_of_a_short_prompt_follow_the_first_to_its_server():
+    recent = RecentPrefixes()
+    prompt = list(range(40))  # shorter than a block
+    recent.sent(block_keys(prompt), "a")
+    assert recent.server_for(block_keys(list(prompt))) == "a"
+    assert recent.server_for(block_keys(prompt[:-1] + [99])) is None
 
 
 def test_a_prompt_goes_where_the_longest_run_of_its_leading_blocks_was_last_sent():
@@ -250,3 +264,25 @@ def test_a_prompt_the_guard_spills_leaves_its_prefix_where_it_was_and_a_down_ser
     with p.acquire("m", 0.05, prefer=route.prefer) as binding:
         affinity.sent(route, binding.url, p.spilled(route.prefer, binding, "m"))
     assert affinity.route(None, "r", False, "p6", prompt).prefer == "b"
+
+
+def test_samples_of_one_prompt_routed_together_follow_the_first_to_its_server():
+    # Given three samples of one new prompt (identical ids) whose routes were all read before any
+    # was sent (their tasks started together), on two idle servers
+    p, affinity = pool("a", "b"), Affinity()
+    prompt = list(range(40))
+    routes = [affinity.route(None, "r", False, f"q~{i}", prompt) for i in range(3)]
+    assert all(route.prefer is None for route in routes)
+
+    # When each takes a slot, the way a worker's request does, holding it
+    held = []
+    for route in routes:
+        context = p.acquire("m", 0.05, prefer=route.prefer, lookup=lambda route=route: affinity.prefer(route),
+                            placed=lambda chosen, wanted, route=route: affinity.sent(
+                                route, chosen.url, p.spilled(wanted, chosen, "m")))
+        held.append((context, context.__enter__()))
+
+    # Then all three went where the first did (the guard allowing), not one to each server by load
+    assert len({binding.url for _, binding in held}) == 1
+    for context, _ in held:
+        context.__exit__(None, None, None)

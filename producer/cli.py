@@ -87,6 +87,10 @@ def enqueue(
     samples: int = typer.Option(1, min=1, metavar="N", help="Samples of each prompt, each its own request with its "
                                 "own sampling_seed (from the run, the prompt and the sample's index: a re-run asks "
                                 "the same seeds) and its own row (columns sample, seed). Not with --turns all."),
+    until_verified: Optional[int] = typer.Option(None, "--until-verified", min=1, metavar="K",
+                                                 help="Sample each prompt until K of its samples pass --verify, "
+                                                      "at most --samples N in all: only what failed is sampled "
+                                                      "again (docs/data/samples.md)."),
     max_queued: int = typer.Option(100_000, min=0, metavar="N",
                                    help="Hold back while the queue is deeper than this (0: never)."),
     max_line_bytes: int = typer.Option(MAX_LINE_BYTES, min=1, metavar="N", help="A longer line is reported and "
@@ -134,7 +138,7 @@ def enqueue(
     if verify is not None:
         _check_verifier(verify, turns)
     try:
-        check_samples(samples, turns)
+        check_samples(samples, turns, until_verified, verify)
     except SamplesRefused as exc:
         raise fail(str(exc))
     try:
@@ -165,7 +169,8 @@ def enqueue(
         raise fail(str(exc))
     spec = new_spec(chat, name, chosen.name, max_new_tokens, temperature, top_p, thinking,
                     served_model, disable_rule, turns, trust_remote_code, verify, logprobs=logprobs,
-                    line_fields=may_carry_sampling(prompts), samples=samples)
+                    line_fields=may_carry_sampling(prompts), samples=samples,
+                    until_verified=until_verified)
     try:
         spec = prepare_run(client, spec)
     except (RunMismatch, OlderLayout) as exc:

@@ -186,7 +186,15 @@ class SamplesRefused(ValueError):
     answer stored for each turn before them, which several samples would not name."""
 
 
-def check_samples(samples: int, turns: str) -> None:
+def check_samples(samples: int, turns: str, until_verified: int | None = None, verify: str | None = None) -> None:
+    """`--samples N` (and `--until-verified K`, which needs a verifier and N of at least K), or
+    `SamplesRefused` with one line."""
+    if until_verified is not None:
+        if verify is None:
+            raise SamplesRefused("--until-verified needs --verify NAME: it counts the samples that pass")
+        if until_verified > samples:
+            raise SamplesRefused(f"--until-verified {until_verified} needs --samples N of at least {until_verified} "
+                                 f"(N: the most samples a prompt gets), not {samples}")
     if samples < 1:
         raise SamplesRefused(f"--samples must be 1 or more, not {samples}")
     if samples > 1 and turns == ALL:
@@ -199,12 +207,12 @@ def new_spec(chat: ChatTokenizer, name: str, tokenizer: str, max_new_tokens: int
              top_p: float, thinking: str = "auto", served_model: str | None = None,
              disabled_rules: Iterable[str] = (), turns: str = LAST, trust_remote_code: bool = False,
              verify: str | None = None, logprobs: int | None = None, line_fields: bool = False,
-             samples: int = 1) -> RunSpec:
+             samples: int = 1, until_verified: int | None = None) -> RunSpec:
     """The spec `enqueue` records for a run: tokenizer identity, sampling, think tokens, samples a
     prompt, the verifier of its answers (`verify`). `line_fields`: whether some line carries its own sampling
     (`prompts.mentions_line_fields`); a run with a verifier keeps every line's fields too. Decided
     once for the run, as workers read a run's spec once."""
-    check_samples(samples, turns)
+    check_samples(samples, turns, until_verified, verify)
     return RunSpec(
         name=name, tokenizer=tokenizer, tokenizer_fingerprint=chat.fingerprint(),
         template_fingerprint=chat.template_fingerprint(),
@@ -217,7 +225,7 @@ def new_spec(chat: ChatTokenizer, name: str, tokenizer: str, max_new_tokens: int
         history_reasoning=turns == ALL and chat.renders_history_reasoning(),
         probe=make_probe(chat.tok).to_dict(), verify=verify, logprobs=logprobs or None,
         line_fields=line_fields or verify is not None,
-        samples=samples,
+        samples=samples, until_verified=until_verified,
     )
 
 

@@ -155,3 +155,30 @@ def test_samples_of_a_prompt_are_each_the_real_servers_answer_and_it_takes_their
         prompt = row["input_ids"][:row["prompt_len"]]
         own = server.generate(prompt, max_new_tokens=16, temperature=0, sampling_seed=row["seed"])
         assert row["input_ids"][row["prompt_len"]:] == own["output_ids"], (row["id"], row["sample"])
+
+
+def test_rejection_sampling_through_the_real_engine_keeps_sampling_only_what_the_math_verifier_fails(
+        fleet, tmp_path, shared_sglang):
+    # Given the trace model (its answer after the reasoning: "So the total is \boxed{12}."), and two
+    # prompts whose lines give the answer the math verifier compares with: 12, and 13
+    server = shared_sglang("trace")
+    fleet.worker("w1", [server.url])
+    records = [{"id": "twelve", "prompt": "How many apples in all?", "answer": "12"},
+               {"id": "thirteen", "prompt": "How many pears in all?", "answer": "13"}]
+
+    # When they are enqueued for at most 3 samples each, until one passes
+    fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", records)), "--tokenizer", "bundled",
+                   "--max-new-tokens", "64", "--verify", "math", "--samples", "3", "--until-verified", "1")
+
+    # Then the first prompt stops at its first sample, which passed, and the second is sampled 3 times,
+    # each failing, every sample the real engine's answer with the seed it was asked with
+    assert fleet.wait_finished(timeout=300) == {"done": 4}
+    rows = sorted(fleet.rows(), key=lambda r: (r["id"], r["sample"]))
+    assert [(r["id"], r["sample"], r["verified"], r["verdict"]) for r in rows] == [
+        ("thirteen", 0, False, "fail"), ("thirteen", 1, False, "fail"), ("thirteen", 2, False, "fail"),
+        ("twelve", 0, True, "pass")]
+    assert len({r["seed"] for r in rows}) == 4
+    # and the export of what passed holds that one sample
+    fleet.producer("export", str(tmp_path / "dest"), "--verified-only")
+    manifest = json.loads((tmp_path / "dest" / "manifest.json").read_text())
+    assert manifest["rows"] == 1 and manifest["left_out"] == {"verdict:fail": 3}

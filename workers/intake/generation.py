@@ -48,11 +48,10 @@ import redis
 
 from ..servers import cache_hits
 from ..reporting import metrics
-from contract.codec import ids_to_b64
+from contract.codec import b64_to_ids, ids_to_b64
 from contract.conversations import split_turn_id
 from contract.line_fields import LineFields
 from contract.line_sampling import line_seed, merged
-from contract.samples import sample_seed, split_sample_key
 from contract.deadletters import DeadLetter, DeadLetters
 from contract.names import PromptState, Reason
 from contract.provenance import weight_version_of
@@ -66,7 +65,7 @@ from ..servers.answers import BadOutput, answer_cap, id_bound
 from ..servers.preflight import credentials_refusal
 from .runtime import Runtime
 from ..servers.bindings import NoServer, Recheck, ServerBinding
-from . import server_crashes
+from . import chains, server_crashes
 from .specs import cached_spec
 from ..output.shards import BadSample, StorageUnavailable
 from ..servers.sglang_client import (GatewayOutage, Generation, ServerCut, ServerDropped, ServerRefused,
@@ -202,9 +201,11 @@ class DeadLettered(Exception):
 
 def bury(rt: Runtime, letter: DeadLetter, forgotten: bool = False) -> str:
     """Every dead letter goes through here: stored unless the prompt is already done,
-    counted in the metrics, logged. `forgotten`: the ledger lost the prompt (see `Ledger.bury`)."""
+    counted in the metrics, logged; in an until-verified run, its sample's chain moves on first
+    (`chains.py`). `forgotten`: the ledger lost the prompt (see `Ledger.bury`)."""
     _name_sample(rt, letter)
     letter.excerpt.update(_turn_of(rt, letter))
+    _chain_on(rt, letter)
     found = put_letter(rt.redis, letter, forgotten)
     if found == PromptState.DONE or found is None:
         log.warning("prompt %s is %s: its %s failure (%s) is not dead-lettered", letter.key,
@@ -242,6 +243,16 @@ def _name_sample(rt: Runtime, letter: DeadLetter) -> None:
         pass
 
 
+def _chain_on(rt: Runtime, letter: DeadLetter) -> None:
+    """In an until-verified run, a dead-lettered sample queues the next of its chain (`chains.py`)."""
+    try:
+        spec = cached_spec(rt.settings.redis_url, letter.run)
+    except LookupError:
+        return
+    if spec.until_verified is not None and letter.prompt_b64:
+        chains.follow(rt, spec, letter.key, b64_to_ids(letter.prompt_b64))
+
+
 def _turn_of(rt: Runtime, letter: DeadLetter) -> dict:
     """A conversation turn's dead letter names its conversation and turn index."""
     try:
@@ -268,6 +279,8 @@ def _store(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], tr
         verified, label = verdict_of(rt.verdicts, spec, fields or {}, generation.output_ids)
         row = dataclasses.replace(row, verified=verified, verdict=label)
         metrics.VERDICTS.labels(verdict_class(verified, label)).inc()
+    if spec.until_verified is not None and row.verified is not True:  # before it settles (chains.py)
+        chains.follow(rt, spec, prompt_id, prompt_ids)
     try:
         return _commit(rt, spec.name, prompt_id, row, submit)
     except BadSample as exc:

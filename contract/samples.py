@@ -77,3 +77,10 @@ def successor(index: int, samples: int, until_verified: int | None) -> int | Non
         return None
     following = index + until_verified
     return following if following < samples else None
+
+
+def per_prompt(samples: int, until_verified: int | None) -> str:
+    """How many samples a prompt gets, in words (enqueue's, status's and export's summaries)."""
+    if until_verified is None:
+        return f"{samples} samples a prompt"
+    return f"up to {samples} samples a prompt, until {until_verified} pass"

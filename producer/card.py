@@ -66,7 +66,7 @@ def card_facts(spec: RunSpec, manifest: dict, origins: list[Origin], counters: d
         "verifier": getattr(spec, "verify", None),
         "disabled_rules": list(spec.disabled_rules),
         "counts": {
-            "prompts": enqueued // samples if samples > 1 else enqueued,
+            "prompts": manifest.get("prompts", enqueued),  # counted at enqueue (the run's `prompts` counter)
             "samples_enqueued": enqueued,
             "samples_done": int(counters.get("state:done", 0)),
             "samples_dead": int(counters.get("state:dead", 0)),

@@ -189,7 +189,7 @@ def enqueue(
             err.print(f"[red]{escape(str(exc))}[/red]: run the same enqueue again; it publishes only "
                       "what the new primary lacks")
             raise typer.Exit(3)
-    _print_enqueue_summary(summary, spec.thinking, spec.samples)
+    _print_enqueue_summary(summary, spec.thinking, spec.samples, spec.until_verified)
     out.print(chosen.summary_line(), highlight=False, soft_wrap=True)
     if not (summary.published or summary.rejected_count or summary.skipped):  # a pipe that gave nothing
         raise no_prompts(prompts)
@@ -209,7 +209,7 @@ def _check_verifier(name: str, turns: str) -> None:
         raise fail(str(exc))
 
 
-def _print_enqueue_summary(summary, mode: str, samples: int = 1) -> None:
+def _print_enqueue_summary(summary, mode: str, samples: int = 1, until_verified: int | None = None) -> None:
     def say(text: str) -> None:  # the file's own text (an id): one line, no markup, controls shown
         err.print(visible(text), markup=False, highlight=False, soft_wrap=True)
 
@@ -230,8 +230,12 @@ def _print_enqueue_summary(summary, mode: str, samples: int = 1) -> None:
                   f"{summary.duplicate_count:,}", f"{summary.rejected_count:,}", f"{rate:,.0f}")
     out.print(table)
     if samples > 1:
-        out.print(f"{summary.published:,} samples of {summary.prompts:,} prompts published ({samples} samples a "
-                  f"prompt; the prompts counted in skipped, duplicates and rejected are whole prompts)",
+        from contract.samples import per_prompt
+
+        later = "; a sample that fails queues the next" if until_verified else ""
+        out.print(f"{summary.published:,} samples of {summary.prompts:,} prompts published "
+                  f"({per_prompt(samples, until_verified)}{later}; the prompts counted in skipped, duplicates and "
+                  f"rejected are whole prompts)",
                   highlight=False)
     if summary.held_back:
         out.print(f"held back {summary.held_back:.0f}s while the queue was deeper than --max-queued")
@@ -366,7 +370,10 @@ def export(dest: str = typer.Argument(..., metavar="DEST", help="A new or empty 
     letters = ", ".join(f"{k}={v:,}" for k, v in manifest["dead_letters"].items()) or "none"
     what = "indexed" if index_only else "exported"
     target = dest if is_bucket(dest) else Path(dest).resolve()
-    several = f" of {manifest['prompts']:,} prompts ({spec.samples} samples a prompt)" if spec.samples > 1 else ""
+    from contract.samples import per_prompt
+
+    several = (f" of {manifest['prompts']:,} prompts ({per_prompt(spec.samples, spec.until_verified)})"
+               if spec.samples > 1 else "")
     out.print(f"{what} {manifest['rows']:,} samples{several} ({manifest['duplicates_dropped']:,} duplicates dropped, "
               f"left out{' as not done or not verified' if verified_only else ' as not done'}: {left_out}) into {len(manifest['files']):,} files under {target}, "
               f"from {manifest['source']}; dead letters: {letters}", highlight=False, soft_wrap=True)

@@ -52,6 +52,7 @@ def collect_status(client: redis.Redis, spec: RunSpec, queue_prefix: str) -> dic
         "prompts": entries if spec.samples == 1 or tally.prompts is None else tally.prompts,
         "samples": entries,
         "samples_per_prompt": spec.samples,
+        "until_verified": spec.until_verified,
         "queued": pending - in_flight,
         "in_flight": in_flight,
         # messages on the queue, of every run that shares it: never a count of this run's

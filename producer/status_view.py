@@ -4,6 +4,8 @@ from __future__ import annotations
 import time
 from typing import Callable
 
+from contract.samples import per_prompt
+
 from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
@@ -36,7 +38,7 @@ def render_status(report: dict) -> Group:
     counts = Table(title=f"run {report['run']!r} (queue {report['queue']}{shared})")
     several = report.get("samples_per_prompt", 1) > 1  # queued ... dead then count samples
     if several:
-        counts.title += f"; {report['samples_per_prompt']} samples a prompt, each counted"
+        counts.title += f"; {per_prompt(report['samples_per_prompt'], report.get('until_verified'))}, each counted"
     shown = ("prompts", *("samples",) * several, "queued", "in_flight", "done", "dead")
     for column in (*shown, "samples/s", "tokens/s", "ETA"):
         counts.add_column(column, justify="right")

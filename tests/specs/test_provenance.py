@@ -114,7 +114,7 @@ def test_the_card_names_servers_versions_fingerprints_sampling_counts_and_verdic
     # Given a run of 2 samples a prompt with a verifier, its counters with dead letters and verdicts
     counters = {"enqueued": 20, "state:done": 16, "state:dead": 4, "reason:truncated": 3,
                 "reason:missing_think_end": 1, "verdict:pass": 12, "verdict:fail": 4, "prompt_tokens": 200}
-    manifest = {"rows": 16, "exported_at": 1.8e9, "files": [{"name": "part-0-00000.parquet", "rows": 16}]}
+    manifest = {"rows": 16, "prompts": 10, "exported_at": 1.8e9, "files": [{"name": "part-0-00000.parquet", "rows": 16}]}
 
     # When its card is rendered
     card = render_card(spec(samples=2, verify="math"), manifest, ORIGINS, counters)

@@ -30,6 +30,7 @@ from contract.samples import split_sample_key, successor
 from contract.spec import RunSpec
 
 log = logging.getLogger(__name__)
+CALL = "w"  # the enqueue call of a sample a worker queues (`Ledger.enqueue`)
 
 
 def follow(rt, spec: RunSpec, key: str, prompt_ids: list[int]) -> str | None:
@@ -44,7 +45,8 @@ def follow(rt, spec: RunSpec, key: str, prompt_ids: list[int]) -> str | None:
     from celery import current_app  # the worker's app (`celery -A workers`), which publishes its tasks
 
     queue = queue_for(rt.settings.queue_prefix, spec.served_model)
-    published = publish_samples(current_app, Ledger(rt.redis, spec.name), spec.samples, queue, f"chain:{key}",
+    # the call a queued entry records is its state's value: kept to a byte (a producer's is 8 hex digits)
+    published = publish_samples(current_app, Ledger(rt.redis, spec.name), spec.samples, queue, CALL,
                                 [(prompt_id, prompt_ids, [following])])
     if published:
         log.info("sample %s of run %s did not pass: its chain goes on with %s", key, spec.name, published[0])

@@ -33,20 +33,21 @@ log = logging.getLogger(__name__)
 CALL = "w"  # the enqueue call of a sample a worker queues (`Ledger.enqueue`)
 
 
-def follow(rt, spec: RunSpec, key: str, prompt_ids: list[int]) -> str | None:
+def follow(rt, spec: RunSpec, key: str, prompt_ids: list[int], app=None) -> str | None:
     """Queue the sample after `key` in its chain, unless it ends there; the key queued now (None:
-    none, or already queued by an earlier delivery)."""
+    none, or already queued by an earlier delivery). `app`: the Celery app that publishes (the
+    worker's own where not given)."""
     if spec.until_verified is None or not prompt_ids:
         return None
     prompt_id, index = split_sample_key(key, spec.samples)
     following = successor(index, spec.samples, spec.until_verified)
     if following is None:
         return None
-    from celery import current_app  # the worker's app (`celery -A workers`), which publishes its tasks
-
+    if app is None:
+        from celery import current_app as app  # the worker's app (`celery -A workers`), which publishes its tasks
     queue = queue_for(rt.settings.queue_prefix, spec.served_model)
     # the call a queued entry records is its state's value: kept to a byte (a producer's is 8 hex digits)
-    published = publish_samples(current_app, Ledger(rt.redis, spec.name), spec.samples, queue, CALL,
+    published = publish_samples(app, Ledger(rt.redis, spec.name), spec.samples, queue, CALL,
                                 [(prompt_id, prompt_ids, [following])])
     if published:
         log.info("sample %s of run %s did not pass: its chain goes on with %s", key, spec.name, published[0])

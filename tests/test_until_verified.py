@@ -94,3 +94,23 @@ def test_a_worker_killed_mid_chain_leaves_every_chain_finished_and_each_sample_s
     assert fleet.dead_letters() == []
     generated = httpx.get(f"{good}/standin/stats").json()["generations"]
     assert set(generated.values()) == {1} and len(generated) == 12
+
+
+def test_a_dead_lettered_sample_moves_its_chain_on_like_a_failed_one(fleet, tokenizer, tmp_path):
+    # Given a worker, and prompts whose every answer is cut by a budget of 4 tokens (each sample a
+    # `truncated` dead letter, before any check)
+    checks = checks_folder(tmp_path)
+    path = f"{ROOT}{os.pathsep}{checks}"
+    _, url = fleet.standin()
+    fleet.worker("w1", [url], PYTHONPATH=path)
+    prompts = write_prompts(tmp_path / "p.jsonl", lines(tokenizer, ["right", "wrong"]))
+
+    # When they are enqueued for at most 4 samples each, until 2 pass
+    fleet.producer("enqueue", str(prompts), "--verify", "my_checks:grade", "--samples", str(N),
+                   "--until-verified", str(K), "--max-new-tokens", "4", PYTHONPATH=path)
+
+    # Then every chain runs to its end: each prompt's 4 samples dead-lettered, each once, naming its sample
+    assert fleet.wait_finished() == {"dead": 2 * N}
+    letters = fleet.dead_letters()
+    assert sorted((d["id"], d["sample"]) for d in letters) == [(p, n) for p in ("q0", "q1") for n in range(N)]
+    assert {d["reason"] for d in letters} == {"truncated"}

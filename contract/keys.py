@@ -2,7 +2,7 @@
 
 The producer and the workers agree on these names. A run records the layout
 of its keys (`LAYOUT`, in its spec): a version reads only runs of its own
-layout and refuses the others (`contract.spec.load_spec`). kombu's own keys (`unacked`, `unacked_index`, the queues'
+layout and refuses the others (`contract.run.spec.load_spec`). kombu's own keys (`unacked`, `unacked_index`, the queues'
 priority lists) are named by kombu and read only through `kombu_redis`.
 """
 from __future__ import annotations
@@ -53,8 +53,8 @@ class RunKeys:
         self.dead_reasons = f"{base}:dead:reasons"
         # hash: enqueued, prompt_tokens, output_tokens, state:queued|done|dead, reason:CODE
         # (dead letters by reason), verdict:pass|fail|error (stored samples by verdict class, in a run
-        # with a verifier: contract/verifiers.py), prompts (distinct prompts, in a run of several
-        # samples a prompt: contract/samples.py), and the conversations' counts (conversation_ledger.py)
+        # with a verifier: contract/run/verifiers.py), prompts (distinct prompts, in a run of several
+        # samples a prompt: contract/run/samples.py), and the conversations' counts (conversation_ledger.py)
         self.counters = f"{base}:counters"
         self.crashes = f"{base}:crashes"    # hash: prompt id -> unexpected task failures
         # hash: prompt id -> JSON list of the server crashes it was in flight at ({server, at}; server_crashes.py)

@@ -10,7 +10,7 @@ the keyspace, so its cost does not grow with the number of keys.
 A heartbeat also lists the prompts its worker holds (`holding`: run -> ids),
 which the lost-message audit counts as held and a second delivery of one of
 them finds (`workers/intake/deliveries.py`). Its time `at` is Redis's clock
-(`clock.py`: the earliest it can read, within the clock's error), read
+(`contract/redis_link/clock.py`: the earliest it can read, within the clock's error), read
 before the list is taken, so a heartbeat newer than the latest another
 process's clock read at a moment lists every prompt its worker had begun
 taking by then; whoever ages a heartbeat reads Redis's clock too.

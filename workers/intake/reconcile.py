@@ -76,7 +76,7 @@ class ShardBook:
     """The ledger's side of a group commit, for the shard writer's thread.
 
     Writing entries and done marks are reported only once a replica has them
-    (`contract/replication.confirmed`, the writes and their barrier in one round trip): an
+    (`contract/redis_link/replication.confirmed`, the writes and their barrier in one round trip): an
     entry lost in a failover would leave a stored sample to be generated again, a lost done
     mark a prompt that `status` counts as queued until its lease runs out. A failover met on
     the way (`FailedOver`: the primary that took them was being replaced) is written again, at

@@ -133,7 +133,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     z.add_argument("--fleet-samples", type=int, default=1000, help="samples the real worker stores per size")
     z.add_argument("--fleet-node-clients", default="2x16", metavar="PxT",
                    help="client processes x driven nodes per process for the node-rate samples (default 2x16)")
-    from .http_parsers import add_arguments as http_arguments
+    from .http_cpu import add_arguments as http_arguments
 
     http_arguments(p.add_argument_group("http"))
     args = p.parse_args(argv)
@@ -361,7 +361,7 @@ def main(argv: list[str] | None = None) -> int:
                     node_processes=processes, node_threads=threads), log)
                 figures += fleet_figures(details["fleet"])
             if "http" in args.parts:
-                from .http_parsers import HttpOptions, http_figures, run_http
+                from .http_cpu import HttpOptions, http_figures, run_http
 
                 details["http"] = run_http(HttpOptions(
                     threads=tuple(int(x) for x in args.http_threads.split(",")), requests=args.http_requests,

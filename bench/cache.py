@@ -33,7 +33,7 @@ Figures, from the servers' own counters: the **hit share** is the sum of
 (`/metrics`); **throughput** is output tokens over each server's own window
 (`bench.saturation.server_throughput`), summed; **balance** is the most output
 tokens one server generated over the mean. Both sides render every turn the
-same way (the fleet's own `contract.conversations` and tokenizer), so their
+same way (the fleet's own `contract.chat.conversations` and tokenizer), so their
 prompt-token totals agree, which the table checks.
 """
 from __future__ import annotations
@@ -48,7 +48,7 @@ from pathlib import Path
 
 import httpx
 
-from contract.samples import sample_seed
+from contract.run.samples import sample_seed
 
 from .lab import Lab, Standin
 from .prompts import long_prompts, write_jsonl
@@ -218,7 +218,7 @@ def oracle_conversations(urls: list[str], records: list[dict], opts: CacheOption
     """Every turn of a conversation to one server, each next turn rendered as the fleet renders it
     and sent the moment the previous one answers; conversations placed longest first on the
     server with the fewest turns."""
-    from contract.conversations import answer_message, skeleton, turn_history, turns
+    from contract.chat.conversations import answer_message, skeleton, turn_history, turns
 
     chat, spec = chat_tokenizer(), build_spec("oracle", opts.max_new_tokens, turns="all")
     sampling = dict(spec.sampling)

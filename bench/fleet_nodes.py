@@ -26,7 +26,7 @@ work through the project's own functions, shaped as a node at `rate` shapes it
 - the task-event flushes of the group's seconds (one PUBLISH a `FLEET_TASK_EVENTS_INTERVAL`,
   `workers/reporting/events.py`, 3 events a sample) to the subscribed listener.
 
-The messages are the run's real ones (`fleet_size._message`), queued with
+The messages are the run's real ones (`fleet_state.message_for`), queued with
 their ledger entries before the clock starts. Each node's first group warms its
 connection and scripts, uncounted. Redis's CPU (INFO cpu) over the measured
 groups, divided by the samples stored, is the per-sample figure; the clients
@@ -51,7 +51,7 @@ from datetime import datetime, timezone
 
 import redis
 
-from .fleet_size import EVENTS, RUN, FleetState, _by_command, _calls, _message, _redis_cpu, per_sample
+from .fleet_state import EVENTS, RUN, FleetState, message_for, per_sample, redis_by_command, redis_calls, redis_cpu
 from .lab import Lab
 
 EVENTS_PER_SAMPLE = 3  # task-received, task-started, task-succeeded
@@ -131,12 +131,12 @@ class Node:
     """One simulated worker's per-sample Redis work, on its own connection."""
 
     def __init__(self, drive: Drive, worker: str):
-        from contract.connections import BlockingPool
-        from contract.kombu_redis import queue_lists
-        from contract.worker_lease import Holder
+        from contract.redis_link.connections import BlockingPool
+        from contract.broker.kombu_redis import queue_lists
+        from contract.broker.worker_lease import Holder
         from workers.intake.reconcile import ShardBook
 
-        # the worker's own kind of pool (`contract.connections`: scripts loaded on connect), counted
+        # the worker's own kind of pool (`contract.redis_link.connections`: scripts loaded on connect), counted
         pool = BlockingPool.from_url(drive.url, connection_class=CountedConnection, max_connections=2)
         self.client, self.drive, self.worker = redis.Redis(connection_pool=pool), drive, worker
         self.lists, self.holder = queue_lists(drive.queue), Holder.draw()
@@ -148,7 +148,7 @@ class Node:
 
     def group(self) -> int:
         """Take a group's messages, take each in, commit them, flush the group's events: samples stored."""
-        from contract import kombu_take
+        from contract.broker import kombu_take
         from kombu.utils.json import loads
         from workers.intake import confirmed_intake
 
@@ -196,7 +196,7 @@ class Node:
 
 def _row(worker: str):
     """A stored sample's row, as the shard writer hands it to `ShardBook` (its id replaced per prompt)."""
-    from contract.schema import Sample
+    from contract.storage.schema import Sample
 
     now = datetime.now(timezone.utc)
     return Sample(id="", input_ids=[1] * 64, prompt_len=64, output_len=100, finish_reason="stop", stop_token=2,
@@ -255,12 +255,13 @@ def node_rate(lab: Lab, state: FleetState, settings, opts, log, groups: int | No
         proc.start()
     try:
         _gather(ready, procs, opts.timeout)
-        before, commands = (_redis_cpu(lab.client), _calls(lab.client), time.monotonic()), _by_command(lab.client)
+        before = redis_cpu(lab.client), redis_calls(lab.client), time.monotonic()
+        commands = redis_by_command(lab.client)
         go.set()
         done = _gather(out, procs, opts.timeout)
-        cpu, calls, seconds = (_redis_cpu(lab.client) - before[0], _calls(lab.client) - before[1],
+        cpu, calls, seconds = (redis_cpu(lab.client) - before[0], redis_calls(lab.client) - before[1],
                                time.monotonic() - before[2])
-        after = _by_command(lab.client)
+        after = redis_by_command(lab.client)
     finally:
         for proc in procs:
             proc.join(timeout=30)
@@ -304,7 +305,7 @@ def _figures(shape: NodeShape, samples: int, requests: Counter, cpu: float, call
 
 def _queue(lab: Lab, state: FleetState, count: int) -> None:
     """`count` more prompts of the run, queued: ledger entries and the run's real messages."""
-    from contract.ledger import Ledger
+    from contract.ledger.ledger import Ledger
 
     batch = secrets.token_hex(3)  # fresh prompts however often the part runs on one state
     ids = [f"node-{batch}-{i:06d}" for i in range(count)]
@@ -314,5 +315,5 @@ def _queue(lab: Lab, state: FleetState, count: int) -> None:
     for start in range(0, count, 1000):
         with lab.client.pipeline(transaction=False) as pipe:
             for pid in ids[start:start + 1000]:
-                pipe.lpush(state.queue, json.dumps(_message(state.template, pid, str(uuid.uuid4()))))
+                pipe.lpush(state.queue, json.dumps(message_for(state.template, pid, str(uuid.uuid4()))))
             pipe.execute()

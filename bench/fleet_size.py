@@ -5,7 +5,7 @@ For each N, in a flushed Redis:
   real worker would leave them: the run's ledger entries (`Ledger.enqueue`),
   kombu's unacknowledged message for each (a real message of the run, taken
   from the queue, under a tag of its own) held under the worker's lease
-  (`contract.worker_lease`), the prompt's deliveries
+  (`contract.broker.worker_lease`), the prompt's deliveries
   entry naming its worker, and the worker's heartbeat listing them
   (`heartbeats.publish`). One client listens to the event channel as Flower
   does, so the events' PUBLISH pays for a subscriber.
@@ -60,13 +60,12 @@ import redis
 from .lab import Lab
 from .procs import redis_connections_of
 from .prompts import repeated, write_jsonl
+from .fleet_state import EVENTS, RUN, FleetState, message_for, per_sample, redis_by_command, redis_calls, redis_cpu
 from .publish import enqueue
 
-RUN = "fleet"
 INSTANT = ["--step-base", "0", "--step-per-request", "0", "--prefill-per-token", "0",
            "--output-len-median", "100", "--output-len-sigma", "0.3", "--output-len-max", "300"]
 LIVE = 900  # seconds a simulated worker's heartbeat lives: it stays live through every part
-EVENTS = "/0.celeryev"  # kombu's fanout channel prefix for Celery's event exchange (Flower's subscription)
 
 
 @dataclass
@@ -140,24 +139,13 @@ def _up_pool(url: str):
 
 # --- the simulated fleet's state -----------------------------------------------------------
 
-@dataclass
-class FleetState:
-    holding: dict[str, list[str]]      # worker -> prompt ids
-    tags: dict[str, list[str]]         # worker -> its delivery tags
-    lost: list[str]
-    queue: str
-    message_bytes: int
-    template: dict                     # the run's real message, which every simulated one copies
-    ids: bytes                         # the packed token ids every simulated prompt has
-    holders: dict                      # worker -> its lease holder (`contract.worker_lease`)
-
-
 def _fill(lab: Lab, n: int, opts: FleetOptions) -> FleetState:
-    from contract import heartbeats, kombu_redis
-    from contract.clock import CLOCK
+    from contract.fleet import heartbeats
+    from contract.broker import kombu_redis
+    from contract.redis_link.clock import CLOCK
     from contract.keys import LEASES, RunKeys
-    from contract.ledger import Ledger
-    from contract.worker_lease import Holder
+    from contract.ledger.ledger import Ledger
+    from contract.broker.worker_lease import Holder
 
     client = lab.client
     path = write_jsonl(lab.root / "prompts" / "fleet-one.jsonl", [("template", repeated(1)[0][1])])
@@ -179,7 +167,7 @@ def _fill(lab: Lab, n: int, opts: FleetOptions) -> FleetState:
         tags[worker] = [str(uuid.uuid4()) for _ in pids]
         with client.pipeline(transaction=False) as pipe:
             for pid, tag in zip(pids, tags[worker]):
-                message = _message(template, pid, tag)
+                message = message_for(template, pid, tag)
                 pipe.hset(kombu_redis.UNACKED, tag, json.dumps([message, "", queue]))
             pipe.zadd(LEASES, {holders[worker].name: now})
             pipe.zadd(kombu_redis.UNACKED_INDEX, dict.fromkeys(tags[worker], holders[worker].score))
@@ -191,8 +179,8 @@ def _fill(lab: Lab, n: int, opts: FleetOptions) -> FleetState:
 
 
 def _renew(lab: Lab, state: FleetState, settings) -> None:
-    from contract import worker_lease
-    from contract.clock import CLOCK
+    from contract.broker import worker_lease
+    from contract.redis_link.clock import CLOCK
 
     now = CLOCK.now(lab.client)
     for holder in state.holders.values():
@@ -200,25 +188,17 @@ def _renew(lab: Lab, state: FleetState, settings) -> None:
 
 
 def _queue_of(client) -> str:
-    from contract.spec import run_queues
+    from contract.run.spec import run_queues
 
     return run_queues(client, "fleet.generate")[RUN]
-
-
-def _message(template: dict, prompt_id: str, tag: str) -> dict:
-    """The run's real message, for another prompt under another delivery tag."""
-    message = json.loads(json.dumps(template))
-    message["headers"]["id"] = message["headers"]["root_id"] = f"{RUN}:{prompt_id}"
-    message["properties"]["delivery_tag"] = tag
-    return message
 
 
 # --- periodic work per simulated worker ----------------------------------------------------
 
 def _rounds(lab: Lab, state: FleetState, settings, opts: FleetOptions) -> dict:
     """Redis CPU (us) of each kind of round, per worker and round, and per worker-second."""
-    from contract import kombu_redis
-    from contract.clock import CLOCK
+    from contract.broker import kombu_redis
+    from contract.redis_link.clock import CLOCK
     from workers.intake import health_beat, lease
     from workers.intake.consumer import HEART_INTERVAL, Delivery
 
@@ -260,11 +240,11 @@ def _rounds(lab: Lab, state: FleetState, settings, opts: FleetOptions) -> dict:
     beside = {"lease, none generating": (lambda w: leases(w, False), period)}
     per_round = {}
     for name, (work, _) in {**kinds, **beside}.items():
-        before = _redis_cpu(client), _calls(client)
+        before = redis_cpu(client), redis_calls(client)
         for _ in range(opts.rounds):
             for worker in state.holding:
                 work(worker)
-        cpu, calls = _redis_cpu(client) - before[0], _calls(client) - before[1]
+        cpu, calls = redis_cpu(client) - before[0], redis_calls(client) - before[1]
         rounds = opts.rounds * len(state.holding)
         per_round[name] = {"redis_us": cpu / rounds * 1e6, "commands": calls / rounds}
     per_second = sum(per_round[name]["redis_us"] / interval for name, (_, interval) in kinds.items())
@@ -296,12 +276,12 @@ def _audit(lab: Lab, state: FleetState, settings, opts: FleetOptions) -> dict:
     pending = len(state.holding) * opts.in_flight + len(state.lost)
     # a round: a slice, or fewer (FLEET_AUDIT_HEARTBEATS)
     most_rounds = 2 * (pending // min(settings.audit_slice, settings.audit_heartbeats) + 2)
-    before, rounds = (_redis_cpu(client), _calls(client)), 0
+    before, rounds = (redis_cpu(client), redis_calls(client)), 0
     t0 = time.monotonic()
     while rounds < most_rounds and not set(state.lost) <= found:
         audit.audit_run(None, rt, RUN, state.queue, audit_state)
         rounds += 1
-    cpu, calls = _redis_cpu(client) - before[0], _calls(client) - before[1]
+    cpu, calls = redis_cpu(client) - before[0], redis_calls(client) - before[1]
     return {"rounds": rounds, "found": len(found & set(state.lost)), "lost": len(state.lost),
             "false": len(found - set(state.lost)), "redis_ms_per_round": cpu / rounds * 1e3,
             "commands_per_round": calls / rounds, "client_s_per_round": (time.monotonic() - t0) / rounds,
@@ -326,8 +306,8 @@ def _samples(lab: Lab, opts: FleetOptions, log) -> dict:
         worker.signal(signal.SIGSTOP)  # the producer's publishing is not charged to the samples
         try:
             enqueue(cost, "fleet-cost", 512)
-            before = _redis_cpu(lab.client), _calls(lab.client)
-            stats = _by_command(lab.client)
+            before = redis_cpu(lab.client), redis_calls(lab.client)
+            stats = redis_by_command(lab.client)
         finally:
             worker.signal(signal.SIGCONT)
         most: list[dict] = []  # the worker's connections when it held the most
@@ -338,8 +318,8 @@ def _samples(lab: Lab, opts: FleetOptions, log) -> dict:
                 most[:] = now
 
         lab.wait_finished("fleet-cost", opts.samples, opts.timeout, watch, interval=0.1, on_poll=count_connections)
-        cpu, calls = _redis_cpu(lab.client) - before[0], _calls(lab.client) - before[1]
-        after = _by_command(lab.client)
+        cpu, calls = redis_cpu(lab.client) - before[0], redis_calls(lab.client) - before[1]
+        after = redis_by_command(lab.client)
     finally:
         lab.stop(watch)
     # Per command, per sample: calls, and Redis's own time in it (INFO commandstats `usec`: a
@@ -354,41 +334,16 @@ def _samples(lab: Lab, opts: FleetOptions, log) -> dict:
 
 # --- Redis's own counters ------------------------------------------------------------------
 
-OWN = ("cmdstat_info", "cmdstat_config", "cmdstat_slowlog", "cmdstat_client")  # the bench's readings
-
-
-def _redis_cpu(client: redis.Redis) -> float:
-    info = client.info("cpu")
-    return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
-
-
-def _calls(client: redis.Redis) -> int:
-    return sum(v["calls"] for k, v in client.info("commandstats").items() if not k.startswith(OWN))
-
-
-def _by_command(client: redis.Redis) -> dict[str, tuple[int, int]]:
-    """Command name -> (calls, microseconds of Redis's own time in it), the bench's readings left out."""
-    return {k[len("cmdstat_"):]: (int(v["calls"]), int(v["usec"])) for k, v in client.info("commandstats").items()
-            if not k.startswith(OWN)}
-
-
-def per_sample(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]], samples: int) -> dict:
-    """Per command sent between two `_by_command` readings, per sample: calls, and Redis's own time in it."""
-    return {name: {"calls": round((n - before.get(name, (0, 0))[0]) / samples, 3),
-                   "us": round((us - before.get(name, (0, 0))[1]) / samples, 2)}
-            for name, (n, us) in sorted(after.items(), key=lambda kv: -kv[1][1]) if n > before.get(name, (0, 0))[0]}
-
-
 def _script_names() -> dict[str, str]:
     """SHA1 -> `module.NAME` of every Lua script the fleet sends, for naming EVALSHA calls."""
     import hashlib
     import importlib
 
-    from contract.scripts import Lua
+    from contract.redis_link.scripts import Lua
 
     names = {}
-    for module in ("contract.ledger_scripts", "contract.ledger", "contract.conversation_ledger", "contract.kombu_take",
-                   "workers.intake.deliveries", "contract.deliveries"):
+    for module in ("contract.ledger.ledger_scripts", "contract.ledger.ledger", "contract.ledger.conversation_ledger",
+                   "contract.broker.kombu_take", "workers.intake.deliveries", "contract.ledger.deliveries"):
         try:
             found = importlib.import_module(module)
         except ImportError:

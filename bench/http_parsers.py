@@ -18,20 +18,13 @@ the worker's `/generate` body in a loop against an instant stand-in; the
 child's own CPU over a steady-state window), so the figures are CPU
 microseconds per request, comparable within one run only.
 
-`python -m bench --parts http` (figures: each candidate's CPU per request at
-16 and 256 in flight, and h11's / llhttp's), or
+`python -m bench --parts http` (`bench/http_cpu.py`: each candidate's CPU per
+request at 16 and 256 in flight, and h11's / llhttp's), or
 `python -m bench.http_clients --clients worker,parse-httptools,parse-h11`.
 """
 from __future__ import annotations
 
-import argparse
 import time
-from dataclasses import dataclass
-
-from .report import Figure
-
-PARSERS = ("parse-httptools", "parse-h11")
-CANDIDATES = ("worker", *PARSERS)
 
 
 def make_parser_candidate(name: str, n: int, connect_timeout: float, read_timeout: float, deadline_s: float):
@@ -91,41 +84,3 @@ def _h11_exchange(http1, pool, conn, path, headers, body, deadline):
                 and not machine.trailing_data[0]
         elif isinstance(event, h11.ConnectionClosed):
             raise http1.ProtocolError("closed before the answer's end")
-
-
-@dataclass
-class HttpOptions:
-    threads: tuple[int, ...] = (16, 256)
-    requests: int = 3000
-    seconds: float = 5.0
-    repeat: int = 2
-
-
-def run_http(opts: HttpOptions, log) -> dict:
-    """Each candidate at each N, `repeat` times round, in children of `bench.http_clients`."""
-    from . import http_clients
-
-    args = http_clients.parse_args([
-        "--clients", ",".join(CANDIDATES), "--threads", ",".join(map(str, opts.threads)),
-        "--requests", str(opts.requests), "--seconds", str(opts.seconds), "--repeat", str(opts.repeat)])
-    return http_clients.measure(args, log)
-
-
-def http_figures(d: dict) -> list[Figure]:
-    by = {(r["client"], r["n"]): r.get("cpu_us_per_request") for r in d["results"]}
-    figures = []
-    for (client, n), cpu in sorted(by.items(), key=lambda kv: (kv[0][1], CANDIDATES.index(kv[0][0]))):
-        figures.append(Figure("http", f"{client}: CPU per /generate request, {n} in flight", cpu, "{:.0f}", "us",
-                              note="the client process's CPU; the lower median of the runs"))
-    for n in sorted({n for _, n in by}):
-        ht, h11 = by.get(("parse-httptools", n)), by.get(("parse-h11", n))
-        figures.append(Figure("http", f"h11 / llhttp CPU per request, {n} in flight",
-                              h11 / ht if ht and h11 else None, "{:.2f}",
-                              note="above 1: llhttp (httptools) costs less; the worker parses with it"))
-    return figures
-
-
-def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--http-threads", default="16,256", help="http: requests in flight (threads), comma-separated")
-    p.add_argument("--http-requests", type=int, default=3000, help="http: requests per window at most")
-    p.add_argument("--http-repeat", type=int, default=2, help="http: runs of each candidate at each N")

@@ -111,7 +111,7 @@ class Lab:
 
     def run_states(self, run: str) -> dict[str, int]:
         """Prompts of a run by ledger state, as the ledger's transitions count them (O(1))."""
-        from contract.ledger import Ledger
+        from contract.ledger.ledger import Ledger
 
         return Ledger(self.client, run).tally().by_state()
 

@@ -14,7 +14,7 @@ from pathlib import Path
 @lru_cache(maxsize=1)
 def chat_tokenizer():
     """The bundled DeepSeek-R1-style tokenizer, as the producer loads it."""
-    from contract.chat import ChatTokenizer
+    from contract.chat.template import ChatTokenizer
 
     return ChatTokenizer("bundled")
 
@@ -35,7 +35,7 @@ def build_spec(run: str, max_new_tokens: int, temperature: float = 0.6, top_p: f
 def prepare(run: str, max_new_tokens: int, turns: str = "last", samples: int = 1):
     """Record the run's spec before any prompt (as `enqueue` does first): a worker started now
     knows the run, and warms its tokenizer for a run of conversations."""
-    from contract.connections import redis_for
+    from contract.redis_link.connections import redis_for
     from contract.settings import SharedSettings
     from producer.enqueue import prepare_run
 
@@ -45,8 +45,8 @@ def prepare(run: str, max_new_tokens: int, turns: str = "last", samples: int = 1
 
 def enqueue(path: Path, run: str, max_new_tokens: int, turns: str = "last", samples: int = 1):
     """Publish a prompt file as run `run`; returns the producer's EnqueueSummary."""
-    from contract.broker import celery_app
-    from contract.connections import redis_for
+    from contract.broker.config import celery_app
+    from contract.redis_link.connections import redis_for
     from contract.settings import SharedSettings
     from producer.enqueue import enqueue_file, prepare_run
 

@@ -1,4 +1,4 @@
-"""`python -m bench.replication`: what confirming writes on a replica costs (`contract/replication.py`).
+"""`python -m bench.replication`: what confirming writes on a replica costs (`contract/redis_link/replication.py`).
 
 A primary and one replica on loopback (real `redis-server` processes). Timed,
 with and without `replicated` around them, alternating: one SET (the
@@ -21,12 +21,12 @@ from contextlib import nullcontext
 from pathlib import Path
 from types import SimpleNamespace
 
-from contract.broker import celery_app
-from contract.codec import pack_ids
-from contract.connections import redis_for
-from contract.ledger import Ledger
-from contract.publish import publish_prompts
-from contract.replication import replicated
+from contract.broker.config import celery_app
+from contract.ledger.codec import pack_ids
+from contract.redis_link.connections import redis_for
+from contract.ledger.ledger import Ledger
+from contract.broker.publish import publish_prompts
+from contract.redis_link.replication import replicated
 from producer.local import free_port, redis_server_binary, spawn, wait_for
 from workers.intake import confirmed_intake, deliveries
 from workers.intake.reconcile import ShardBook

@@ -81,7 +81,7 @@ def run_scale(lab: Lab, opts: ScaleOptions, log) -> dict:
 
 
 def _save_spec(lab: Lab, run: str):
-    from contract.spec import RunSpec, save_spec
+    from contract.run.spec import RunSpec, save_spec
 
     spec = RunSpec(name=run, tokenizer="bench", tokenizer_fingerprint="bench", template_fingerprint="bench",
                    sampling={"max_new_tokens": 64}, thinking="prompt", think_start_id=1, think_end_id=2,
@@ -99,9 +99,9 @@ def prompt_ids(start: int, stop: int) -> list[str]:
 
 
 def _fill(lab: Lab, run: str, n: int, shard_rows: int, batch: int = 2000) -> dict:
-    from contract.codec import pack_ids
+    from contract.ledger.codec import pack_ids
     from contract.keys import RunKeys
-    from contract.ledger import Ledger
+    from contract.ledger.ledger import Ledger
 
     client, ledger = lab.client, Ledger(lab.client, run)
     payload = pack_ids(list(range(100, 400)))  # 300 prompt tokens, dropped once done
@@ -125,9 +125,9 @@ def _fill(lab: Lab, run: str, n: int, shard_rows: int, batch: int = 2000) -> dic
 
 
 def _bury(lab: Lab, run: str, count: int) -> int:
-    from contract.codec import ids_to_b64, pack_ids
-    from contract.deadletters import DeadLetter, DeadLetters
-    from contract.ledger import Ledger
+    from contract.ledger.codec import ids_to_b64, pack_ids
+    from contract.ledger.deadletters import DeadLetter, DeadLetters
+    from contract.ledger.ledger import Ledger
 
     pids = [f"dead-{i:09d}" for i in range(count)]
     Ledger(lab.client, run).enqueue({p: pack_ids([5, 6, 7]) for p in pids}, "bench")
@@ -140,7 +140,7 @@ def _bury(lab: Lab, run: str, count: int) -> int:
 
 
 def _latencies(lab: Lab, spec, calls: int) -> dict:
-    from contract.deadletters import DeadLetters
+    from contract.ledger.deadletters import DeadLetters
     from contract.settings import SharedSettings
     from producer.status import collect_status
 
@@ -171,7 +171,7 @@ def write_shards(folder: Path, run: str, n: int, shard_rows: int, row_tokens: in
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from contract.schema import arrow_schema
+    from contract.storage.schema import arrow_schema
 
     schema, rng = arrow_schema(), np.random.default_rng(7)
     now = pa.scalar(datetime.now(timezone.utc), pa.timestamp("ms", tz="UTC"))

@@ -63,9 +63,9 @@ class Trace:
 
 
 def run_real(lab: Lab, opts: RealRunOptions, log) -> dict:
-    from contract.ledger import Ledger
+    from contract.ledger.ledger import Ledger
     from contract.settings import SharedSettings
-    from contract.spec import load_spec
+    from contract.run.spec import load_spec
     from producer.status import collect_status
 
     lab.flush()

@@ -19,7 +19,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import redis
 
-from contract import heartbeats
+from contract.fleet import heartbeats
 
 
 def steady_waiting_median(samples: list[tuple[int, int]]) -> float | None:

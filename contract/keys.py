@@ -2,7 +2,7 @@
 
 The producer and the workers agree on these names. A run records the layout
 of its keys (`LAYOUT`, in its spec): a version reads only runs of its own
-layout and refuses the others (`contract.spec.load_spec`). kombu's own keys (`unacked`, `unacked_index`, the queues'
+layout and refuses the others (`contract.run.spec.load_spec`). kombu's own keys (`unacked`, `unacked_index`, the queues'
 priority lists) are named by kombu and read only through `kombu_redis`.
 """
 from __future__ import annotations
@@ -40,12 +40,12 @@ class RunKeys:
     def __init__(self, run: str):
         base = f"fleet:run:{run}"
         self.spec = base                    # string: the run's spec (JSON)
-        # The ledger (ledger.py) owns the state buckets, dead, dead_reasons, counters, minutes, shards, writing
-        # and prompts:
-        # only its scripts change them, each a prompt's whole transition in one atomic step.
+        # The ledger (contract/ledger/ledger.py) owns the state buckets, dead, dead_reasons, counters, minutes,
+        # shards, writing and prompts: only its scripts change them, each a prompt's whole transition in one
+        # atomic step.
 
         # hash per bucket, STATE_BUCKETS of them: each prompt's state, under 8 bytes of a hash of
-        # its id (`ledger.py` says how, and why it is compact)
+        # its id (`contract/ledger/ledger.py` says how, and why it is compact)
         self.state_prefix = f"{base}:s:"
         self.dead = f"{base}:dead"          # hash: prompt id -> dead letter JSON, while dead
         # hash: prompt id -> its dead letter's reason, beside it: what the counts by reason need,
@@ -53,8 +53,8 @@ class RunKeys:
         self.dead_reasons = f"{base}:dead:reasons"
         # hash: enqueued, prompt_tokens, output_tokens, state:queued|done|dead, reason:CODE
         # (dead letters by reason), verdict:pass|fail|error (stored samples by verdict class, in a run
-        # with a verifier: contract/verifiers.py), prompts (distinct prompts, in a run of several
-        # samples a prompt: contract/samples.py), and the conversations' counts (conversation_ledger.py)
+        # with a verifier: contract/run/verifiers.py), prompts (distinct prompts, in a run of several
+        # samples a prompt: contract/run/samples.py), and the conversations' counts (conversation_ledger.py)
         self.counters = f"{base}:counters"
         self.crashes = f"{base}:crashes"    # hash: prompt id -> unexpected task failures
         # hash: prompt id -> JSON list of the server crashes it was in flight at ({server, at}; server_crashes.py)
@@ -64,11 +64,11 @@ class RunKeys:
         self.minutes = f"{base}:minutes"    # hash: "<minute>:samples|tokens" -> count, for rates
         self.shards = f"{base}:shards"      # hash: shard code -> prompts whose canonical copy it holds
         # hash: prompt id -> the file name of the shard its sample is being written to, from
-        # just before its group's write until it is done or dead (ledger.py: writing entries)
+        # just before its group's write until it is done or dead (contract/ledger/ledger.py: writing entries)
         self.writing = f"{base}:writing"
         # set: where the run's shards are (each writing worker's OUTPUT_DIR, absolute: shard_home.py)
         self.shard_homes = f"{base}:homes"
-        # hash: prompt id -> packed token ids (codec.py), while not done or dead
+        # hash: prompt id -> packed token ids (contract/ledger/codec.py), while not done or dead
         self.token_ids = f"{base}:ids"
         # hash: prompt id (a line's id, not a sample's key) -> what a worker needs of its line beyond
         # its ids (JSON: its own `sampling`, and its fields for a verifier), kept for the run's life

@@ -9,8 +9,8 @@ from __future__ import annotations
 from pydantic import AliasChoices, Field, ValidationError, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from .keys import DEFAULT_QUEUE
-from .storage import check as check_output_dir
+from contract.keys import DEFAULT_QUEUE
+from contract.storage import check as check_output_dir
 
 
 class SharedSettings(BaseSettings):

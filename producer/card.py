@@ -10,7 +10,7 @@ the same seeds), which verifier judged them, and what was lost (dead letters
 by reason) or judged (verdict counts). `export` writes it from what the run
 already keeps, none of it growing with the run's size: the spec, the ledger's
 counters (states, `reason:<code>`, `verdict:<label>` where the run's verifier
-counts them), the run's provenance hash (`contract/provenance.py`) and the
+counts them), the run's provenance hash (`contract/fleet/provenance.py`) and the
 manifest's counts. The card is Hugging Face style: YAML front matter (the
 data files, tags, and the same facts as machine-readable `reasoning_fleet`
 keys), then prose and tables.
@@ -20,15 +20,15 @@ from __future__ import annotations
 import json
 from datetime import datetime, timezone
 
-from contract.provenance import Origin
-from contract.spec import RunSpec
+from contract.fleet.provenance import Origin
+from contract.run.spec import RunSpec
 
 from .export_folder import CARD  # noqa: F401  (the card's file name, re-exported)
 
 SEED_RULE = ("each sample's `sampling_seed` is derived from the run's name, the prompt's id and the "
              "sample's index (sha256 of `run\\0id\\0index`, first 8 bytes, mod 2^31), or, where a line gives "
              "its own `sampling.seed` S, S + index (mod 2^31): a re-run asks the same seeds "
-             "(`contract/samples.py`)")
+             "(`contract/run/samples.py`)")
 
 
 def verdicts(counters: dict[str, int]) -> dict[str, int]:

@@ -16,8 +16,8 @@ from rich.markup import escape
 from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from contract.conversations import ALL, LAST
-from contract.logprobs import MAX_LOGPROBS
+from contract.chat.conversations import ALL, LAST
+from contract.run.logprobs import MAX_LOGPROBS
 from contract.names import VERIFY_RULES, Thinking
 
 from .cli_common import (check_has_prompts, choice, connect, err, fail, json_option, ledger_key, load_run, out,
@@ -157,8 +157,8 @@ def enqueue(
     else:
         check_has_prompts(prompts)
     settings, client = connect(redis_url)
-    from contract.replication import FailedOver
-    from contract.spec import OlderLayout
+    from contract.redis_link.replication import FailedOver
+    from contract.run.spec import OlderLayout
 
     from .enqueue import RunMismatch, enqueue_file, new_spec, prepare_run
     from .prompt_tables import may_carry_sampling
@@ -198,8 +198,8 @@ def enqueue(
 
 
 def _check_verifier(name: str, turns: str) -> None:
-    """A --verify NAME the workers can run, or exit 2 with one line (contract/verifiers.py)."""
-    from contract.verifiers import BadVerifier, check_importable, parse_name
+    """A --verify NAME the workers can run, or exit 2 with one line (contract/run/verifiers.py)."""
+    from contract.run.verifiers import BadVerifier, check_importable, parse_name
 
     if turns == ALL:
         raise fail("--verify checks one answer per prompt; it does not go with --turns all")
@@ -230,7 +230,7 @@ def _print_enqueue_summary(summary, mode: str, samples: int = 1, until_verified:
                   f"{summary.duplicate_count:,}", f"{summary.rejected_count:,}", f"{rate:,.0f}")
     out.print(table)
     if samples > 1:
-        from contract.samples import per_prompt
+        from contract.run.samples import per_prompt
 
         later = "; a sample that fails queues the next" if until_verified else ""
         out.print(f"{summary.published:,} samples of {summary.prompts:,} prompts published "
@@ -336,7 +336,7 @@ def export(dest: str = typer.Argument(..., metavar="DEST", help="A new or empty 
         raise fail("--index-only goes with --format parquet only")
     name = run_name(run)
     settings, client = connect(redis_url)
-    from contract.shard_home import Shortfall
+    from contract.storage.shard_home import Shortfall
     from contract.storage import UnsupportedOutput, store_for
 
     from .export import export_run
@@ -370,7 +370,7 @@ def export(dest: str = typer.Argument(..., metavar="DEST", help="A new or empty 
     letters = ", ".join(f"{k}={v:,}" for k, v in manifest["dead_letters"].items()) or "none"
     what = "indexed" if index_only else "exported"
     target = dest if is_bucket(dest) else Path(dest).resolve()
-    from contract.samples import per_prompt
+    from contract.run.samples import per_prompt
 
     several = (f" of {manifest['prompts']:,} prompts ({per_prompt(spec.samples, spec.until_verified)})"
                if spec.samples > 1 else "")
@@ -418,7 +418,7 @@ def report(run: Optional[str] = run_option(),
         raise fail("the report draws its charts with matplotlib, which this install lacks: "
                    "pip install 'reasoning-fleet[producer]'")
     settings, client = connect(redis_url)
-    from contract.shard_home import Shortfall
+    from contract.storage.shard_home import Shortfall
 
     from .report import build_report
 
@@ -445,8 +445,8 @@ def show(prompt_id: str = typer.Argument(..., metavar="ID", help="The prompt's i
     """One stored sample (or dead letter) decoded: prompt, reasoning, answer, special
     tokens, provenance. `dead show ID` shows a dead letter the same way."""
     settings, client = connect(redis_url)
-    from contract.deadletters import DeadLetters
-    from contract.ledger import Ledger
+    from contract.ledger.deadletters import DeadLetters
+    from contract.ledger.ledger import Ledger
     from contract.names import PromptState
     from contract.storage import store_for
 
@@ -479,7 +479,7 @@ def main() -> None:
     from pydantic import ValidationError
 
     from contract.settings import settings_refusal
-    from contract.write_refusal import refusal
+    from contract.redis_link.write_refusal import refusal
 
     try:
         app()

@@ -77,7 +77,7 @@ def no_prompts(path: Path) -> typer.Exit:
 def connect(redis_url: str | None):
     """The shared settings (a --redis-url flag over REDIS_URL), and a Redis client, once
     one quick PING has shown that Redis answers (else exit 2 with the URL redacted)."""
-    from contract.connections import redis_for
+    from contract.redis_link.connections import redis_for
     from contract.settings import SharedSettings
 
     settings = SharedSettings(**({"redis_url": redis_url} if redis_url else {}))
@@ -92,7 +92,7 @@ def _probe_redis(url: str) -> None:
     from redis.backoff import NoBackoff
     from redis.retry import Retry
 
-    from contract.connections import client_for, redact_text, redact_url
+    from contract.redis_link.connections import client_for, redact_text, redact_url
 
     try:
         probe = client_for(url, retry=Retry(NoBackoff(), 0), max_connections=1)
@@ -108,14 +108,14 @@ def _probe_redis(url: str) -> None:
 
 def publisher(settings):
     """A Celery app that only publishes (the worker's app is never built here)."""
-    from contract.broker import celery_app
+    from contract.broker.config import celery_app
 
     return celery_app(settings.redis_url, queue=settings.queue_prefix)
 
 
 def run_name(run: str | None) -> str:
     """The checked run name (None: 'default'); a bad one exits 2 before anything is written."""
-    from contract.spec import BadRunName, check_run_name
+    from contract.run.spec import BadRunName, check_run_name
 
     try:
         return check_run_name("default" if run is None else run)
@@ -127,7 +127,7 @@ def load_run(client, run: str | None):
     """The run's spec, or exit 2 saying why not (no such run: naming those there are; or one
     of an older layout)."""
     from contract.keys import RUNS
-    from contract.spec import OlderLayout, load_spec
+    from contract.run.spec import OlderLayout, load_spec
 
     name = run_name(run)
     try:
@@ -178,9 +178,9 @@ def sample_option():
 
 
 def ledger_key(spec, prompt_id: str, sample: int | None) -> str:
-    """The ledger key of a prompt's sample (`contract/samples.py`): `--sample` (0 left out), or the
+    """The ledger key of a prompt's sample (`contract/run/samples.py`): `--sample` (0 left out), or the
     key itself given as ID (`<id>~<index>`, as a queue message names it)."""
-    from contract.samples import sample_key, split_sample_key
+    from contract.run.samples import sample_key, split_sample_key
 
     if spec.samples == 1:
         if sample:
@@ -200,7 +200,7 @@ def ledger_key(spec, prompt_id: str, sample: int | None) -> str:
 def sample_keys(spec, given: str) -> list[str]:
     """The ledger keys `--id ID` names: the ID in a run of one sample a prompt; else its every
     sample, or the one sample a key `<id>~<index>` names."""
-    from contract.samples import sample_key, split_sample_key
+    from contract.run.samples import sample_key, split_sample_key
 
     if spec.samples == 1:
         return [given]

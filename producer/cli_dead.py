@@ -32,7 +32,7 @@ def dead_list(run: Optional[str] = run_option(), reason: list[str] = reason_opti
     """Dead-lettered prompts with their reasons, streamed as they are read (`--json`: a JSON
     array), in the store's order; `dead stats` counts them."""
     _, client = connect(redis_url)
-    from contract.deadletters import DeadLetters
+    from contract.ledger.deadletters import DeadLetters
 
     spec = load_run(client, run)
     name, several = spec.name, spec.samples > 1  # a run of several samples a prompt: each letter names its sample
@@ -81,8 +81,8 @@ def dead_show(prompt_id: str = typer.Argument(..., metavar="ID", help="The promp
     """One dead letter in full, decoded as `show ID` shows it (`--json`: the letter as JSON,
     with its prompt's token ids)."""
     _, client = connect(redis_url)
-    from contract.codec import b64_to_ids
-    from contract.deadletters import DeadLetters
+    from contract.ledger.codec import b64_to_ids
+    from contract.ledger.deadletters import DeadLetters
 
     from .show import letter_view
 
@@ -103,7 +103,7 @@ def dead_stats(run: Optional[str] = run_option(), as_json: bool = json_option(),
                redis_url: Optional[str] = redis_option()) -> None:
     """Dead letters counted by reason."""
     _, client = connect(redis_url)
-    from contract.deadletters import DeadLetters
+    from contract.ledger.deadletters import DeadLetters
 
     stats = DeadLetters(client, load_run(client, run).name).stats()
     if as_json:
@@ -125,7 +125,7 @@ def dead_requeue(run: Optional[str] = run_option(), reason: list[str] = reason_o
     """Publish dead-lettered prompts again (all, or by --reason / --id), a page at a time as
     the letters are read."""
     settings, client = connect(redis_url)
-    from contract.deadletters import DeadLetters
+    from contract.ledger.deadletters import DeadLetters
 
     from .dead import replayable, requeue
 
@@ -161,7 +161,7 @@ def dead_purge(run: Optional[str] = run_option(), reason: list[str] = reason_opt
                redis_url: Optional[str] = redis_option()) -> None:
     """Delete dead letters (all, or by --reason), a page at a time. Their prompts stay marked dead."""
     _, client = connect(redis_url)
-    from contract.deadletters import DeadLetters
+    from contract.ledger.deadletters import DeadLetters
 
     spec = load_run(client, run)
     store = DeadLetters(client, spec.name)

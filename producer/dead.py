@@ -5,12 +5,12 @@ from typing import Callable
 
 import redis
 
-from contract.codec import b64_to_ids, pack_ids
-from contract.deadletters import DeadLetter
+from contract.ledger.codec import b64_to_ids, pack_ids
+from contract.ledger.deadletters import DeadLetter
 from contract.keys import queue_for
-from contract.ledger import Ledger
-from contract.publish import publish_prompts
-from contract.spec import RunSpec
+from contract.ledger.ledger import Ledger
+from contract.broker.publish import publish_prompts
+from contract.run.spec import RunSpec
 
 
 def replayable(letter: DeadLetter) -> bool:

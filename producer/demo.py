@@ -28,7 +28,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from contract.bundled import bundled_tokenizer_dir
+from contract.chat.bundled import bundled_tokenizer_dir
 
 from . import demo_redis
 from .demo_view import command_line, print_next_steps, print_result
@@ -122,10 +122,10 @@ def _fleet_env(stack: ExitStack, workdir: Path, logs: Path, console: Console) ->
 
 
 def _wait(env: dict[str, str], console: Console, worker, timeout: float = 900) -> dict:
-    from contract.connections import redis_for
-    from contract.deadletters import DeadLetters
+    from contract.redis_link.connections import redis_for
+    from contract.ledger.deadletters import DeadLetters
     from contract.settings import SharedSettings
-    from contract.spec import load_spec
+    from contract.run.spec import load_spec
 
     from .status import collect_status
 

@@ -37,9 +37,9 @@ def run_conversations(env: dict[str, str], workdir: Path, console: Console, work
 
 
 def _wait(env: dict[str, str], worker, timeout: float) -> dict:
-    from contract.connections import redis_for
+    from contract.redis_link.connections import redis_for
     from contract.settings import SharedSettings
-    from contract.spec import load_spec
+    from contract.run.spec import load_spec
 
     from .status import collect_status
 
@@ -58,7 +58,7 @@ def _show_one(dest: Path, console: Console) -> None:
     """The complete conversation with the most turns, decoded turn by turn."""
     import pyarrow.parquet as pq
 
-    from contract.chat import ChatTokenizer
+    from contract.chat.template import ChatTokenizer
 
     rows = [r for f in sorted(dest.glob("part-*.parquet"))
             for r in pq.read_table(f, columns=["conversation", "turn", "input_ids", "prompt_len"]).to_pylist()]

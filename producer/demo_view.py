@@ -3,7 +3,7 @@
 Every command it prints works as printed: with the interpreter it ran with,
 and the `REDIS_URL` of the Redis it kept (`demo_redis.py`). The shards need no
 `OUTPUT_DIR`: the run records where its workers wrote them
-(`contract/shard_home.py`). Text from prompts and dead letters is shown with
+(`contract/storage/shard_home.py`). Text from prompts and dead letters is shown with
 its control characters visible (`visible.py`).
 """
 from __future__ import annotations

@@ -27,8 +27,8 @@ rendering its batch one prompt at a time, the same way, and rejected alone; the
 other prompts of the batch are published.
 
 **A line's own sampling reaches every sample of its prompt.** A line with
-a `sampling` object (`contract/line_sampling.py`) gets a record in the run's
-line hash (`contract/line_fields.py`), written before its prompt enters the
+a `sampling` object (`contract/run/line_sampling.py`) gets a record in the run's
+line hash (`contract/run/line_fields.py`), written before its prompt enters the
 ledger, so no worker and no republication by the audit finds the prompt
 without it; the first line of a repeated id keeps its record. Workers read a
 run's spec once, so whether they read these records at all (`RunSpec.line_fields`)
@@ -38,28 +38,28 @@ number) rather than queue a prompt whose sampling no worker would read.
 
 **Several samples a prompt** (`--samples N`): each prompt is tokenized once
 and recorded as N ledger entries, one per sample, keyed `<id>~<index>`
-(`contract/samples.py`), each with its own copy of the token ids (a worker's
+(`contract/run/samples.py`), each with its own copy of the token ids (a worker's
 intake reads a key's ids in one call, so N copies sit in Redis while the
 samples are queued) and its own message. A prompt is skipped on a re-run only
 when every one of its samples is in the run; otherwise the samples it lacks
-are published (`contract.publish.publish_samples`, which takes any subset of the indices; with
+are published (`contract.broker.publish.publish_samples`, which takes any subset of the indices; with
 `--until-verified K` enqueue queues only each chain's first sample,
-`contract.samples.first_indices`, and a worker the rest).
+`contract.run.samples.first_indices`, and a worker the rest).
 The samples of a prompt go to one server (prefix affinity) and should find
 its prompt in that server's cache: published one after the other they would
 start together and be prefilled in the same step, before the cache holds the
-prompt. So each group of `SPREAD` prompts (`contract.publish.spread`) is published sample 0 of each, then
+prompt. So each group of `SPREAD` prompts (`contract.broker.publish.spread`) is published sample 0 of each, then
 sample 1 of each, and so on: a prompt's next sample follows `SPREAD` messages
 later, once the one before it has been prefilled.
 `--samples` above 1 with `--turns all` is refused (`SamplesRefused`).
 
 `--turns all` reads each line as a conversation whose every assistant turn is
-regenerated (`contract/conversations.py`): only turn 0 is rendered and queued
+regenerated (`contract/chat/conversations.py`): only turn 0 is rendered and queued
 here, as prompt `<id>#0`, after its conversation is registered; each later
 turn is rendered and queued by the worker that stored the turn before it.
 
 `--verify NAME` keeps each line's own fields (`answer`, ...) for the workers'
-verifier: recorded per prompt (`contract/line_fields.py`) in the same
+verifier: recorded per prompt (`contract/run/line_fields.py`) in the same
 transaction that queues it (`_enqueue`), so a worker never takes a prompt whose
 fields are not there yet; a later line repeating an id never replaces them.
 """
@@ -78,22 +78,22 @@ from typing import Callable, Iterable, Iterator
 
 import redis
 
-from contract.clock import CLOCK
-from contract.codec import pack_ids
-from contract.conversation_ledger import ConversationLedger
-from contract.conversations import ALL, LAST, skeleton, turn_history, turn_id, turns
+from contract.redis_link.clock import CLOCK
+from contract.ledger.codec import pack_ids
+from contract.ledger.conversation_ledger import ConversationLedger
+from contract.chat.conversations import ALL, LAST, skeleton, turn_history, turn_id, turns
 from contract.keys import queue_for
-from contract.kombu_redis import queue_depth
-from contract.ledger import AGAIN, NEW, Entry, Ledger
-from contract.line_fields import LineFields
+from contract.broker.kombu_redis import queue_depth
+from contract.ledger.ledger import AGAIN, NEW, Entry, Ledger
+from contract.run.line_fields import LineFields
 from contract.names import PromptState, Thinking
-from contract.publish import enqueue_samples, publish_prompts, spread
-from contract.replication import replicated
-from contract.samples import first_indices, sample_key, split_sample_key
-from contract.spec import RunSpec, load_spec, save_spec
-from contract.tokenizer_probe import make_probe
+from contract.broker.publish import enqueue_samples, publish_prompts, spread
+from contract.redis_link.replication import replicated
+from contract.run.samples import first_indices, sample_key, split_sample_key
+from contract.run.spec import RunSpec, load_spec, save_spec
+from contract.chat.tokenizer_probe import make_probe
 
-from contract.chat import ChatTokenizer
+from contract.chat.template import ChatTokenizer
 from .prompt_tables import TableSource, is_table
 from .prompts import DEFAULT_COLUMNS, MAX_LINE_BYTES, BadLine, Columns, Prompt, line_record, read_prompts
 
@@ -417,8 +417,8 @@ def _publish(ready: list[tuple[Prompt, list[int]]], spec: RunSpec, app, queue: s
 
 def _enqueue(ledger: Ledger, spec: RunSpec, ready: list[tuple[Prompt, list[int]]], call: str) -> list[list[str]]:
     """The ledger's enqueue of `ready`: per prompt, the outcome of each sample enqueue queues
-    (`contract.samples.first_indices`; one in a run of one sample), as `Ledger.enqueue` says. Each
-    line's record for workers is written first (`contract/line_fields.py`), so no worker takes a
+    (`contract.run.samples.first_indices`; one in a run of one sample), as `Ledger.enqueue` says. Each
+    line's record for workers is written first (`contract/run/line_fields.py`), so no worker takes a
     prompt whose record is not there yet. The first line of an id keeps its record: one made here
     for a prompt the ledger took nothing of is a repeated id's, not its line's, and is dropped again."""
     lines = LineFields(ledger.client, spec.name)

@@ -20,7 +20,7 @@ Invariants, and why they hold:
   file is ever whole in memory. `jobs` processes each export an interleaved
   share of the shards into their own files (`part-<job>-<n>.parquet`).
 - **Each sample once, in a run of several samples a prompt.** A row's ledger
-  key is derived from its `id` and `sample` (`contract/samples.py`'s
+  key is derived from its `id` and `sample` (`contract/run/samples.py`'s
   `row_key`), so the rule above holds per sample: every (`id`, `sample`) done
   is exported once. The manifest counts the samples (`rows`) and the run's
   prompts (`prompts`, as enqueued; `samples_per_prompt`).
@@ -72,15 +72,15 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import redis
 
-from contract.ledger import Entry, Ledger, shard_code
+from contract.ledger.ledger import Entry, Ledger, shard_code
 from contract.names import PromptState
-from contract.provenance import read_provenance, summary as provenance_summary
-from contract.samples import row_key
-from contract.schema import arrow_schema
-from contract.shard_home import check_found
-from contract.spec import RunSpec, check_run_name
+from contract.fleet.provenance import read_provenance, summary as provenance_summary
+from contract.run.samples import row_key
+from contract.storage.schema import arrow_schema
+from contract.storage.shard_home import check_found
+from contract.run.spec import RunSpec, check_run_name
 from contract.storage import store_for
-from contract.verifiers import verdict_class
+from contract.run.verifiers import verdict_class
 
 from . import formats
 from .export_bucket import Uploader, is_bucket, previous_parts, publish
@@ -251,7 +251,7 @@ def _write_export(spec: RunSpec, client: redis.Redis, output_dir: str, folder: P
         "served_model": spec.served_model,
         "models": sorted(set().union(*(s.models for s in shares))),
         "sampling": spec.sampling,
-        # what made the samples: each server's SGLang version, model and weight versions (contract/provenance.py)
+        # what made the samples: each server's SGLang version, model and weight versions (contract/fleet/provenance.py)
         "provenance": provenance_summary(read_provenance(client, spec.name)),
         "verdicts": verdicts(Ledger(client, spec.name).counters()),
         "run_spec": asdict(spec),
@@ -289,7 +289,7 @@ def _export_share(share: _Share, client: redis.Redis | None = None,
                   on_progress: Callable[[int], None] | None = None,
                   on_file: Callable[[Path], str] | None = None) -> _Share:
     if client is None:
-        from contract.connections import redis_for
+        from contract.redis_link.connections import redis_for
 
         client = redis_for(share.redis_url)
     ledger = Ledger(client, share.run)
@@ -394,8 +394,8 @@ def _dataset(source) -> pads.Dataset:
 def _of_complete_conversations(ledger: Ledger, ids: list[str], keep: list[bool], share: _Share) -> list[bool]:
     """`--complete-only`: a kept turn stays only if its conversation has every turn stored
     (the others are counted in `left_out` as `incomplete_conversation`)."""
-    from contract.conversation_ledger import ConversationLedger
-    from contract.conversations import SEPARATOR, split_turn_id
+    from contract.ledger.conversation_ledger import ConversationLedger
+    from contract.chat.conversations import SEPARATOR, split_turn_id
 
     conversations = [split_turn_id(i)[0] if SEPARATOR in i else i for i in ids]
     complete = ConversationLedger(ledger.client, ledger.run).complete(conversations)

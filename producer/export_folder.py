@@ -21,7 +21,7 @@ import os
 import secrets
 from pathlib import Path
 
-from contract.durable import fsync_folder
+from contract.storage.durable import fsync_folder
 
 from . import formats
 

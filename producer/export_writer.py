@@ -16,8 +16,8 @@ from typing import Callable
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from contract.durable import fsync_path
-from contract.schema import SPLIT_STREAMS
+from contract.storage.durable import fsync_path
+from contract.storage.schema import SPLIT_STREAMS
 
 GROUP_BYTES = 64 * 2**20  # a row group is written once this much is buffered
 
@@ -90,7 +90,7 @@ class RollingWriter:
             self.current = self._next_name()
             # Dictionary pages for every column but the token ids, whose dictionary costs more
             # time to build than it saves in bytes: rewriting stays as fast as reading.
-            # The log-probability floats byte-stream-split, as in a shard (`contract.schema.write_options`).
+            # The log-probability floats byte-stream-split, as in a shard (`contract.storage.schema.write_options`).
             dictionary = [f.name for f in self.schema if f.name != "input_ids"]
             self.writer = pq.ParquetWriter(self.folder / f".tmp-{self.current}", self.schema, compression="zstd",
                                            use_dictionary=dictionary, use_byte_stream_split=list(SPLIT_STREAMS))

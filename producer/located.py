@@ -2,7 +2,7 @@
 
 `OUTPUT_DIR`, when it is set for the command (in the environment): the user
 says where the shards are from here (a shared folder mounted elsewhere, say).
-Otherwise the place the run's workers recorded (`contract/shard_home.py`), so
+Otherwise the place the run's workers recorded (`contract/storage/shard_home.py`), so
 that `export`, `report` and `show` work from any machine that reaches Redis
 and the shared storage. A run with no shard written yet has no record: the
 default then, which can hold none of its samples either.
@@ -12,8 +12,8 @@ from __future__ import annotations
 import redis
 
 from contract.settings import SharedSettings
-from contract.shard_home import recorded
-from contract.spec import RunSpec
+from contract.storage.shard_home import recorded
+from contract.run.spec import RunSpec
 
 
 class SeveralHomes(LookupError):

@@ -6,7 +6,7 @@ Accepted lines (JSONL):
 - `{"id": ..., "conversations": [{"from": ..., "value": ...}, ...]}` (ShareGPT)
 
 Any of them may carry `"sampling": {...}`, the line's own sampling parameters
-over the run's, checked here as SGLang checks them (`contract/line_sampling.py`):
+over the run's, checked here as SGLang checks them (`contract/run/line_sampling.py`):
 a value SGLang would refuse makes the line a `BadLine`, not a dead letter later.
 
 A content may also be OpenAI's list of parts: text parts
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from contract.line_sampling import BadSampling, check_line_sampling
+from contract.run.line_sampling import BadSampling, check_line_sampling
 
 ROLES = {"system", "user", "assistant", "tool"}
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant",
@@ -55,13 +55,13 @@ class Prompt:
     id: str
     messages: list[dict]
     # the line's other top-level keys but `sampling` (`answer`, `id`, ...), which a verifier reads
-    # (`enqueue --verify`: contract/verifiers.py), as the JSON gave them
+    # (`enqueue --verify`: contract/run/verifiers.py), as the JSON gave them
     fields: dict = field(default_factory=dict, compare=False)
-    sampling: dict | None = None  # the line's own `sampling` (contract/line_sampling.py), checked
+    sampling: dict | None = None  # the line's own `sampling` (contract/run/line_sampling.py), checked
 
 
 def line_record(prompt: Prompt, verify: bool) -> dict | None:
-    """What a worker reads of the prompt's line beyond its ids (contract/line_fields.py): its own
+    """What a worker reads of the prompt's line beyond its ids (contract/run/line_fields.py): its own
     sampling, and its fields where the run has a verifier (`verify`), which reads them; None: nothing."""
     record = {}
     if prompt.sampling:

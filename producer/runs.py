@@ -1,7 +1,7 @@
 """The runs in Redis, for `python -m producer runs`: each one's counts and where its shards are.
 
 Read from the run registry (`keys.RUNS`) and each run's counters, recorded
-shard homes (`contract/shard_home.py`) and provenance (`contract/provenance.py`:
+shard homes (`contract/storage/shard_home.py`) and provenance (`contract/fleet/provenance.py`:
 the models, SGLang and weight versions that made its samples): a few commands
 per run, never a scan of the keyspace. In a run of several samples a prompt
 (`enqueue --samples N`) `prompts` counts its distinct prompts, `samples` its
@@ -12,10 +12,10 @@ from __future__ import annotations
 import redis
 
 from contract.keys import RUNS
-from contract.ledger import Ledger
-from contract.provenance import read_provenance
-from contract.shard_home import recorded
-from contract.spec import OlderLayout, load_spec
+from contract.ledger.ledger import Ledger
+from contract.fleet.provenance import read_provenance
+from contract.storage.shard_home import recorded
+from contract.run.spec import OlderLayout, load_spec
 
 
 def list_runs(client: redis.Redis) -> list[dict]:

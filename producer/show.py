@@ -12,7 +12,7 @@ same rendering for its example samples.
 
 In a run of several samples a prompt a sample is named by its ledger key
 (`<id>~<index>`, or `show ID --sample INDEX`): the shards are filtered on the
-prompt's id and the rows matched by (`id`, `sample`) (`contract/samples.py`).
+prompt's id and the rows matched by (`id`, `sample`) (`contract/run/samples.py`).
 """
 from __future__ import annotations
 
@@ -21,11 +21,11 @@ from dataclasses import dataclass, field
 
 import pyarrow.compute as pc
 
-from contract.codec import b64_to_ids
-from contract.deadletters import DeadLetter
-from contract.samples import row_key, split_sample_key
-from contract.schema import COLUMNS, arrow_schema
-from contract.spec import RunSpec
+from contract.ledger.codec import b64_to_ids
+from contract.ledger.deadletters import DeadLetter
+from contract.run.samples import row_key, split_sample_key
+from contract.storage.schema import COLUMNS, arrow_schema
+from contract.run.spec import RunSpec
 
 Segment = tuple[str, bool]  # (text, is a special token)
 
@@ -78,8 +78,8 @@ class Decoder:
 
 
 def load_decoder(spec: RunSpec, trust_remote_code: bool = False) -> Decoder:
-    """The run's tokenizer (`contract.chat.ChatTokenizer`, 'bundled' included), or ids only if it will not load."""
-    from contract.chat import ChatTokenizer
+    """The run's tokenizer (`contract.chat.template.ChatTokenizer`, 'bundled' included), or ids only if it will not load."""
+    from contract.chat.template import ChatTokenizer
 
     try:
         chat = ChatTokenizer(spec.tokenizer, trust_remote_code)

@@ -20,14 +20,14 @@ from __future__ import annotations
 
 import redis
 
-from contract import heartbeats
-from contract.cache_hits import WINDOW_S, merge_servers
-from contract.clock import CLOCK
+from contract.fleet import heartbeats
+from contract.fleet.cache_hits import WINDOW_S, merge_servers
+from contract.redis_link.clock import CLOCK
 from contract.keys import queue_for
-from contract.kombu_redis import queue_depth
-from contract.ledger import Ledger, Tally
-from contract.provenance import read_provenance, summary as provenance_summary
-from contract.spec import RunSpec
+from contract.broker.kombu_redis import queue_depth
+from contract.ledger.ledger import Ledger, Tally
+from contract.fleet.provenance import read_provenance, summary as provenance_summary
+from contract.run.spec import RunSpec
 
 RATE_MINUTES = 5
 
@@ -70,7 +70,7 @@ def collect_status(client: redis.Redis, spec: RunSpec, queue_prefix: str) -> dic
         "workers": (workers := _workers(client, records)),
         "cache_hits": _cache_hits(workers),
         "finished": pending == 0,
-        # what made the samples so far: servers, SGLang and weight versions (contract/provenance.py)
+        # what made the samples so far: servers, SGLang and weight versions (contract/fleet/provenance.py)
         "provenance": provenance_summary(read_provenance(client, spec.name)),
         "verdicts": {k.split(":", 1)[1]: v for k, v in sorted(counters.items()) if k.startswith("verdict:")},
         **_conversations(spec, counters, done, dead, pending),

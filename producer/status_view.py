@@ -4,13 +4,13 @@ from __future__ import annotations
 import time
 from typing import Callable
 
-from contract.samples import per_prompt
+from contract.run.samples import per_prompt
 
 from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
 
-from contract.cache_hits import share_text
+from contract.fleet.cache_hits import share_text
 
 from .visible import cell, visible
 
@@ -63,7 +63,7 @@ def render_status(report: dict) -> Group:
             dead.add_row(cell(reason), f"{count:,}")
         parts.append(dead)
     origins = (report.get("provenance") or {}).get("servers") or []
-    if origins:  # what made the samples so far (contract/provenance.py)
+    if origins:  # what made the samples so far (contract/fleet/provenance.py)
         made = Table(title="samples made by (server, SGLang, model, weight version)")
         for column in ("server", "SGLang", "model", "weight version"):
             made.add_column(column, overflow="fold")

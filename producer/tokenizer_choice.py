@@ -18,7 +18,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from contract.bundled import BUNDLED_NAME
+from contract.chat.bundled import BUNDLED_NAME
 
 BUNDLED = "the bundled DeepSeek tokenizer (R1-style chat template)"
 WHAT_TO_PASS = ("pass --tokenizer a folder holding tokenizer.json or tokenizer_config.json, a hub id "
@@ -71,7 +71,7 @@ def load_chat(choice: TokenizerChoice, trust_remote_code: bool, think_start: str
     """The run's `ChatTokenizer`, or `TokenizerUnavailable` saying in one line why not."""
     from huggingface_hub.utils import logging as hub_logging
 
-    from contract.chat import ChatTokenizer
+    from contract.chat.template import ChatTokenizer
 
     hub_logging.set_verbosity_error()  # no line per retry when the hub is unreachable: the failure says it
     try:

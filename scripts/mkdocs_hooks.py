@@ -4,7 +4,7 @@ A page holds a marker such as `<!-- reference: settings -->`; `on_page_markdown`
 with a table made from the code that defines the thing: every pydantic-settings class in the
 project's packages (found by reading their sources, so a class added in a new module is found
 too), the typer CLI of `python -m producer` (every command, argument and option, with the help
-the terminal shows), the reason codes (`contract.names.MEANINGS`), the Redis keys (`contract/keys.py`, `contract/kombu_redis.py`, each
+the terminal shows), the reason codes (`contract.names.MEANINGS`), the Redis keys (`contract/keys.py`, `contract/broker/kombu_redis.py`, each
 key's comment), the worker's Prometheus metrics (read from
 the sources of the modules that declare them) the alert rules (`deploy/prometheus/alerts.yml`) and the stand-in's flags. Nothing is copied by hand, so
 the reference cannot drift from the code; a setting without a description, a reason code
@@ -173,11 +173,11 @@ def settings_markdown() -> str:
                          [[code(var), _kind(field), _default(field), cell(field.description)]
                           for var, field in setting_rows(cls)]))
         out.append("")
-    from contract import connections
+    from contract.redis_link import connections
 
     out += ["### Read outside the settings classes", "",
             table(["variable", "read by", "default", "meaning"],
-                  [[code(connections.MASTER_ENV), "`contract/connections.py`", code(connections.DEFAULT_MASTER),
+                  [[code(connections.MASTER_ENV), "`contract/redis_link/connections.py`", code(connections.DEFAULT_MASTER),
                     escape(_first_paragraph(connections.sentinel_master.__doc__))
                     + " Read when a Sentinel client is built, the one place every Redis client is made."]]
                   + [[code(var), "the CLI", " ", "the default of " + ", ".join(f"`{use}`" for use in uses)]
@@ -276,7 +276,7 @@ def redis_keys() -> list[dict]:
     in `RunKeys`) and kombu's own that `kombu_redis` names, each with its comment, which starts
     with the key's type: the one on its line, or the comment lines right above it."""
     found = []
-    for module, owner in (("contract/keys.py", "fleet"), ("contract/kombu_redis.py", "kombu")):
+    for module, owner in (("contract/keys.py", "fleet"), ("contract/broker/kombu_redis.py", "kombu")):
         lines = (ROOT / module).read_text().splitlines()
         for i, line in enumerate(lines):
             named = re.match(r'\s*(?:self\.(\w+)|([A-Z_]+))\s*=\s*(?:f?"([^"]*)"|(base))\s*(?:#\s*(.*))?$', line)

@@ -11,7 +11,7 @@ case "$role" in
   demo) extras="producer,worker,standin" ;;
   *) echo "usage: scripts/setup.sh [test|demo]" >&2; exit 2 ;;
 esac
-# constraints.txt pins the libraries whose internals the worker stands on (contract/versions.py): every
+# constraints.txt pins the libraries whose internals the worker stands on (contract/broker/versions.py): every
 # install goes through it, and a change to it installs again.
 hash="$(cat pyproject.toml constraints.txt | sha256sum | cut -c1-16)"
 if [ ! -f ".venv/.installed-$hash-test" ] && [ ! -f ".venv/.installed-$hash-$role" ]; then

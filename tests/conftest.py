@@ -18,7 +18,7 @@ import pytest
 import redis
 
 from contract.keys import RunKeys
-from contract.ledger import Ledger
+from contract.ledger.ledger import Ledger
 from producer.local import Process, start_redis, start_standin, start_worker
 
 from waiting import wait_until
@@ -216,7 +216,7 @@ def tokenizer():
     """The real tokenizer, loaded by transformers directly (not through the producer)."""
     from transformers import AutoTokenizer
 
-    from contract.bundled import bundled_tokenizer_dir
+    from contract.chat.bundled import bundled_tokenizer_dir
 
     return AutoTokenizer.from_pretrained(str(bundled_tokenizer_dir()))
 
@@ -224,7 +224,7 @@ def tokenizer():
 @pytest.fixture(scope="session")
 def sglang_models(tokenizer) -> dict[str, Path]:
     """The real server's tiny checkpoints (tests/real_sglang.py), built once into the cache."""
-    from contract.bundled import bundled_tokenizer_dir
+    from contract.chat.bundled import bundled_tokenizer_dir
     from real_sglang import checkpoint
 
     return {kind: checkpoint(kind, bundled_tokenizer_dir(), tokenizer) for kind in ("random", "trace")}

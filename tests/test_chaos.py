@@ -9,7 +9,7 @@ from collections import defaultdict
 import pyarrow.parquet as pq
 import redis
 
-from contract import heartbeats
+from contract.fleet import heartbeats
 from producer.local import free_port, start_redis
 from sglang_standin.cli import parse_config
 from sglang_standin.outputs import fault_for, generate_output

@@ -174,11 +174,11 @@ def test_a_turn_a_live_worker_generates_is_not_generated_again_when_its_heartbea
     """A Redis outage longer than a heartbeat's life: when Redis comes back, a live worker's
     heartbeat is gone until its next write, and a second message of a turn it generates, taken
     by another worker then, finds the turn's note naming a worker with no heartbeat at all."""
-    from contract.broker import celery_app
-    from contract.publish import publish_prompts
+    from contract.broker.config import celery_app
+    from contract.broker.publish import publish_prompts
     from contract.keys import DEFAULT_QUEUE
-    from contract.spec import run_queues
-    from contract import heartbeats
+    from contract.run.spec import run_queues
+    from contract.fleet import heartbeats
     from netfault import NetFault
 
     env = {"FLEET_HEALTH_TIMEOUT": "10"}  # a heartbeat lives 3 health rounds + 10 s: 13 s

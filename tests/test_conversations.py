@@ -17,9 +17,9 @@ import httpx
 import pyarrow.parquet as pq
 import redis
 
-from contract.codec import unpack_ids
+from contract.ledger.codec import unpack_ids
 from contract.keys import RunKeys
-from contract.ledger import Ledger
+from contract.ledger.ledger import Ledger
 from producer.local import start_redis
 from sglang_standin.config import StandinConfig
 from sglang_standin.outputs import generate_output
@@ -250,7 +250,7 @@ def _write_row(fleet, prompt_id: str, prompt: list[int], output: list[int], conv
     """A shard holding one stored turn, as a worker writes it."""
     from datetime import datetime, timezone
 
-    from contract.schema import Sample, samples_to_table
+    from contract.storage.schema import Sample, samples_to_table
 
     folder = fleet.output_dir / "default"
     folder.mkdir(parents=True, exist_ok=True)

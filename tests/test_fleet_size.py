@@ -19,10 +19,10 @@ import httpx
 import redis
 
 from bench.procs import redis_connections_of
-from contract import heartbeats
-from contract.clock import CLOCK
+from contract.fleet import heartbeats
+from contract.redis_link.clock import CLOCK
 from contract.keys import AUDIT_PREFIX, WORKER_PREFIX, WORKERS, RunKeys
-from contract.ledger import Ledger
+from contract.ledger.ledger import Ledger
 from workers.intake.audit_slice import PAGE
 from workers.settings import Settings
 

@@ -12,11 +12,11 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
-from contract.codec import pack_ids
-from contract.ledger import Ledger
-from contract.schema import samples_to_table
-from contract.bundled import bundled_tokenizer_dir
-from contract.chat import ChatTokenizer
+from contract.ledger.codec import pack_ids
+from contract.ledger.ledger import Ledger
+from contract.storage.schema import samples_to_table
+from contract.chat.bundled import bundled_tokenizer_dir
+from contract.chat.template import ChatTokenizer
 from producer.export import export_run
 from specs.test_formats import RUN, sample, spec
 

@@ -10,10 +10,10 @@ import redis
 
 from conftest import varied_prompts, write_prompts
 from waiting import wait_until
-from contract.broker import celery_app
-from contract.codec import pack_ids
+from contract.broker.config import celery_app
+from contract.ledger.codec import pack_ids
 from contract.keys import DEFAULT_QUEUE, RUNS
-from contract.publish import publish_prompts
+from contract.broker.publish import publish_prompts
 
 REFUSAL = "run 'old' was written by an older version of the fleet"
 

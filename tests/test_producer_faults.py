@@ -20,7 +20,7 @@ import pytest
 import redis
 
 from conftest import Fleet, messages_of, render, varied_prompts, write_prompts
-from contract.ledger import Ledger
+from contract.ledger.ledger import Ledger
 from producer.local import free_port, redis_server_binary, spawn, wait_for
 
 BAD_RUN_NAMES = ["../../x", "/abs/path", "a:b", ""]
@@ -85,7 +85,7 @@ TEXT_PARTS = {"id": "parts", "messages": [{"role": "user", "content": [
 
 def refusing_tokenizer(folder: Path) -> Path:
     """The bundled tokenizer, with a template that refuses any conversation holding REFUSED."""
-    from contract.bundled import bundled_tokenizer_dir
+    from contract.chat.bundled import bundled_tokenizer_dir
 
     shutil.copytree(bundled_tokenizer_dir(), folder)
     template = folder / "chat_template.jinja"

@@ -92,7 +92,7 @@ def test_weights_changed_mid_run_are_told_apart_row_by_row_and_in_the_card(fleet
     import httpx
     import redis
 
-    from contract.ledger import Ledger
+    from contract.ledger.ledger import Ledger
 
     # Given one slow server (4 requests at a time) at weight version "before", and a worker
     _, url = fleet.standin("--weight-version", "before", "--output-len-max", "60", "--max-running-requests", "4",

@@ -21,7 +21,7 @@ from collections import Counter
 import httpx
 import redis
 
-from contract import kombu_redis
+from contract.broker import kombu_redis
 from contract.keys import RunKeys
 from producer.local import free_port, start_redis
 

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 import pytest
 import redis
 
-from contract.ledger import Ledger, shard_code
+from contract.ledger.ledger import Ledger, shard_code
 
 from conftest import varied_prompts, write_prompts
 from producer.local_s3 import BUCKET, start_s3

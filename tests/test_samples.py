@@ -20,8 +20,8 @@ import httpx
 import pyarrow.parquet as pq
 import redis
 
-from contract import heartbeats
-from contract.samples import sample_seed
+from contract.fleet import heartbeats
+from contract.run.samples import sample_seed
 from sglang_standin.cli import parse_config
 from sglang_standin.outputs import for_seed, generate_output
 

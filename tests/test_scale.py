@@ -14,10 +14,10 @@ import httpx
 import redis
 
 from conftest import varied_prompts, write_prompts
-from contract.codec import ids_to_b64, pack_ids
-from contract.deadletters import DeadLetter, DeadLetters
-from contract.kombu_redis import queue_depth
-from contract.ledger import Ledger
+from contract.ledger.codec import ids_to_b64, pack_ids
+from contract.ledger.deadletters import DeadLetter, DeadLetters
+from contract.broker.kombu_redis import queue_depth
+from contract.ledger.ledger import Ledger
 
 INSTANT = ("--step-base", "0", "--step-per-request", "0", "--prefill-per-token", "0",
            "--output-len-median", "40", "--output-len-max", "60")

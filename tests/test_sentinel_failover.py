@@ -41,8 +41,8 @@ import httpx
 import pyarrow.parquet as pq
 import pytest
 
-from contract.connections import redis_for
-from contract.ledger import Ledger, Tally
+from contract.redis_link.connections import redis_for
+from contract.ledger.ledger import Ledger, Tally
 from sglang_standin.cli import parse_config
 from sglang_standin.outputs import generate_output
 
@@ -218,7 +218,7 @@ def test_a_switchover_twice_behind_two_replicas_loses_nothing_and_runs_nothing_t
         sfleet, topology, tokenizer, tmp_path):
     """With two replicas, the one not promoted still acknowledges the old primary's writes until the
     Sentinels tell it to follow the new one (its resync then drops them): no write of the fleet may
-    count as confirmed on its word alone (`contract/replication.py`). The loss window is short and
+    count as confirmed on its word alone (`contract/redis_link/replication.py`). The loss window is short and
     a run may not meet it: `tests/specs/test_replication.py` holds the rule itself on two replicas."""
     _through_faults("switchover", sfleet, topology, tokenizer, tmp_path)
 

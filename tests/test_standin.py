@@ -249,7 +249,7 @@ def test_without_a_tokenizer_text_and_tokenize_are_refused_with_a_reason(server:
 
 def test_with_a_tokenizer_folder_text_is_tokenized_and_tokenize_answers() -> None:
     # given a stand-in whose tokenizer path is the bundled tokenizer's folder
-    from contract.bundled import bundled_tokenizer_dir
+    from contract.chat.bundled import bundled_tokenizer_dir
 
     with standin(*INSTANT, "--health-latency", "0", "--tokenizer-path", str(bundled_tokenizer_dir())) as s:
         # when text is generated from and /tokenize asked

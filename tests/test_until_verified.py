@@ -12,7 +12,7 @@ from collections import Counter
 import httpx
 import redis
 
-from contract import heartbeats
+from contract.fleet import heartbeats
 
 from conftest import ROOT, write_prompts
 from test_verification import MAX_NEW_TOKENS, checks_folder, lines

@@ -15,7 +15,7 @@ from typing import Callable, Protocol
 
 import redis
 
-from contract import heartbeats
+from contract.fleet import heartbeats
 from producer.local import Process
 
 

@@ -39,7 +39,7 @@ PROJECT_PACKAGES = ("producer", "contract", "workers", "sglang_standin")
 # Not pyarrow (export, show, report, S3 output, the worker's shards): it starts threads of its own
 # when imported.
 PRELOAD = ("producer.cli", "producer.enqueue", "producer.status", "producer.status_view", "producer.dead",
-           "contract.broker", "contract.chat", "contract.deadletters", "contract.settings",
+           "contract.broker.config", "contract.chat.template", "contract.ledger.deadletters", "contract.settings",
            "celery", "celery.app.amqp", "kombu.transport.redis", "jinja2.sandbox",
            "sglang_standin.cli", "sglang_standin.runner",
            "celery.bin.celery", "celery.apps.worker", "celery.concurrency.thread", "celery.worker.consumer",
@@ -50,7 +50,7 @@ def _preload() -> None:
     """Import what the programs import, then drop the project's own modules (a program imports
     them fresh, reading its own environment). The environment is the zygote's own again
     afterwards; while importing it has what a program would have set before these imports
-    (contract.chat's defaults for transformers, whose logging reads them when imported), and
+    (contract.chat.template's defaults for transformers, whose logging reads them when imported), and
     OPENBLAS_NUM_THREADS=1: numpy (imported by transformers) would otherwise start OpenBLAS's
     thread pool, and a process with threads must not fork. None of the programs multiplies
     matrices. Libraries that read the environment when imported read the pytest worker's: the

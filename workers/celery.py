@@ -15,7 +15,7 @@ import signal
 
 # First of all: the libraries whose internals the worker stands on are the versions constraints.txt
 # pins, or it does not start (before anything of theirs is imported: another version may not import).
-from contract.versions import refusal as _version_refusal
+from contract.broker.versions import refusal as _version_refusal
 
 if (_wrong_versions := _version_refusal()) is not None:
     raise SystemExit(_wrong_versions)
@@ -23,8 +23,8 @@ if (_wrong_versions := _version_refusal()) is not None:
 from celery import signals  # noqa: E402
 from pydantic import ValidationError
 
-from contract import kombu_redis
-from contract.broker import broker_url, celery_app
+from contract.broker import kombu_redis
+from contract.broker.config import broker_url, celery_app
 from contract.settings import settings_refusal
 
 from .reporting import flower_guard  # noqa: F401  (Flower refuses to listen beyond localhost without auth)

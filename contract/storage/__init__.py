@@ -1,5 +1,9 @@
 """Where shards live: `OUTPUT_DIR` parsed once, and every read and write of a shard through it.
 
+The part owns the shard columns and the `Sample` record (`schema`), where a run's shards are
+(`shard_home`), the one fsync (`durable`), and the stores (`local`, `s3`). It may import the
+Redis link and the top modules (`keys`, `names`); never the broker, the ledger, the run or chat.
+
 `OUTPUT_DIR` is a folder (a plain path or `file:///path`: `LocalStore`) or
 `s3://bucket/prefix` (`S3Store`, any S3-compatible store through the standard
 AWS configuration). Any other `scheme://` value, or `s3:` without a bucket, is
@@ -12,7 +16,7 @@ A store offers the same few operations whatever it is, and each keeps the
 promise the shard contract rests on: `create` makes a shard under a name no
 one else makes, whole or not at all, and never replaces an object
 (`FileExistsError` instead); `shards` lists a run's shards (names by
-`contract.schema.is_shard`) in name order; `source` gives one shard to pyarrow
+`contract.storage.schema.is_shard`) in name order; `source` gives one shard to pyarrow
 and `stream` its bytes, one shard at a time, so no reader copies a run.
 Storage trouble is an `OSError` (`FileNotFoundError` for a missing shard,
 `PermissionError` for refused credentials), which the shard writer holds as
@@ -29,11 +33,6 @@ SUPPORTED = "a folder (a path, or file:///path) or s3://bucket/prefix"
 
 class UnsupportedOutput(ValueError):
     """OUTPUT_DIR names a place the fleet cannot write shards to."""
-
-
-class StorageRefused(Exception):
-    """A store the worker cannot use at all (wrong credentials, no such bucket, unreachable):
-    the worker refuses to start rather than hold every sample it generates."""
 
 
 class Store(Protocol):
@@ -96,9 +95,9 @@ def store_for(output_dir: str, timeout: float | None = None) -> Store:
     together), so a sample's wait for its shard stays bounded."""
     scheme, bucket, path = parse(output_dir)
     if scheme == "file":
-        from .local import LocalStore
+        from contract.storage.local import LocalStore
 
         return LocalStore(path)
-    from .s3 import S3Store
+    from contract.storage.s3 import S3Store
 
     return S3Store(bucket, path, timeout)

@@ -13,8 +13,8 @@ import secrets
 from pathlib import Path
 from typing import BinaryIO, Callable
 
-from contract.durable import fsync_path
-from contract.schema import is_shard
+from contract.storage.durable import fsync_path
+from contract.storage.schema import is_shard
 
 
 class LocalStore:
@@ -92,3 +92,8 @@ def _discard(temporary: Path) -> None:
         temporary.unlink()
     except OSError:
         pass
+
+
+def shard_files(output_dir: str | Path, run: str) -> list[Path]:
+    """A run's shards in a folder, in name order (`contract/storage` lists them wherever they are)."""
+    return [Path(p) for p in LocalStore(str(output_dir)).shards(run)]

@@ -31,10 +31,10 @@ import pyarrow as pa
 from botocore.config import Config
 from botocore.exceptions import BotoCoreError, ClientError
 
-from contract.connections import redact_text
-from contract.schema import is_shard
+from contract.redis_link.connections import redact_text
+from contract.storage.schema import is_shard
 
-from . import StorageRefused
+from contract.storage.refused import StorageRefused
 
 SINGLE_PUT_MAX = 5 * 2**30 - 2**20  # S3 refuses one PUT above 5 GiB
 PART_BYTES = 256 * 2**20

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from contract.spec import RunSpec
+from contract.run.spec import RunSpec
 
 from .figures import Figures
 from .rows import read_rows

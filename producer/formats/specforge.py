@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from contract.spec import RunSpec
+from contract.run.spec import RunSpec
 
 from .rows import Row, token_line
 

@@ -21,7 +21,7 @@ import json
 from pathlib import Path
 from typing import Callable
 
-from contract.spec import RunSpec
+from contract.run.spec import RunSpec
 
 from . import FormatRefused
 from .rows import Row
@@ -62,7 +62,7 @@ def answer_message(row: Row, spec: RunSpec, decode: Callable[[list[int]], str]) 
 
 
 def _tokenizer(spec: RunSpec, trust_remote_code: bool):
-    from contract.chat import ChatTokenizer
+    from contract.chat.template import ChatTokenizer
 
     try:
         chat = ChatTokenizer(spec.tokenizer, trust_remote_code)

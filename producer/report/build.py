@@ -3,7 +3,7 @@
 The order matters only for a run still going: the ledger's counts are read
 first, then the shards, then the dead letters, so the shards can only hold
 more than the ledger said (the page says when they differ); fewer is a fault
-(`contract.shard_home.Shortfall`), and no page is written.
+(`contract.storage.shard_home.Shortfall`), and no page is written.
 """
 from __future__ import annotations
 
@@ -13,10 +13,10 @@ from pathlib import Path
 
 import redis
 
-from contract.deadletters import DeadLetters
-from contract.shard_home import check_found
+from contract.ledger.deadletters import DeadLetters
+from contract.storage.shard_home import check_found
 from contract.storage import store_for
-from contract.spec import RunSpec
+from contract.run.spec import RunSpec
 
 from ..show import find_samples, letter_view, load_decoder, sample_view
 from .charts import CHARTS, draw

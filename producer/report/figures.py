@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from contract.cache_hits import Hits
-from contract.spec import RunSpec
+from contract.fleet.cache_hits import Hits
+from contract.run.spec import RunSpec
 
 from .letters import NO_GENERATION, LetterTally
 from .samples import SampleTally

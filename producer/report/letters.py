@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from collections import Counter
 
-from contract.deadletters import DeadLetter
-from contract.spec import RunSpec
+from contract.ledger.deadletters import DeadLetter
+from contract.run.spec import RunSpec
 
 from .samples import EXAMPLES, TIME_CELLS
 from .tally import FoldingGrid, Picks

@@ -13,8 +13,8 @@ import datetime as dt
 import html
 import json
 
-from contract.cache_hits import share_text
-from contract.spec import RunSpec
+from contract.fleet.cache_hits import share_text
+from contract.run.spec import RunSpec
 
 from ..show import Decoder, Shown, clipped_segments
 

@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import redis
 
-from contract.deadletters import DeadLetter, DeadLetters
+from contract.ledger.deadletters import DeadLetter, DeadLetters
 from contract.storage import store_for
 
 # Every column but `run` (the folder says it): input_ids for the output's hash and last token.

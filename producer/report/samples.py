@@ -9,7 +9,7 @@ id) must not count. Lengths are token counts taken from the shard columns:
 reasoning = `think_end_index - prompt_len` (output tokens before think-end),
 answer = output tokens after think-end (the stop token included). Prefix-cache
 hits (`cached_tokens`) are summed per server and over time only over the rows
-that have the figure (`contract/cache_hits.py`); a shard older than the column
+that have the figure (`contract/fleet/cache_hits.py`); a shard older than the column
 has none. In a run of several samples a prompt a row is named by its ledger key
 (`row_key` of `id` and `sample`), so each sample counts once and two samples
 of one prompt are never a redelivery.
@@ -22,9 +22,9 @@ from collections import Counter
 import numpy as np
 import pyarrow as pa
 
-from contract.cache_hits import Hits
-from contract.samples import row_key
-from contract.spec import RunSpec
+from contract.fleet.cache_hits import Hits
+from contract.run.samples import row_key
+from contract.run.spec import RunSpec
 
 from .tally import Counts, FoldingGrid, LogHistogram, Picks
 

@@ -12,9 +12,10 @@ from collections import Counter
 import httpx
 import redis
 
-from contract import deliveries, kombu_redis
+from contract.ledger import deliveries
+from contract.broker import kombu_redis
 from contract.keys import RunKeys
-from contract.ledger import Ledger, locate
+from contract.ledger.ledger import Ledger, locate
 from producer.local import free_port, start_redis
 from sglang_standin.cli import parse_config
 from sglang_standin.outputs import fault_for

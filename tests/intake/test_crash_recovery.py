@@ -7,7 +7,7 @@ import time
 import httpx
 import redis
 
-from contract import heartbeats
+from contract.fleet import heartbeats
 from producer.local import start_redis
 
 from conftest import varied_prompts, write_prompts

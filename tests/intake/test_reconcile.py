@@ -20,8 +20,8 @@ import pyarrow.parquet as pq
 import redis
 
 from contract.keys import RunKeys
-from contract.ledger import Ledger, shard_code
-from contract.schema import shard_files
+from contract.ledger.ledger import Ledger, shard_code
+from contract.storage.local import shard_files
 
 from conftest import varied_prompts, write_prompts
 from waiting import wait_until

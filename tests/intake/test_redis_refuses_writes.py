@@ -14,10 +14,10 @@ import time
 import pytest
 import redis
 
-from contract import retries
-from contract.connections import client_for
+from contract.redis_link import retries
+from contract.redis_link.connections import client_for
 from contract.keys import RunKeys
-from contract.ledger import Ledger
+from contract.ledger.ledger import Ledger
 from producer.local import free_port
 
 from conftest import varied_prompts, write_prompts

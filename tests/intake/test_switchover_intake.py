@@ -19,10 +19,10 @@ import redis
 from redis.backoff import ExponentialBackoff
 from redis.retry import Retry
 
-from contract import replication
-from contract.codec import pack_ids
-from contract.connections import client_for
-from contract.ledger import Ledger
+from contract.redis_link import replication
+from contract.ledger.codec import pack_ids
+from contract.redis_link.connections import client_for
+from contract.ledger.ledger import Ledger
 from producer.local import wait_for
 from sentinel_topology import Topology
 from workers.intake import deliveries

@@ -1,4 +1,4 @@
-"""A take whose answer is lost strands nothing (`contract/kombu_take.py`'s token, `workers/intake/transport.py`).
+"""A take whose answer is lost strands nothing (`contract/broker/kombu_take.py`'s token, `workers/intake/transport.py`).
 
 Real processes: redis-server, a stand-in, `celery -A workers worker` connected to Redis through a proxy
 (tests/take_cut.py) that lets Redis run the take's script and then cuts the connection before its
@@ -12,8 +12,8 @@ from collections import Counter
 import httpx
 import redis
 
-from contract import kombu_take
-from contract.kombu_redis import UNACKED
+from contract.broker import kombu_take
+from contract.broker.kombu_redis import UNACKED
 
 from conftest import varied_prompts, write_prompts
 from take_cut import CutAfterScript

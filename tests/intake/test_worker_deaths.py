@@ -26,7 +26,7 @@ from collections import Counter
 import httpx
 import redis
 
-from contract import deliveries
+from contract.ledger import deliveries
 from contract.keys import RunKeys
 
 from conftest import varied_prompts, write_prompts
@@ -54,7 +54,7 @@ def _stored(fleet) -> Counter:
 
 def _workers_up(fleet, names: list[str]) -> None:
     """Until each named worker has written a heartbeat (it consumes from then on)."""
-    from contract import heartbeats
+    from contract.fleet import heartbeats
     client = redis.Redis.from_url(fleet.redis_url)
     wait_until(lambda: {n for n in names} <= {r["worker"].split("@")[0] for r in heartbeats.read_all(client)},
                120, f"workers {names} up", fleet)

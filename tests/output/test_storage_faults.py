@@ -16,9 +16,9 @@ from pathlib import Path
 import httpx
 import redis
 
-from contract.broker import celery_app
-from contract.ledger import Ledger
-from contract.publish import publish_prompts
+from contract.broker.config import celery_app
+from contract.ledger.ledger import Ledger
+from contract.broker.publish import publish_prompts
 from producer.local import free_port
 
 from conftest import render, messages_of, varied_prompts, write_prompts

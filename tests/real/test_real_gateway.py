@@ -17,7 +17,7 @@ import httpx
 import pytest
 import redis
 
-from contract import heartbeats
+from contract.fleet import heartbeats
 from producer.local import free_port
 
 from conftest import varied_prompts, write_prompts

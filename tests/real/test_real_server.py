@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from conftest import varied_prompts, write_prompts
-from contract.bundled import bundled_tokenizer_dir
+from contract.chat.bundled import bundled_tokenizer_dir
 from real_sglang import ASSISTANT, THINK_END, expected_trace
 
 pytestmark = pytest.mark.xdist_group("real-sglang")  # with the shared servers (conftest.shared_sglang)

@@ -27,7 +27,7 @@ from typing import Any, Iterator
 import httpx
 import pytest
 
-from contract.logprobs import from_meta
+from contract.run.logprobs import from_meta
 from producer.local import Process, start_standin
 from real_sglang import CONTEXT, RealServer, start_sglang
 from waiting import wait_until
@@ -216,7 +216,7 @@ def test_log_probabilities_come_with_the_same_keys_lengths_and_entries_and_name_
                 assert shape(r) == shape(s), (case, key, r, s)
                 assert (len(r) if isinstance(r, list) else r) == (len(s) if isinstance(s, list) else s), (case, key)
         # And each output token's entry names the output id at its position, on both, so the
-        # fleet reads both alike (contract/logprobs.py)
+        # fleet reads both alike (contract/run/logprobs.py)
         k = ask.get("top_logprobs_num", 0) if ask.get("return_logprob") else 0
         for answer in (real, standin):
             meta = answer["meta_info"]

@@ -1,5 +1,5 @@
 """No prompt takes a server down: a worker sends a run's prompts only to servers whose own tokenizer
-gives the run's ids (contract/tokenizer_probe.py), against the real SGLang server, which dies whole on
+gives the run's ids (contract/chat/tokenizer_probe.py), against the real SGLang server, which dies whole on
 an input id its model lacks."""
 from __future__ import annotations
 

@@ -14,7 +14,7 @@ import signal
 import pytest
 import redis
 
-from contract import kombu_redis
+from contract.broker import kombu_redis
 from workers.reporting.lifeline import EXIT_BROKEN
 
 from conftest import varied_prompts, write_prompts

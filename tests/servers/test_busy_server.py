@@ -27,8 +27,8 @@ import pytest
 import redis
 
 from conftest import write_prompts
-from contract import heartbeats
-from contract.ledger import Ledger
+from contract.fleet import heartbeats
+from contract.ledger.ledger import Ledger
 from cpu_quota import EIGHTH, cpu_quota_group, launch_in
 from producer.local import free_port, start_worker
 from waiting import wait_until

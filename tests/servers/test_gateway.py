@@ -16,7 +16,7 @@ from collections import Counter
 import httpx
 import redis
 
-from contract import heartbeats
+from contract.fleet import heartbeats
 
 from conftest import varied_prompts, write_prompts
 from info_relay import InfoRelay

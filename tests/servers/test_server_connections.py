@@ -19,7 +19,7 @@ import redis
 
 from blackhole import BlackHole
 from conftest import varied_prompts, write_prompts
-from contract import heartbeats
+from contract.fleet import heartbeats
 from private_ca import make_ca
 from producer.local import free_port
 from waiting import wait_until

@@ -15,7 +15,7 @@ import signal
 import httpx
 import redis
 
-from contract.spec import load_spec, save_spec
+from contract.run.spec import load_spec, save_spec
 from producer.local import free_port
 from sglang_standin.bad_outputs import HUGE_ID, bad_output_kind
 from sglang_standin.cli import parse_config

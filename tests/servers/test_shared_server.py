@@ -18,7 +18,7 @@ import redis
 
 from bench.shared_server import ready_to_share
 from conftest import write_prompts
-from contract import heartbeats
+from contract.fleet import heartbeats
 from producer.local import free_port
 from waiting import wait_until
 

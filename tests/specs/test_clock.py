@@ -12,8 +12,8 @@ import signal
 import threading
 import time
 
-from contract.clock import RedisClock, read
-from contract.connections import redis_for
+from contract.redis_link.clock import RedisClock, read
+from contract.redis_link.connections import redis_for
 from producer.local import start_redis
 
 

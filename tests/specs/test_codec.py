@@ -7,7 +7,7 @@ import struct
 
 import pytest
 
-from contract.codec import b64_to_ids, ids_to_b64, pack_ids, unpack_ids
+from contract.ledger.codec import b64_to_ids, ids_to_b64, pack_ids, unpack_ids
 
 VOCABULARIES = [129_280, 151_936, 256_000]  # DeepSeek-V3/R1, Qwen, Gemma
 

@@ -7,7 +7,7 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from contract.shard_home import Shortfall, check_found, home, record, recorded
+from contract.storage.shard_home import Shortfall, check_found, home, record, recorded
 from producer.cli import app
 from producer.prompts import read_prompts
 from producer.status import in_flight_of

@@ -13,8 +13,8 @@ import pytest
 
 from contract.keys import RunKeys, queue_for, task_id
 from contract.names import Reason
-from contract.scripts import Lua
-from contract.spec import BadRunName, OlderLayout, RunSpec, check_run_name, load_spec, run_queues, save_spec
+from contract.redis_link.scripts import Lua
+from contract.run.spec import BadRunName, OlderLayout, RunSpec, check_run_name, load_spec, run_queues, save_spec
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -103,7 +103,7 @@ def test_a_reason_is_its_own_value_in_json_and_text():
 @pytest.mark.parametrize("module, forbidden", [
     ("producer.cli", ("celery", "kombu", "workers", "pyarrow", "httpx", "transformers")),
     ("workers", ("celery", "kombu", "pyarrow", "httpx")),
-    ("contract.ledger", ("celery", "pyarrow", "httpx")),
+    ("contract.ledger.ledger", ("celery", "pyarrow", "httpx")),
 ])
 def test_importing_an_entry_module_builds_nothing(module, forbidden):
     code = (f"import sys, {module}; "

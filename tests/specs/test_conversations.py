@@ -7,11 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from contract.chat import ChatTokenizer
-from contract.codec import pack_ids
-from contract.conversation_ledger import COMPLETE, QUEUED_NEXT, ConversationLedger
-from contract.conversations import answer_message, skeleton, turn_history, turn_id, turns
-from contract.ledger import Ledger
+from contract.chat.template import ChatTokenizer
+from contract.ledger.codec import pack_ids
+from contract.ledger.conversation_ledger import COMPLETE, QUEUED_NEXT, ConversationLedger
+from contract.chat.conversations import answer_message, skeleton, turn_history, turn_id, turns
+from contract.ledger.ledger import Ledger
 
 QWEN3_TEMPLATE = Path(__file__).parent.parent / "fixtures" / "qwen3_chat_template.jinja"
 CONVERSATION = [
@@ -36,7 +36,7 @@ def bundled() -> ChatTokenizer:
 @pytest.fixture(scope="module")
 def qwen3(tmp_path_factory) -> ChatTokenizer:
     """The bundled vocabulary with Qwen3-8B's own chat template (tests/fixtures)."""
-    from contract.bundled import bundled_tokenizer_dir
+    from contract.chat.bundled import bundled_tokenizer_dir
 
     folder = tmp_path_factory.mktemp("qwen3") / "tok"
     shutil.copytree(bundled_tokenizer_dir(), folder)
@@ -170,7 +170,7 @@ def test_a_turn_that_cannot_be_rendered_stops_its_conversation_as_a_dead_letter(
 
 
 def test_a_worker_whose_template_differs_from_the_runs_refuses_to_render_its_turns(bundled):
-    from contract.spec import RunSpec
+    from contract.run.spec import RunSpec
     from workers.output.turns import TemplateMismatch, chat_for
 
     spec = RunSpec(name="r", tokenizer="bundled", tokenizer_fingerprint=bundled.fingerprint(),
@@ -184,7 +184,7 @@ def test_a_worker_whose_template_differs_from_the_runs_refuses_to_render_its_tur
 
 def test_a_run_keeps_earlier_reasoning_only_when_its_template_renders_it(bundled, qwen3, tmp_path):
     # Given the bundled and Qwen3 templates, which drop earlier turns' reasoning, and one that renders it
-    from contract.bundled import bundled_tokenizer_dir
+    from contract.chat.bundled import bundled_tokenizer_dir
 
     folder = tmp_path / "keeps"
     shutil.copytree(bundled_tokenizer_dir(), folder)

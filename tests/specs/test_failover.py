@@ -1,8 +1,8 @@
 """After a failover: what a worker asserts again on the new primary, and how long it remembers it."""
 from __future__ import annotations
 
-from contract.codec import pack_ids
-from contract.ledger import Ledger
+from contract.ledger.codec import pack_ids
+from contract.ledger.ledger import Ledger
 from workers.intake import deliveries
 from workers.intake.recent import Recent
 

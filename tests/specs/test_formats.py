@@ -10,12 +10,12 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from contract.codec import pack_ids
-from contract.deadletters import DeadLetter, DeadLetters
-from contract.ledger import Ledger
-from contract.schema import Sample, samples_to_table
-from contract.spec import RunSpec
-from contract.chat import ChatTokenizer
+from contract.ledger.codec import pack_ids
+from contract.ledger.deadletters import DeadLetter, DeadLetters
+from contract.ledger.ledger import Ledger
+from contract.storage.schema import Sample, samples_to_table
+from contract.run.spec import RunSpec
+from contract.chat.template import ChatTokenizer
 from producer.export import export_run
 from producer.formats import FormatRefused
 from producer.formats.figures import Figures, ids_digest

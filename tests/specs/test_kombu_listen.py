@@ -9,7 +9,7 @@ import time
 import redis
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
-from contract.broker import broker_url
+from contract.broker.config import broker_url
 from workers.intake import transport
 
 EVENTS = Exchange("celeryev", type="fanout")  # Celery's event exchange on Redis: PSUBSCRIBE

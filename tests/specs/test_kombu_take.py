@@ -1,4 +1,4 @@
-"""kombu's take and acknowledgement in few commands (`contract/kombu_take.py`), on a real Redis and a real kombu."""
+"""kombu's take and acknowledgement in few commands (`contract/broker/kombu_take.py`), on a real Redis and a real kombu."""
 from __future__ import annotations
 
 import json
@@ -6,10 +6,10 @@ import json
 import pytest
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 
-from contract import kombu_redis, kombu_take
+from contract.broker import kombu_redis, kombu_take
 from contract.keys import LEASES
-from contract.kombu_redis import UNACKED, UNACKED_INDEX
-from contract.worker_lease import Holder
+from contract.broker.kombu_redis import UNACKED, UNACKED_INDEX
+from contract.broker.worker_lease import Holder
 from workers.intake import transport
 
 HOLDER = Holder.draw()

@@ -14,10 +14,10 @@ import json
 import random
 
 
-from contract.codec import pack_ids
-from contract.deadletters import DeadLetter, DeadLetters
+from contract.ledger.codec import pack_ids
+from contract.ledger.deadletters import DeadLetter, DeadLetters
 from contract.keys import RunKeys
-from contract.ledger import AGAIN, NEW, READ_CHUNK, Entry, Ledger, shard_code
+from contract.ledger.ledger import AGAIN, NEW, READ_CHUNK, Entry, Ledger, shard_code
 from workers.intake import deliveries
 
 
@@ -333,7 +333,7 @@ def test_a_letter_with_a_field_this_version_does_not_know_is_still_listed(client
         ledger.bury(pid, "aborted", json.dumps({**letter(pid, "aborted").__dict__, "hint": "retry later"}))
 
     # When they are listed, then both are, without the field, and a warning names it once
-    with caplog.at_level("WARNING", logger="contract.deadletters"):
+    with caplog.at_level("WARNING", logger="contract.ledger.deadletters"):
         assert sorted(d.id for d in store) == ["a", "b"] and store.get("a").reason == "aborted"
     assert [r.getMessage() for r in caplog.records] == [
         "dead letters hold fields this version does not know, left out: hint"]

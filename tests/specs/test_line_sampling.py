@@ -1,6 +1,6 @@
 """A line's own `sampling`: checked at enqueue as SGLang checks it (the line's number and reason on a
 bad value, the other lines published), recorded once per line before its prompt is queued, and
-merged over the run's by the worker into what is sent (contract/line_sampling.py)."""
+merged over the run's by the worker into what is sent (contract/run/line_sampling.py)."""
 from __future__ import annotations
 
 import hashlib
@@ -11,11 +11,11 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from contract.ledger import Ledger
-from contract.line_fields import LineFields
-from contract.line_sampling import BadSampling, check_line_sampling, merged
-from contract.samples import sample_seed
-from contract.spec import RunSpec, load_spec
+from contract.ledger.ledger import Ledger
+from contract.run.line_fields import LineFields
+from contract.run.line_sampling import BadSampling, check_line_sampling, merged
+from contract.run.samples import sample_seed
+from contract.run.spec import RunSpec, load_spec
 from producer.cli import app
 from producer.prompts import BadLine, Prompt, mentions_line_fields, read_prompts
 from workers.intake.generation import fit_context, line_record, request_sampling

@@ -1,6 +1,6 @@
 """`--logprobs K`: an answer's log-probabilities read as SGLang 0.5.23 gives them, checked token for token
 against `output_ids` (a mismatch is the server's bad answer), stored in three compact columns and read
-back as (output_len, K) arrays (contract/logprobs.py)."""
+back as (output_len, K) arrays (contract/run/logprobs.py)."""
 from __future__ import annotations
 
 import copy
@@ -11,9 +11,9 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from contract.logprobs import BadLogprobs, from_meta, request_fields, unflatten
-from contract.schema import Sample, arrow_schema, samples_to_table
-from contract.spec import load_spec
+from contract.run.logprobs import BadLogprobs, from_meta, request_fields, unflatten
+from contract.storage.schema import Sample, arrow_schema, samples_to_table
+from contract.run.spec import load_spec
 from producer.cli import app
 from sglang_standin.logprobs import LogprobAsk, logprob_meta
 from workers.servers.answers import BadOutput, answer_cap, read_logprobs

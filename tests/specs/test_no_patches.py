@@ -39,7 +39,7 @@ before = snapshot()
 # the fleet: the workers package, the worker's Celery app (Flower's too), the producer's CLI and app
 import workers, producer.cli
 from workers.celery import app
-from contract.broker import celery_app
+from contract.broker.config import celery_app
 celery_app("redis://127.0.0.1:1/0")
 connection = app.connection_for_read()
 transport_cls = connection.get_transport_cls()

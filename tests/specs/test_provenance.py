@@ -11,17 +11,17 @@ import pytest
 import redis
 import yaml
 
-from contract.codec import pack_ids
-from contract.deadletters import DeadLetter, DeadLetters
+from contract.ledger.codec import pack_ids
+from contract.ledger.deadletters import DeadLetter, DeadLetters
 from contract.keys import RunKeys
-from contract.ledger import Ledger
-from contract.provenance import Origin, Recorder, read_provenance, weight_version_of
-from contract.schema import Sample, samples_to_table
-from contract.spec import RunSpec
+from contract.ledger.ledger import Ledger
+from contract.fleet.provenance import Origin, Recorder, read_provenance, weight_version_of
+from contract.storage.schema import Sample, samples_to_table
+from contract.run.spec import RunSpec
 from producer.card import render_card
 from producer.export import export_run
 from workers.servers.bindings import ServerBinding
-from workers.servers.preflight import Info, apply_info
+from workers.servers.server_info import Info, apply_info
 
 RUN = "prov"
 
@@ -184,7 +184,7 @@ def test_export_writes_the_card_beside_the_data_and_exports_again_over_it(client
 
 
 def test_runs_names_the_models_sglang_and_weight_versions_of_each_run(client):
-    from contract.spec import save_spec
+    from contract.run.spec import save_spec
     from producer.runs import list_runs
 
     # Given a run whose samples came from two weight versions of one model

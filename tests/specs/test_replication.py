@@ -8,7 +8,7 @@ import pytest
 import redis
 
 from contract.keys import REPLICATED
-from contract.replication import confirm, confirmed, had, primary, replicated
+from contract.redis_link.replication import confirm, confirmed, had, primary, replicated
 from producer.local import start_redis, wait_for
 
 

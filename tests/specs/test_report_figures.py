@@ -10,10 +10,10 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from contract.codec import ids_to_b64
-from contract.deadletters import DeadLetter
-from contract.schema import Sample, samples_to_table
-from contract.spec import RunSpec
+from contract.ledger.codec import ids_to_b64
+from contract.ledger.deadletters import DeadLetter
+from contract.storage.schema import Sample, samples_to_table
+from contract.run.spec import RunSpec
 from producer.report.figures import figures, repeated_hashes
 from producer.report.letters import LetterTally
 from producer.report.read import shard_batches

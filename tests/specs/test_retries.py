@@ -1,4 +1,4 @@
-"""How long a Redis call waits out an outage (`contract/retries.py`): the fleet's retries on every
+"""How long a Redis call waits out an outage (`contract/redis_link/retries.py`): the fleet's retries on every
 thread but one failing fast (a worker's event loop), on the same client and connections."""
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import time
 import pytest
 import redis
 
-from contract import retries
-from contract.connections import redis_for
+from contract.redis_link import retries
+from contract.redis_link.connections import redis_for
 
 from waiting import wait_until
 

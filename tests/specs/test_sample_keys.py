@@ -1,7 +1,7 @@
-"""Specification: a sample's ledger key and its seed (contract/samples.py)."""
+"""Specification: a sample's ledger key and its seed (contract/run/samples.py)."""
 import pytest
 
-from contract.samples import first_indices, row_key, sample_key, sample_seed, split_sample_key, successor
+from contract.run.samples import first_indices, row_key, sample_key, sample_seed, split_sample_key, successor
 
 
 def test_a_run_of_one_sample_keys_each_prompt_by_its_own_id():

@@ -14,13 +14,13 @@ import pyarrow.parquet as pq
 import pytest
 from typer.testing import CliRunner
 
-from contract.codec import pack_ids, unpack_ids
-from contract.deadletters import DeadLetter, DeadLetters
+from contract.ledger.codec import pack_ids, unpack_ids
+from contract.ledger.deadletters import DeadLetter, DeadLetters
 from contract.keys import RUNS, RunKeys
-from contract.ledger import Ledger
-from contract.samples import sample_seed
-from contract.schema import Sample, samples_to_table
-from contract.spec import RunSpec, load_spec
+from contract.ledger.ledger import Ledger
+from contract.run.samples import sample_seed
+from contract.storage.schema import Sample, samples_to_table
+from contract.run.spec import RunSpec, load_spec
 from producer.cli import app
 from producer.export import export_run
 from workers.intake.generation import request_sampling
@@ -137,7 +137,7 @@ def letter(key: str, samples: int) -> DeadLetter:
 
 def test_a_dead_sample_names_its_prompt_and_sample_and_is_listed_shown_and_replayed_as_itself(server, client):
     # Given a run of 3 samples a prompt whose sample 1 of q1 and sample 2 of q2 are dead
-    from contract.spec import save_spec
+    from contract.run.spec import save_spec
 
     save_spec(client, spec(3))
     ledger = Ledger(client, "r")
@@ -189,7 +189,7 @@ def row(prompt_id: str, sample: int, copy: int = 0) -> Sample:
 def test_export_keeps_every_done_sample_once_and_counts_samples_and_prompts(client, tmp_path, index_only):
     # Given a run of 3 samples a prompt whose shard holds q0's three samples, q1's sample 0 twice
     # (a redelivery) and its sample 1, whose sample 2 is dead
-    from contract.spec import save_spec
+    from contract.run.spec import save_spec
 
     save_spec(client, spec(3))
     ledger = Ledger(client, "r")
@@ -218,7 +218,7 @@ def test_export_keeps_every_done_sample_once_and_counts_samples_and_prompts(clie
 
 
 def test_a_shard_row_keeps_the_prompts_id_and_adds_sample_and_seed_after_the_older_columns():
-    from contract.schema import COLUMNS, arrow_schema
+    from contract.storage.schema import COLUMNS, arrow_schema
 
     # (columns only ever come at the end: sample and seed follow every column before samples existed)
     assert COLUMNS.index("sample") > COLUMNS.index("cached_tokens")
@@ -240,7 +240,7 @@ def test_the_standin_draws_a_samples_answer_with_its_seed_only_when_asked():
 
 
 def test_the_samples_of_a_group_of_prompts_are_published_interleaved():
-    from contract.publish import SPREAD, spread
+    from contract.broker.publish import SPREAD, spread
 
     # Given new samples of SPREAD + 2 prompts, 3 each, in the order the ledger took them
     prompts = [f"q{i}" for i in range(SPREAD + 2)]

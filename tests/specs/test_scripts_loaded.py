@@ -1,13 +1,13 @@
 """Specification: a pipeline of the fleet's own clients sends its scripts as plain EVALSHA, with no
 SCRIPT EXISTS round trip first, and still finds them on a server that lost its scripts
-(`contract/scripts.py`, `contract/connections.py`). A real redis-server."""
+(`contract/redis_link/scripts.py`, `contract/redis_link/connections.py`). A real redis-server."""
 from __future__ import annotations
 
 import redis
 
-from contract.connections import client_for
-from contract.retries import shared
-from contract.scripts import Lua
+from contract.redis_link.connections import client_for
+from contract.redis_link.retries import shared
+from contract.redis_link.scripts import Lua
 
 ADD = Lua("return redis.call('INCRBY', KEYS[1], a.by)", head=("by",))
 

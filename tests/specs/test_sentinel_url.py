@@ -4,9 +4,9 @@ from __future__ import annotations
 import pytest
 from kombu import Connection
 
-from contract.broker import broker_url, celery_app
-from contract.connections import (DEFAULT_MASTER, MASTER_ENV, SentinelURL, is_sentinel, kombu_sentinel_url,
-                                  parse_sentinel_url, redis_for)
+from contract.broker.config import broker_url, celery_app
+from contract.redis_link.connections import (DEFAULT_MASTER, MASTER_ENV, SentinelURL, is_sentinel, kombu_sentinel_url,
+                                               parse_sentinel_url, redis_for)
 
 THREE = "sentinel://h1:26379;sentinel://h2:26380;sentinel://h3:26381/0"
 

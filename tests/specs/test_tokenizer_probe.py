@@ -1,4 +1,4 @@
-"""The tokenizer probe (contract/tokenizer_probe.py): what `enqueue` records, and where a server's ids differ.
+"""The tokenizer probe (contract/chat/tokenizer_probe.py): what `enqueue` records, and where a server's ids differ.
 
 Given the bundled tokenizer, the probe holds a rendered conversation and every added and special token
 with their ids; given the same tokenizer with tokens added, a server of the base tokenizer differs at the
@@ -10,7 +10,7 @@ import copy
 
 import pytest
 
-from contract.tokenizer_probe import Probe, first_difference, make_probe
+from contract.chat.tokenizer_probe import Probe, first_difference, make_probe
 
 
 @pytest.fixture(scope="module")

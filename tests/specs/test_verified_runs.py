@@ -11,11 +11,11 @@ import pyarrow.dataset as pads
 import pyarrow.parquet as pq
 import pytest
 
-from contract.codec import pack_ids
-from contract.ledger import Ledger, Tally
-from contract.line_fields import LineFields
-from contract.schema import Sample, samples_to_table
-from contract.spec import RunSpec
+from contract.ledger.codec import pack_ids
+from contract.ledger.ledger import Ledger, Tally
+from contract.run.line_fields import LineFields
+from contract.storage.schema import Sample, samples_to_table
+from contract.run.spec import RunSpec
 from producer.enqueue import _enqueue
 from producer.export import export_run
 from producer.prompts import parse_line

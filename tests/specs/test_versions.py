@@ -1,4 +1,4 @@
-"""The worker starts only on the library versions it is built for (`constraints.txt`, `contract/versions.py`).
+"""The worker starts only on the library versions it is built for (`constraints.txt`, `contract/broker/versions.py`).
 
 A different version is made honestly: a directory holding a real installed-distribution
 record (`kombu-5.7.1.dist-info/METADATA`) put first on the worker's `PYTHONPATH`, which is
@@ -10,7 +10,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from contract import versions
+from contract.broker import versions
 
 ROOT = Path(__file__).resolve().parents[2]
 CELERY = Path(sys.executable).with_name("celery")

@@ -1,14 +1,14 @@
-"""One lease per worker process (`contract/worker_lease.py`), on a real Redis and kombu's real sweep."""
+"""One lease per worker process (`contract/broker/worker_lease.py`), on a real Redis and kombu's real sweep."""
 from __future__ import annotations
 
 import pytest
 from kombu import Connection, Exchange, Producer, Queue
 
-from contract import kombu_take, worker_lease
-from contract.clock import CLOCK
+from contract.broker import kombu_take, worker_lease
+from contract.redis_link.clock import CLOCK
 from contract.keys import LEASES
-from contract.kombu_redis import UNACKED, UNACKED_INDEX
-from contract.worker_lease import Holder
+from contract.broker.kombu_redis import UNACKED, UNACKED_INDEX
+from contract.broker.worker_lease import Holder
 from workers.intake import transport
 from workers.intake.lease import Leases
 from workers.intake.consumer import Delivery
@@ -149,7 +149,7 @@ def test_lapsing_says_when_the_sweep_will_bring_something_back(client):
 def sent(client) -> tuple[dict[str, int], int]:
     """Calls of each command since the stats were reset, and the bytes Redis read meanwhile; but the
     clock's TIME reads, which a slow round trip (a loaded machine) repeats whatever a round holds
-    (`contract/clock.py` keeps the shortest of a few), with the 14 bytes each sends."""
+    (`contract/redis_link/clock.py` keeps the shortest of a few), with the 14 bytes each sends."""
     calls = {name: stats["calls"] for name, stats in client.info("commandstats").items()}
     times = calls.pop("cmdstat_time", 0)
     return calls, client.info("stats")["total_net_input_bytes"] - 14 * times

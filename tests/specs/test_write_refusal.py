@@ -1,4 +1,4 @@
-"""Redis refusing writes is recognised in one place (`contract/write_refusal.py`).
+"""Redis refusing writes is recognised in one place (`contract/redis_link/write_refusal.py`).
 
 Given redis-py's own exceptions for the three refusals, the same replies
 wrapped by kombu or Celery (raised from them, or only their text), and a
@@ -11,7 +11,7 @@ from __future__ import annotations
 import pytest
 import redis
 
-from contract.write_refusal import refusal
+from contract.redis_link.write_refusal import refusal
 from workers.intake.redis_writes import RedisWrites
 
 OOM = redis.exceptions.OutOfMemoryError("command not allowed when used memory > 'maxmemory'.")

@@ -41,8 +41,10 @@ from typing import Iterable
 
 import redis
 
-from contract import deliveries, heartbeats, worker_lease
-from contract.clock import CLOCK
+from contract.ledger import deliveries
+from contract.fleet import heartbeats
+from contract.broker import worker_lease
+from contract.redis_link.clock import CLOCK
 from contract.keys import RunKeys
 
 PAGE = 500  # fields per HMGET

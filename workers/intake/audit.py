@@ -51,13 +51,14 @@ import threading
 
 from celery import bootsteps
 
-from contract import heartbeats, kombu_redis
-from contract.clock import CLOCK
-from contract.codec import count_ids
+from contract.fleet import heartbeats
+from contract.broker import kombu_redis
+from contract.redis_link.clock import CLOCK
+from contract.ledger.codec import count_ids
 from contract.keys import AUDIT_LOCK, AUDIT_PREFIX, RunKeys
-from contract.ledger import Ledger
-from contract.publish import publish_prompts
-from contract.spec import run_queues
+from contract.ledger.ledger import Ledger
+from contract.broker.publish import publish_prompts
+from contract.run.spec import run_queues
 
 from ..output import turns
 from .accounted import accounted_for, entries, restores_pending
@@ -201,7 +202,7 @@ class Suspects:
     missing for moments twice a turn, between kombu's take and the intake's note and
     between the give-back's undo and kombu's requeue, and audits as far apart as a turn is
     long can fall into those moments round after round. Its entry changes at every note and
-    every give-back (`contract/deliveries.py`), so a prompt given back between two sightings
+    every give-back (`contract/ledger/deliveries.py`), so a prompt given back between two sightings
     is a suspect again, with its entry as now read, not confirmed. A lost message moves
     nothing: its prompt's entry stays as it was, and the next audit confirms it (one after,
     where the prompt was taken and given back just before its message was lost).

@@ -38,9 +38,9 @@ from typing import Iterable
 
 import redis
 
-from contract.deliveries import names
+from contract.ledger.deliveries import names
 from contract.keys import WORKERS, task_id
-from contract.ledger import Ledger
+from contract.ledger.ledger import Ledger
 
 from .accounted import stored_entries
 

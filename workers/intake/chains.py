@@ -1,9 +1,9 @@
 """`enqueue --until-verified K`: a sample that does not pass queues the next sample of its chain.
 
-The chains are `contract/samples.py`'s (`successor`): chain j is samples j, j + K,
+The chains are `contract/run/samples.py`'s (`successor`): chain j is samples j, j + K,
 j + 2K, ... below N. A sample does not pass when it is stored with a verdict
 other than a pass (a fail, or a check's `error`) or dead-lettered; its
-successor is queued (`contract.publish.publish_samples`: a ledger entry with
+successor is queued (`contract.broker.publish.publish_samples`: a ledger entry with
 the prompt's ids, then its message) *before* the sample settles, at the two
 choke points where a sample settles: `_store`, before its row is committed, and
 `bury`, before its dead letter is stored.
@@ -24,10 +24,10 @@ from __future__ import annotations
 import logging
 
 from contract.keys import queue_for
-from contract.ledger import Ledger
-from contract.publish import publish_samples
-from contract.samples import split_sample_key, successor
-from contract.spec import RunSpec
+from contract.ledger.ledger import Ledger
+from contract.broker.publish import publish_samples
+from contract.run.samples import split_sample_key, successor
+from contract.run.spec import RunSpec
 
 log = logging.getLogger(__name__)
 CALL = "w"  # the enqueue call of a sample a worker queues (`Ledger.enqueue`)

@@ -37,8 +37,8 @@ from itertools import chain, repeat
 
 import redis
 
-from contract.ledger import Intake, Ledger
-from contract.replication import confirmed, expected, written_again
+from contract.ledger.ledger import Intake, Ledger
+from contract.redis_link.replication import confirmed, expected, written_again
 
 from . import deliveries, group_intake
 

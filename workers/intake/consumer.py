@@ -29,7 +29,7 @@ out and the prompt comes back within one lease, as before. A message lost on
 the wire while being fetched is not this module's: the audit republishes it.
 
 The consumer's thread is the event loop's, and its Redis calls fail fast
-(`contract/retries.py`): kombu's short calls on it share the worker's client,
+(`contract/redis_link/retries.py`): kombu's short calls on it share the worker's client,
 whose retries would otherwise hold the loop for minutes of a Redis outage, so
 that the loss reached this hook (and the worker reconnected) only then.
 """
@@ -43,7 +43,8 @@ from typing import Any
 
 from celery.worker.consumer import Consumer
 
-from contract import kombu_redis, retries
+from contract.broker import kombu_redis
+from contract.redis_link import retries
 
 from ..reporting import heart
 from .recent import ACKED
@@ -161,7 +162,7 @@ def current_channel(c):
 
 def prompt_of(message) -> tuple[str | None, str | None]:
     """(run, prompt id) from a fleet message: a Celery protocol-2 body `[args, kwargs, embed]`
-    whose args start with the run and the prompt id (`contract.publish`)."""
+    whose args start with the run and the prompt id (`contract.broker.publish`)."""
     try:
         args = json.loads(message.body)[0]
         return str(args[0]), str(args[1])

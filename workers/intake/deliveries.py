@@ -33,7 +33,7 @@ A delivery is taken back only by the process that counted it, and at most once
 of its predecessor's death.
 
 One hash per run (`RunKeys.deliveries`): prompt id -> the workers it was
-delivered to (`contract/deliveries.py`: the entry's format); the count is the
+delivered to (`contract/ledger/deliveries.py`: the entry's format); the count is the
 number of names. Each update is one Lua script, so concurrent deliveries of
 one prompt never lose a name.
 A delivery is usually noted by the script that reads the prompt's ids
@@ -74,12 +74,12 @@ from typing import Iterator
 
 import redis
 
-from contract import deliveries as entry
-from contract import heartbeats
-from contract.clock import CLOCK
+from contract.ledger import deliveries as entry
+from contract.fleet import heartbeats
+from contract.redis_link.clock import CLOCK
 from contract.keys import RunKeys
-from contract.ledger import DEAD, DONE, Ledger
-from contract.scripts import Lua
+from contract.ledger.ledger import DEAD, DONE, Ledger
+from contract.redis_link.scripts import Lua
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ Sentinels demote it, seconds later; a primary frozen past
 `down-after-milliseconds` wakes up still believing it is one. What it takes
 meanwhile (delivery notes, acknowledgements, messages handed out) its resync
 from the new primary drops. Done marks and writing entries are safe on their
-own (confirmed on a replica, `contract/replication.py`), and so is a prompt
+own (confirmed on a replica, `contract/redis_link/replication.py`), and so is a prompt
 taken from the old primary in its last second: where the primary has
 replicas, a prompt is generated only once a replica has its delivery's note,
 and so kombu's take of its message (`confirmed_intake.py`; one that met the
@@ -54,8 +54,8 @@ from typing import Any
 import redis
 from celery import bootsteps
 
-from contract import kombu_redis
-from contract.connections import is_sentinel, redact_url
+from contract.broker import kombu_redis
+from contract.redis_link.connections import is_sentinel, redact_url
 from contract.names import PromptState
 
 from . import deliveries, transport

@@ -26,7 +26,7 @@ pass or fail, it is stored, with its verdict.
 
 **One prompt, or one sample of it.** In a run of several samples a prompt
 (`enqueue --samples N`) a message names one sample by its ledger key
-(`<id>~<index>`, `contract/samples.py`): everything here keys by that, and only
+(`<id>~<index>`, `contract/run/samples.py`): everything here keys by that, and only
 the request's `sampling_seed` and the row's `id`, `sample` and `seed` are
 derived from it (`request_sampling`, `_row`). Every request of a run of several
 samples carries its `sampling_seed` (as does one whose line gives a seed), so a
@@ -48,21 +48,21 @@ import redis
 
 from ..servers import cache_hits
 from ..reporting import metrics
-from contract.codec import b64_to_ids, ids_to_b64
-from contract.conversations import split_turn_id
-from contract.line_fields import LineFields
-from contract.line_sampling import line_seed, merged
-from contract.deadletters import DeadLetter, DeadLetters
+from contract.ledger.codec import b64_to_ids, ids_to_b64
+from contract.chat.conversations import split_turn_id
+from contract.run.line_fields import LineFields
+from contract.run.line_sampling import line_seed, merged
+from contract.ledger.deadletters import DeadLetter, DeadLetters
 from contract.names import PromptState, Reason
-from contract.provenance import weight_version_of
-from contract.replication import expected, replicated, written_again
-from contract.samples import sample_seed, split_sample_key
-from contract.schema import Sample
-from contract.spec import RunSpec
+from contract.fleet.provenance import weight_version_of
+from contract.redis_link.replication import expected, replicated, written_again
+from contract.run.samples import sample_seed, split_sample_key
+from contract.storage.schema import Sample
+from contract.run.spec import RunSpec
 
 from ..servers.affinity import NO_ROUTE, Route
 from ..servers.answers import BadOutput, answer_cap, id_bound
-from ..servers.preflight import credentials_refusal
+from ..servers.server_info import credentials_refusal
 from .runtime import Runtime
 from ..servers.bindings import NoServer, Recheck, ServerBinding
 from . import chains, server_crashes
@@ -73,7 +73,7 @@ from ..servers.sglang_client import (GatewayOutage, Generation, ServerCut, Serve
 from ..output.turns import turn_columns
 from ..output.verify import Verdict, think_positions, verify
 from ..output.verdicts import verdict_of
-from contract.verifiers import verdict_class
+from contract.run.verifiers import verdict_class
 
 log = logging.getLogger(__name__)
 
@@ -139,7 +139,7 @@ def process_prompt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[
 
 
 def line_record(rt: Runtime, spec: RunSpec, key: str) -> dict:
-    """What the producer recorded of the prompt's line (`contract/line_fields.py`): read only in a run
+    """What the producer recorded of the prompt's line (`contract/run/line_fields.py`): read only in a run
     whose spec says its lines carry some, so any other run pays no read. `key` is the ledger's (a
     sample's, `<id>~<index>`, in a run of several samples); a conversation's line is its own."""
     if not spec.line_fields:
@@ -152,9 +152,9 @@ def line_record(rt: Runtime, spec: RunSpec, key: str) -> dict:
 
 def request_sampling(spec: RunSpec, key: str, line: dict, max_new_tokens: int | None = None) -> dict:
     """The `sampling_params` a prompt is sent with: the run's, each key the line's own `sampling`
-    gives replaced by the line's (contract/line_sampling.py), and the budget a requeue gave
+    gives replaced by the line's (contract/run/line_sampling.py), and the budget a requeue gave
     (`max_new_tokens`) over both. A seed goes as `sampling_seed`: the line's for its first
-    sample, and one per sample in a run of several (`contract.samples.sample_seed`)."""
+    sample, and one per sample in a run of several (`contract.run.samples.sample_seed`)."""
     own = line.get("sampling")
     sampling = merged(spec.sampling, own)
     prompt_id, index = split_sample_key(key, spec.samples)
@@ -412,7 +412,7 @@ def _requests(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int],
 
 def _note_origin(rt: Runtime, spec: RunSpec, binding: ServerBinding, generation: Generation) -> None:
     """The run's provenance: this server, its SGLang version and model, and the weights that made the
-    answer, recorded once per (run, server, weight version) a worker sees (`contract/provenance.py`:
+    answer, recorded once per (run, server, weight version) a worker sees (`contract/fleet/provenance.py`:
     no Redis command a sample after the first); a failed write is tried again on the next answer."""
     version = weight_version_of(generation.meta_info, binding.weight_version)
     try:
@@ -615,7 +615,7 @@ def _row(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], trie
 
 
 def _logprob_columns(generation: Generation) -> dict:
-    """The `--logprobs K` columns (contract/logprobs.py); none where not asked."""
+    """The `--logprobs K` columns (contract/run/logprobs.py); none where not asked."""
     scores = generation.logprobs
     if scores is None:
         return {}

@@ -4,7 +4,7 @@ kombu acknowledges each task's message on its own when the task returns (a
 MULTI/ZREM/HDEL/EXEC transaction per message). A stored sample's task returns
 only once its group commit has marked it done, so the commit can acknowledge
 the whole group's messages itself, in the same pipeline, right after the done
-marks (`reconcile.ShardBook.mark_done`, `contract/kombu_take.py`): acknowledged
+marks (`reconcile.ShardBook.mark_done`, `contract/broker/kombu_take.py`): acknowledged
 only once durable and done, as before, and kombu's own ack of such a message
 then settles only the channel's memory (`kombu_redis.settled`).
 

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 
 import redis
 
-from contract.ledger import Intake, Ledger
-from contract.replication import confirmed, expected
+from contract.ledger.ledger import Intake, Ledger
+from contract.redis_link.replication import confirmed, expected
 
 LINGER = 0.005  # seconds an intake with none beside it waits for the ones its take started with it
 

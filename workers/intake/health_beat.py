@@ -1,7 +1,7 @@
 """A worker's heartbeat and its sharer stamps: one round trip a health round.
 
 After each round of health checks a worker writes its heartbeat
-(`contract/heartbeats.py`) and stamps itself as a sharer of its usable
+(`contract/fleet/heartbeats.py`) and stamps itself as a sharer of its usable
 servers (`workers/servers/sharers.py`). Redis's cost is round trips, nearly
 whatever they carry (~60 us of Redis CPU each on the bench's VM), so both go in
 one pipeline. The heartbeat is built before the pipeline is sent, so the
@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import redis
 
-from contract import heartbeats
-from contract.clock import CLOCK
+from contract.fleet import heartbeats
+from contract.redis_link.clock import CLOCK
 
 from ..servers import sharers
 from ..servers.bindings import ServerPool

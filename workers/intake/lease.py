@@ -3,7 +3,7 @@
 kombu's Redis transport hands an unacknowledged message to another worker once
 its score in the `unacked_index` sorted set is from 0 up to `visibility_timeout`
 ago. The fleet sets that timeout short (the lease) and holds every delivery a
-worker takes under one lease of the worker's own (`contract/worker_lease.py`:
+worker takes under one lease of the worker's own (`contract/broker/worker_lease.py`:
 the delivery is scored with the worker's lease holder, below 0, outside kombu's
 sweep), which this step renews well before it runs out, so a generation that
 runs for an hour is never handed to a second worker, while a SIGKILLed
@@ -43,7 +43,7 @@ A worker whose lease was found lapsed while it lived (it froze past the lease)
 takes back, at its next round, those of its deliveries the sweep has not
 restored yet (`worker_lease.reclaim`).
 
-Scores are times on Redis's clock (`contract/clock.py`), as the worker
+Scores are times on Redis's clock (`contract/redis_link/clock.py`), as the worker
 transport's are (its scripts read `TIME`): each round first measures it again, so a worker
 whose own clock is off renews a lease that every other worker reads as fresh.
 """
@@ -56,9 +56,9 @@ from typing import Callable, Iterable
 
 from celery import bootsteps
 
-from contract import kombu_redis, worker_lease
-from contract.clock import CLOCK
-from contract.ledger import Ledger
+from contract.broker import kombu_redis, worker_lease
+from contract.redis_link.clock import CLOCK
+from contract.ledger.ledger import Ledger
 from contract.names import PromptState
 
 from ..reporting import lifeline

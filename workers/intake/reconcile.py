@@ -28,7 +28,7 @@ and the prompt generated as usual. A final name is never replaced and holds the
 rows it was written with (`contract/storage`), so the check cannot be fooled by
 a later shard.
 
-Rows are matched with the ledger by their ledger key (`contract/samples.py`):
+Rows are matched with the ledger by their ledger key (`contract/run/samples.py`):
 a row's `id` is its prompt's, so in a run of several samples a prompt the key
 is derived from its `id` and `sample` (`row_key`), with the run's `samples`
 read from its spec once per process (`ShardBook.keys`).
@@ -48,15 +48,16 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import redis
 
-from contract import kombu_redis, kombu_take, shard_home
-from contract.ledger import Ledger
-from contract.write_refusal import refusal
+from contract.broker import kombu_redis, kombu_take
+from contract.storage import shard_home
+from contract.ledger.ledger import Ledger
+from contract.redis_link.write_refusal import refusal
 from contract.names import PromptState
-from contract.replication import FailedOver, confirmed, replicated, written_again
-from contract.samples import row_key
-from contract.schema import Sample, is_shard
-from contract.verifiers import verdict_class
-from contract.spec import load_spec
+from contract.redis_link.replication import FailedOver, confirmed, replicated, written_again
+from contract.run.samples import row_key
+from contract.storage.schema import Sample, is_shard
+from contract.run.verifiers import verdict_class
+from contract.run.spec import load_spec
 from contract.storage import store_for
 
 from . import deliveries
@@ -75,7 +76,7 @@ class ShardBook:
     """The ledger's side of a group commit, for the shard writer's thread.
 
     Writing entries and done marks are reported only once a replica has them
-    (`contract/replication.confirmed`, the writes and their barrier in one round trip): an
+    (`contract/redis_link/replication.confirmed`, the writes and their barrier in one round trip): an
     entry lost in a failover would leave a stored sample to be generated again, a lost done
     mark a prompt that `status` counts as queued until its lease runs out. A failover met on
     the way (`FailedOver`: the primary that took them was being replaced) is written again, at
@@ -84,7 +85,7 @@ class ShardBook:
 
     def __init__(self, client: redis.Redis, home: str | None = None, remember: float = REMEMBER_S):
         self.client = client
-        self.home = home  # this worker's OUTPUT_DIR (`contract.shard_home.home`), noted in each run it writes
+        self.home = home  # this worker's OUTPUT_DIR (`contract.storage.shard_home.home`), noted in each run it writes
         self.homed: set[str] = set()  # runs whose home this process has noted
         self.recent = Recent(remember)  # (run, [(id, output_len)], shard) of the groups marked done lately
         self.samples: dict[str, int] = {}  # each run's samples a prompt (its spec's; never changes)
@@ -103,7 +104,7 @@ class ShardBook:
         `replication.AGAIN` writes): no shard without its entries, the writer holds the group and retries.
         Other Redis errors are let be: without entries a crash after the link costs a
         generation, no more. The first group of a run also notes, in the same round trip, where
-        this worker writes its shards, so that commands read them there (`contract/shard_home.py`)."""
+        this worker writes its shards, so that commands read them there (`contract/storage/shard_home.py`)."""
         new_home = self.home if self.home and run not in self.homed else None
 
         def fill(pipe) -> None:

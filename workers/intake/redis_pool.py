@@ -11,7 +11,7 @@ at most 4 connections in steady state however many threads and servers it
 has, and Redis's `maxclients` (10,000 by default) is not what limits the
 fleet (measured: 10 to 15 per worker before, gossip off). kombu's own short
 calls reach it through the worker's kombu transport (`transport.py`). The client retries a call
-through an outage, except one its event loop makes (`contract/retries.py`:
+through an outage, except one its event loop makes (`contract/redis_link/retries.py`:
 the consumer's thread fails fast, on the same connections).
 
 A small pool asks one thing of its callers: none holds a connection while it
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import redis
 
-from contract.connections import redis_for
+from contract.redis_link.connections import redis_for
 
 DEFAULT_CONNECTIONS = 2
 _connections = DEFAULT_CONNECTIONS

@@ -1,7 +1,7 @@
 """Whether Redis takes this worker's writes now, as its own writes find out.
 
 A write refused as out of memory, read-only or without replicas
-(`contract/write_refusal.py`) marks Redis refusing; the next write that goes
+(`contract/redis_link/write_refusal.py`) marks Redis refusing; the next write that goes
 through marks it accepting again. The health thread writes the worker's
 heartbeat every `FLEET_HEALTH_INTERVAL`, so a refusal is noticed, and its end
 too, within an interval even when no prompt is in hand. While Redis refuses,
@@ -16,7 +16,7 @@ import logging
 import threading
 import time
 
-from contract.write_refusal import WriteRefusal, refusal
+from contract.redis_link.write_refusal import WriteRefusal, refusal
 
 log = logging.getLogger(__name__)
 

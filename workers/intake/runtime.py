@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 
 import redis
 
-from contract.clock import CLOCK
-from contract.provenance import Recorder
-from contract.connections import redact_url
-from contract.shard_home import home
-from contract.write_refusal import READ_ONLY
+from contract.redis_link.clock import CLOCK
+from contract.fleet.provenance import Recorder
+from contract.redis_link.connections import redact_url
+from contract.storage.shard_home import home
+from contract.redis_link.write_refusal import READ_ONLY
 
 from ..servers import cache_hits, sharers
 from ..reporting import metrics
@@ -56,7 +56,7 @@ class Runtime:
     tokenizers: TokenizerChecks | None = None  # whether each server's tokenizer is a run's
     crash_watch: CrashWatch | None = None  # whether a server that dropped a request died
     verdicts: Verdicts | None = None  # the runs' verifiers' check processes (`enqueue --verify`)
-    # the (run, server, weight version) this process has recorded in its runs' provenance (contract/provenance.py)
+    # the (run, server, weight version) this process has recorded in its runs' provenance (contract/fleet/provenance.py)
     provenance: Recorder = field(default_factory=lambda: Recorder(socket.gethostname()))
 
     def close(self) -> None:

@@ -36,7 +36,7 @@ import time
 
 from celery import bootsteps, signals
 
-from contract import kombu_redis
+from contract.broker import kombu_redis
 
 from . import deliveries
 from ..reporting import lifeline

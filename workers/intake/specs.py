@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 from functools import lru_cache
 
-from contract.spec import OlderLayout, RunSpec, load_spec
+from contract.run.spec import OlderLayout, RunSpec, load_spec
 
 from .redis_pool import worker_redis
 

@@ -40,12 +40,12 @@ from typing import Iterator
 from celery import shared_task
 from celery.exceptions import Reject
 
-from contract.codec import ids_to_b64, unpack_ids
-from contract.deadletters import DeadLetter
+from contract.ledger.codec import ids_to_b64, unpack_ids
+from contract.ledger.deadletters import DeadLetter
 from contract.keys import TASK_NAME, RunKeys
-from contract.ledger import Ledger
+from contract.ledger.ledger import Ledger
 from contract.names import PromptState, Reason
-from contract.schema import Sample
+from contract.storage.schema import Sample
 
 from . import confirmed_intake, deliveries
 from ..output import turns

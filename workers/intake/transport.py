@@ -9,7 +9,7 @@ another Celery app, gets kombu's transport unchanged. What the subclasses add:
 
 - **the batched take** (`Channel._brpop_read`): the message BRPOP took, and
   up to the prefetch count's room more, are recorded under this worker's lease
-  and taken by one script (`contract/kombu_take.py`), then delivered in order;
+  and taken by one script (`contract/broker/kombu_take.py`), then delivered in order;
   `QoS.append` leaves what the script recorded to the channel's memory, and
   `QoS.ack` / `QoS.reject` leave what a group commit acknowledged
   (`kombu_redis.settled`). A take whose reply is lost (the connection cut after
@@ -54,8 +54,8 @@ from kombu.utils.json import dumps, loads
 from kombu.utils.url import as_url
 from redis.client import PubSub
 
-from contract import kombu_redis, kombu_take, worker_lease
-from contract.scripts import Lua
+from contract.broker import kombu_redis, kombu_take, worker_lease
+from contract.redis_link.scripts import Lua
 
 from . import redis_pool
 from .recent import ACKED
@@ -364,7 +364,7 @@ class MultiChannelPoller(kredis.MultiChannelPoller):
     poller once and, before each poll, asks `_client_registered` only whether the
     client has a socket and a registration, not whether that registration is
     this socket. The fleet's broker connections retry a failed read
-    (`retry_on_timeout`, `contract/broker.py`), so when Redis closes the
+    (`retry_on_timeout`, `contract/broker/config.py`), so when Redis closes the
     subscription, redis-py reconnects inside kombu's read (behind Sentinel, to
     the primary the Sentinels name now) and subscribes again on a new socket that
     kombu never polls: the receiver hears nothing more and raises nothing, so

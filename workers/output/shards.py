@@ -51,7 +51,7 @@ from typing import Protocol
 
 import pyarrow.parquet as pq
 
-from contract.schema import INT32_MAX, Sample, samples_to_table, write_options
+from contract.storage.schema import INT32_MAX, Sample, samples_to_table, write_options
 from contract.storage import store_for
 
 from ..reporting import lifeline, metrics

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from celery import signals
 
-from contract.storage import StorageRefused, store_for
+from contract.storage import store_for
+from contract.storage.refused import StorageRefused
 
 
 def _running_worker() -> bool:

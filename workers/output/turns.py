@@ -4,7 +4,7 @@ Turn k+1 of a conversation (`enqueue --turns all`) is made here, in a worker,
 once turn k is durably stored: its answer is read from turn k's canonical row
 (the row the ledger names; the one this task just stored, else read back from
 its shard), its history is rendered with the run's own tokenizer and template
-(`contract.chat`, loaded once per process, in the background from the
+(`contract.chat.template`, loaded once per process, in the background from the
 worker's start or a conversation run's first turn: `warm`; a worker whose tokenizer or
 template fingerprint differs from the run's refuses to render rather than
 render differently), and `ConversationLedger.advance` keeps the answer and
@@ -23,15 +23,15 @@ import logging
 import threading
 from functools import lru_cache
 
-from contract.conversation_ledger import BURIED_NEXT, COMPLETE, QUEUED_NEXT, ConversationLedger
-from contract.conversations import answer_message, split_turn_id, turn_history, turn_id
-from contract.deadletters import DeadLetter
+from contract.ledger.conversation_ledger import BURIED_NEXT, COMPLETE, QUEUED_NEXT, ConversationLedger
+from contract.chat.conversations import answer_message, split_turn_id, turn_history, turn_id
+from contract.ledger.deadletters import DeadLetter
 from contract.keys import queue_for
-from contract.ledger import Ledger, shard_code
+from contract.ledger.ledger import Ledger, shard_code
 from contract.names import PromptState, Reason, Thinking
-from contract.publish import publish_prompts
+from contract.broker.publish import publish_prompts
 from contract.storage import store_for
-from contract.spec import RunSpec
+from contract.run.spec import RunSpec
 
 log = logging.getLogger(__name__)
 _LOADING = threading.Lock()
@@ -44,7 +44,7 @@ class TemplateMismatch(Exception):
 
 @lru_cache(maxsize=4)
 def _chat(tokenizer: str, trust_remote_code: bool):
-    from contract.chat import ChatTokenizer
+    from contract.chat.template import ChatTokenizer
     return ChatTokenizer(tokenizer, trust_remote_code)
 
 
@@ -78,7 +78,7 @@ def warm(spec: RunSpec) -> None:
 def warm_runs(client) -> None:
     """At a worker's start: warm the tokenizers of the conversation runs, and of the runs with a
     verifier (whose answers are decoded for it: `verdicts.py`), in Redis."""
-    from contract.spec import OlderLayout, load_spec
+    from contract.run.spec import OlderLayout, load_spec
     from contract.keys import RUNS
 
     try:

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 
-from contract.verifiers import BadVerifier, CheckError, error_verdict, judge, load_function, parse_name
+from contract.run.verifiers import BadVerifier, CheckError, error_verdict, judge, load_function, parse_name
 
 
 def _warm(verifier) -> None:

@@ -1,6 +1,6 @@
 """A stored sample's verdict: its answer checked by the run's verifier, in a process of its own.
 
-`enqueue --verify NAME` names a check (`contract/verifiers.py`); a worker runs it
+`enqueue --verify NAME` names a check (`contract/run/verifiers.py`); a worker runs it
 on every sample that passed the think-structure checks, just before the sample
 goes to its shard, and stores the result in the sample's `verified` and
 `verdict` columns. A sample that fails its check is **stored**, not
@@ -24,7 +24,7 @@ wait is not counted against the limit, nor is a child's start: `verdict_child`
 imports what the check needs before it says it is ready). The answer is
 decoded here with the run's tokenizer (`turns.chat_for`, loaded once per
 process) and checked against the line's fields, read from the run's line records
-(`contract/line_fields.py`) before the sample is generated.
+(`contract/run/line_fields.py`) before the sample is generated.
 """
 from __future__ import annotations
 
@@ -39,10 +39,10 @@ import threading
 import time
 
 
-from contract.conversations import answer_message
+from contract.chat.conversations import answer_message
 from contract.names import Thinking
-from contract.spec import RunSpec
-from contract.verifiers import error_verdict
+from contract.run.spec import RunSpec
+from contract.run.verifiers import error_verdict
 
 from . import turns
 
@@ -197,7 +197,7 @@ def answer_text(spec: RunSpec, output_ids: list[int]) -> str:
 
 
 def verdict_of(verdicts: Verdicts, spec: RunSpec, fields: dict, output_ids: list[int]) -> tuple[bool | None, str | None]:
-    """The sample's (verified, verdict) against its line's `fields` (contract/line_fields.py); (None, None) in a
+    """The sample's (verified, verdict) against its line's `fields` (contract/run/line_fields.py); (None, None) in a
     run without a verifier. Never raises: an answer that cannot be decoded here (the run's tokenizer
     does not load on this worker) is the sample's `error` verdict, as is anything its check does."""
     if not spec.verify:

@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from contract.names import Reason, Thinking
-from contract.spec import RunSpec
+from contract.run.spec import RunSpec
 
 ABORTED, TRUNCATED, UNEXPECTED_FINISH = Reason.ABORTED, Reason.TRUNCATED, Reason.UNEXPECTED_FINISH
 TOKEN_COUNT_MISMATCH = Reason.TOKEN_COUNT_MISMATCH

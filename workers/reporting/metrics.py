@@ -95,9 +95,9 @@ class FleetCollector:
         yield share
 
     def _depths(self):
-        from contract.deadletters import DeadLetters
-        from contract.kombu_redis import queue_depth
-        from contract.spec import run_queues
+        from contract.ledger.deadletters import DeadLetters
+        from contract.broker.kombu_redis import queue_depth
+        from contract.run.spec import run_queues
 
         queue = GaugeMetricFamily("fleet_queue_depth", "Prompts waiting in the queue.", labels=["queue"])
         dead = GaugeMetricFamily("fleet_dead_letter_depth", "Dead letters of a run.", labels=["run"])

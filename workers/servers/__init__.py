@@ -19,6 +19,7 @@ of it), where a prompt goes (prefix-cache affinity, the CPU-bound signal), and t
 - `http1`: One HTTP/1.1 POST on a pooled keep-alive socket: the bytes out, the status and body back.
 - `load`: What a server says about its capacity and its load, over HTTP; and what SGLang's gateway adds.
 - `preflight`: What a server must show before it gets its first prompt.
+- `server_info`: A server's info routes: read (`fetch_info`), and one server judged from its answers (`apply_info`, pure).
 - `sglang_client`: One call to SGLang's native `POST /generate`, and what its failures mean.
 - `sharers`: How many live workers are bound to each of this worker's servers, counted in Redis.
 

@@ -64,8 +64,8 @@ from typing import Protocol, Sequence
 
 import redis
 
-from contract.conversation_ledger import ConversationLedger
-from contract.conversations import split_turn_id
+from contract.ledger.conversation_ledger import ConversationLedger
+from contract.chat.conversations import split_turn_id
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ cannot store fails the whole group commit, turning every good prompt of that
 shard into a crash; refused here, the bad answer harms only its own prompt.
 Log-probabilities, where a run asks for them (`read_logprobs`), are held
 to the same standard: one entry per output id naming that id, K candidates
-a token, numbers where numbers belong (`contract/logprobs.py`); and the
+a token, numbers where numbers belong (`contract/run/logprobs.py`); and the
 answer's size cap grows with K. Pure: bytes in, values or `BadOutput` out, no I/O.
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 import math
 
-from contract.logprobs import BadLogprobs, Logprobs, from_meta
+from contract.run.logprobs import BadLogprobs, Logprobs, from_meta
 
 INT32_LIMIT = 2**31          # shards store ids as int32
 EXCERPT_BYTES = 500          # of the body, in a dead letter
@@ -60,7 +60,7 @@ def answer_cap(max_new_tokens: int | None, override: int = 0, logprobs: int | No
 
 def read_logprobs(meta: dict, output_ids: list[int], k: int) -> Logprobs:
     """The answer's top-`k` log-probabilities, which must name `output_ids` token for token
-    (`contract/logprobs.py`), taken out of `meta` (a long answer's lists are its bulk); or `BadOutput`."""
+    (`contract/run/logprobs.py`), taken out of `meta` (a long answer's lists are its bulk); or `BadOutput`."""
     try:
         scores = from_meta(meta, output_ids, k)
     except BadLogprobs as exc:

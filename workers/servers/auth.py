@@ -1,6 +1,6 @@
 """Credentials written into `SGLANG_URLS` (`http://user:token@host:port`), sent but never shown.
 
-A server binding records its URL redacted (`contract.connections.redact_url`),
+A server binding records its URL redacted (`contract.redis_link.connections.redact_url`),
 so every place that shows or stores a server (logs, heartbeats and `status`,
 metrics labels, the shards' `server` column, dead letters) holds
 `http://user:***@host:port`. The credentials themselves live only here, as the

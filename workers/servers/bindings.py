@@ -36,7 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
-from contract.connections import redact_url
+from contract.redis_link.connections import redact_url
 from contract.names import ServerState
 
 from . import affinity
@@ -63,7 +63,7 @@ class ServerBinding:
     max_model_len: int | None = None
     max_input_len: int | None = None  # the scheduler's max_req_input_len, where reported
     reasoning_parser: str | None = None
-    sglang_version: str | None = None  # /server_info's version (contract/provenance.py)
+    sglang_version: str | None = None  # /server_info's version (contract/fleet/provenance.py)
     weight_version: str | None = None  # /model_info's (or /server_info's) weight_version at the last preflight
     vocab_size: int | None = None  # where the server reports one
     refusal: str | None = None

@@ -27,7 +27,7 @@ import time
 from collections import deque
 from typing import Callable
 
-from contract.cache_hits import WINDOW_S, Hits
+from contract.fleet.cache_hits import WINDOW_S, Hits
 
 from ..reporting import metrics
 

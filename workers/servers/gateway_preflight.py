@@ -5,7 +5,7 @@ The gateway answers none of the routes the preflight reads for its workers
 `/server_info` and `/model_info` are 404, `/v1/models` has no
 `max_model_len`), so each server its `/workers` lists as healthy is read
 directly, as for its load (`workers/servers/load.py`), and judged by the same
-rules as a server bound directly (`workers/servers/preflight.py`):
+rules as a server bound directly (`workers/servers/server_info.py`):
 - any server refused (it truncates prompts, serves embeddings, refuses the
   credentials) refuses the gateway, naming the server;
 - servers that serve different models refuse it (the gateway would send a
@@ -25,8 +25,8 @@ from __future__ import annotations
 import httpx
 
 from .capacity import UNKNOWN_CAPACITY, capacity_from_server_info
-from .preflight import Info, _body, apply_info, fetch_info
 from .load import loads_capacity
+from .server_info import Info, apply_info, body_of, fetch_info
 from .bindings import ServerBinding
 
 
@@ -50,7 +50,7 @@ def judge_gateway(client: httpx.Client, binding: ServerBinding, key_sent: bool) 
         if not server.max_model_len:
             unread.append(f"{url} (no context length in /v1/models or /server_info)")
         judged.append(server)
-        capacity += capacity_from_server_info(_body(info, "server_info")) or loads_capacity(client, url) \
+        capacity += capacity_from_server_info(body_of(info, "server_info")) or loads_capacity(client, url) \
             or UNKNOWN_CAPACITY
     _combine(client, binding, judged)
     binding.unread = f"the context length of the gateway's server(s) {', '.join(sorted(unread))}" if unread else None

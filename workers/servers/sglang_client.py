@@ -30,7 +30,7 @@ Failures fall in six classes, each handled differently by the task:
 
 A run of `--logprobs K` adds SGLang's top-level `return_logprob`,
 `top_logprobs_num` and `logprob_start_len` to each request
-(`contract.logprobs.request_fields`); its answer's log-probabilities must fit
+(`contract.run.logprobs.request_fields`); its answer's log-probabilities must fit
 its ids, or the answer is a `BadOutput`.
 
 Invariant: a call reads at most `max_bytes` of the answer, and every wait in
@@ -68,7 +68,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from urllib.parse import urlsplit, urlunsplit
 
-from contract.logprobs import Logprobs, request_fields
+from contract.run.logprobs import Logprobs, request_fields
 
 from .answers import read_answer, read_logprobs
 from .cache_hits import cached_tokens

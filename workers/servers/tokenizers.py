@@ -1,7 +1,7 @@
 """Whether a server's tokenizer is a run's, asked once per server start and run.
 
 Invariant: no prompt of a run goes to a server before that server's own
-tokenizer gave the run's ids for the run's probe (`contract/tokenizer_probe.py`),
+tokenizer gave the run's ids for the run's probe (`contract/chat/tokenizer_probe.py`),
 or said it cannot tokenize (no `/tokenize`, or no tokenizer: said once, then
 the server is bound by `--served-model` alone). Why it holds: the request loop picks a
 server only among those `taking` names (`workers/intake/generation.py`), and
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import httpx
 
-from contract.spec import RunSpec
-from contract.tokenizer_probe import Probe, first_difference
+from contract.run.spec import RunSpec
+from contract.chat.tokenizer_probe import Probe, first_difference
 
 from .bindings import ServerBinding
 

@@ -23,8 +23,8 @@ prompt's: republished as well, the prompt would be on its queue twice.
 from __future__ import annotations
 
 from contract.keys import LEASES, RunKeys
-from contract.kombu_redis import UNACKED_INDEX, expire
-from contract.worker_lease import Holder
+from contract.broker.kombu_redis import UNACKED_INDEX, expire
+from contract.broker.worker_lease import Holder
 from workers.intake.accounted import accounts, entries, restores_pending, stored_entries
 from workers.intake.deliveries import clear, note, undo
 from workers.intake.audit import AuditState, Suspects

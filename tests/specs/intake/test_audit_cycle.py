@@ -22,10 +22,10 @@ import json
 
 import pytest
 
-from contract import heartbeats
-from contract.clock import CLOCK
+from contract.fleet import heartbeats
+from contract.redis_link.clock import CLOCK
 from contract.keys import task_id
-from contract.ledger import Ledger
+from contract.ledger.ledger import Ledger
 from workers.intake import deliveries
 from workers.intake.audit import AuditState, LostMessageAudit
 from workers.settings import Settings

@@ -13,10 +13,10 @@ round, and a held one never.
 """
 from __future__ import annotations
 
-from contract import heartbeats
-from contract.clock import CLOCK
+from contract.fleet import heartbeats
+from contract.redis_link.clock import CLOCK
 from contract.keys import RunKeys, task_id
-from contract.ledger import Ledger
+from contract.ledger.ledger import Ledger
 from workers.intake.audit import AuditState, LostMessageAudit
 from workers.intake.audit_slice import PAGE, Slice
 from workers.settings import Settings

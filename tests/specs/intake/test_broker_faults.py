@@ -11,7 +11,7 @@ import redis
 from kombu import Connection, Consumer, Exchange, Producer, Queue
 from kombu.transport.virtual import base
 
-from contract import kombu_redis
+from contract.broker import kombu_redis
 from workers.intake import redis_pool, transport
 from workers.intake.consumer import prompt_of
 from workers.intake.lease import Leases, hold_limit, round_period

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from contract.broker import celery_app
-from contract.codec import unpack_ids
-from contract.kombu_redis import queue_depth
-from contract.ledger import Ledger
-from contract.spec import RunSpec
+from contract.broker.config import celery_app
+from contract.ledger.codec import unpack_ids
+from contract.broker.kombu_redis import queue_depth
+from contract.ledger.ledger import Ledger
+from contract.run.spec import RunSpec
 from workers.intake.chains import follow
 
 QUEUE = "fleet.generate"

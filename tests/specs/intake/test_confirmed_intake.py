@@ -10,12 +10,12 @@ import threading
 import pytest
 import redis
 
-from contract import replication
-from contract.codec import pack_ids
-from contract.deadletters import DeadLetter, DeadLetters
+from contract.redis_link import replication
+from contract.ledger.codec import pack_ids
+from contract.ledger.deadletters import DeadLetter, DeadLetters
 from contract.keys import REPLICATED
-from contract.ledger import Ledger
-from contract.replication import primary
+from contract.ledger.ledger import Ledger
+from contract.redis_link.replication import primary
 from producer.local import start_redis, wait_for
 from workers.intake import deliveries
 from workers.intake.confirmed_intake import after_failover, again, take

@@ -9,10 +9,10 @@ import pytest
 import redis
 
 from bench.fleet_nodes import CountedConnection, counting_for
-from contract import replication
-from contract.codec import pack_ids
-from contract.connections import BlockingPool
-from contract.ledger import Ledger
+from contract.redis_link import replication
+from contract.ledger.codec import pack_ids
+from contract.redis_link.connections import BlockingPool
+from contract.ledger.ledger import Ledger
 from workers.intake import deliveries
 from workers.intake.group_intake import for_client
 

@@ -2,7 +2,7 @@
 heartbeat lists each server's share count as of the round before (`workers/intake/health_beat.py`)."""
 from __future__ import annotations
 
-from contract import heartbeats
+from contract.fleet import heartbeats
 from contract.keys import SHARERS_PREFIX
 from contract.names import ServerState
 from workers.intake.health_beat import beat

@@ -7,10 +7,10 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-from contract import heartbeats
-from contract.clock import RedisClock
-from contract.codec import pack_ids
-from contract.ledger import Ledger
+from contract.fleet import heartbeats
+from contract.redis_link.clock import RedisClock
+from contract.ledger.codec import pack_ids
+from contract.ledger.ledger import Ledger
 from workers.intake.deliveries import Started, elsewhere, settled_meanwhile
 from workers.settings import Settings
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from contract.codec import pack_ids
+from contract.ledger.codec import pack_ids
 from contract.keys import RunKeys
-from contract.ledger import Entry, Ledger, shard_code
-from contract.kombu_redis import UNACKED, UNACKED_INDEX
+from contract.ledger.ledger import Entry, Ledger, shard_code
+from contract.broker.kombu_redis import UNACKED, UNACKED_INDEX
 from workers.intake import deliveries
 from workers.intake.group_acks import GROUP_ACKS
 from workers.intake.reconcile import ShardBook, reconciled
@@ -145,7 +145,7 @@ def test_a_judged_sample_is_counted_by_its_verdict_once_whether_its_group_was_ma
 
 def _samples_run(client, n: int) -> Ledger:
     """A run of 3 samples a prompt (its spec says so) with samples 0..n-1 of p-0 queued."""
-    from contract.spec import RunSpec, save_spec
+    from contract.run.spec import RunSpec, save_spec
 
     save_spec(client, RunSpec(name="r", tokenizer="t", tokenizer_fingerprint="t", template_fingerprint="g",
                               sampling={}, thinking="prompt", think_start_id=1, think_end_id=2, stop_ids=[1],

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from contract.codec import pack_ids
-from contract.ledger import Ledger
+from contract.ledger.codec import pack_ids
+from contract.ledger.ledger import Ledger
 from producer.export import export_run
 from tests.specs.output.test_shards import sample
 from tests.specs.test_export import spec

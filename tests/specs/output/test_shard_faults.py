@@ -15,7 +15,8 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from contract.schema import Sample, shard_files
+from contract.storage.local import shard_files
+from contract.storage.schema import Sample
 from workers.output.shards import BadSample, ShardWriter, StorageUnavailable, check_sample
 
 from waiting import wait_until

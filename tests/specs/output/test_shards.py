@@ -13,7 +13,8 @@ from pathlib import Path
 
 import pyarrow.parquet as pq
 
-from contract.schema import COLUMNS, Sample, arrow_schema, shard_files
+from contract.storage.local import shard_files
+from contract.storage.schema import COLUMNS, Sample, arrow_schema
 from workers.output.shards import ShardWriter
 
 

@@ -1,4 +1,4 @@
-"""Specification: the verifiers `enqueue --verify NAME` names (contract/verifiers.py), and their
+"""Specification: the verifiers `enqueue --verify NAME` names (contract/run/verifiers.py), and their
 checks run in a process of their own (workers/output/verdicts.py), where one that raises, hangs or
 dies costs its answer an `error` verdict and nothing else."""
 from __future__ import annotations
@@ -9,8 +9,7 @@ import time
 
 import pytest
 
-from contract.verifiers import (BadVerifier, check_importable, judge, last_boxed, parse_name,
-                                verdict_class)
+from contract.run.verifiers import BadVerifier, check_importable, judge, last_boxed, parse_name, verdict_class
 from workers.output.verdicts import Verdicts
 
 
@@ -203,8 +202,8 @@ def test_a_worker_holding_more_than_1024_descriptors_still_checks_answers():
 
 @pytest.fixture(scope="module")
 def chat():
-    from contract.bundled import bundled_tokenizer_dir
-    from contract.chat import ChatTokenizer
+    from contract.chat.bundled import bundled_tokenizer_dir
+    from contract.chat.template import ChatTokenizer
 
     return ChatTokenizer(str(bundled_tokenizer_dir()))
 

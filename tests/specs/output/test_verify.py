@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 
 from contract.names import VERIFY_RULES, Reason, Thinking
-from contract.spec import RunSpec
+from contract.run.spec import RunSpec
 from workers.output.verify import verify
 
 START, END, EOS = 128821, 128822, 1

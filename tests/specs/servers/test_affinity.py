@@ -14,10 +14,10 @@ import threading
 
 import pytest
 
-from contract.codec import pack_ids
-from contract.conversation_ledger import ConversationLedger
-from contract.conversations import skeleton
-from contract.ledger import Ledger
+from contract.ledger.codec import pack_ids
+from contract.ledger.conversation_ledger import ConversationLedger
+from contract.chat.conversations import skeleton
+from contract.ledger.ledger import Ledger
 from contract.names import ServerState
 from workers.servers.affinity import BLOCK, MAX_BLOCKS, MOVE_AFTER, Affinity, RecentPrefixes, block_keys, load
 from workers.servers.capacity import Load

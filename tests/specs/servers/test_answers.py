@@ -18,7 +18,7 @@ from contract.names import ServerState
 from workers.servers.answers import (BYTES_PER_TOKEN, EXCERPT_BYTES, INT32_LIMIT, SLACK_BYTES, BadOutput, answer_cap,
                              id_bound, read_answer)
 from workers.servers.health import HealthMonitor
-from workers.servers.preflight import Info, apply_info, credentials_refusal
+from workers.servers.server_info import Info, apply_info, credentials_refusal
 from workers.servers.bindings import ServerBinding, ServerPool
 from workers.settings import Settings
 from workers.servers.sglang_client import ServerRefused, ServerRejected, TransientError, failure

@@ -6,7 +6,7 @@ import logging
 import pytest
 from rich.console import Console
 
-from contract.cache_hits import Hits, merge_servers, share, share_text
+from contract.fleet.cache_hits import Hits, merge_servers, share, share_text
 from producer.status_view import render_status
 from workers.servers import cache_hits
 from workers.servers.cache_hits import HitWindow

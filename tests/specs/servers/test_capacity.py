@@ -12,7 +12,7 @@ from contextlib import ExitStack
 
 import pytest
 
-from contract.clock import CLOCK
+from contract.redis_link.clock import CLOCK
 from contract.keys import SHARERS_PREFIX
 from contract.names import ServerState
 from workers.servers import sharers

@@ -22,7 +22,7 @@ import time
 
 import pytest
 
-from contract.connections import redact_url
+from contract.redis_link.connections import redact_url
 import httpx
 
 from workers.servers.deadlines import DeadlineWatchdog, Watch

@@ -6,7 +6,7 @@ import base64
 import httpx
 import pytest
 
-from contract.connections import redact_text, redact_url
+from contract.redis_link.connections import redact_text, redact_url
 from workers.servers.auth import ServerCredentials
 from workers.servers.bindings import ServerPool
 

@@ -9,7 +9,7 @@ lost (`detach`). Each is read here and nowhere else; the worker's own kombu
 transport (`workers/intake/transport.py`: subclasses of kombu's channel, QoS
 and poller, selected with Celery's `broker_transport`) adds the rest. kombu,
 Celery and redis-py are pinned exactly (`constraints.txt`), and a worker
-refuses to start on any other version (`contract/versions.py`).
+refuses to start on any other version (`contract/broker/versions.py`).
 
 Read from kombu 5.7.0: `kombu/transport/redis.py` (`Channel.sep`,
 `unacked_key`, `unacked_index_key`, `PRIORITY_STEPS`; `QoS.append` storing

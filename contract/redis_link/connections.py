@@ -17,8 +17,8 @@ import redis
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool
 
-from . import retries
-from .scripts import LOADER
+from contract.redis_link import retries
+from contract.redis_link.scripts import LOADER
 
 SENTINEL_SCHEME = "sentinel"
 MASTER_ENV, DEFAULT_MASTER = "FLEET_SENTINEL_MASTER", "mymaster"
@@ -79,7 +79,7 @@ def redis_for(url: str, max_connections: int = 64) -> redis.Redis:
 
 def client_for(url: str, retry: Retry, max_connections: int = 64) -> redis.Redis:
     """A new client on `url` (either form) with the fleet's timeouts and `retry`."""
-    # READONLY is not retried here: it is a refusal (`contract/write_refusal.py`) that the worker
+    # READONLY is not retried here: it is a refusal (`contract/redis_link/write_refusal.py`) that the worker
     # pauses on, dropping its pooled connections so the next write reconnects (a managed Redis's
     # DNS name that moved on failover); behind Sentinel redis-py turns it into a ConnectionError
     options = dict(SOCKET, retry=retry, retry_on_error=[redis.ConnectionError, redis.TimeoutError],

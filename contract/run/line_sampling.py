@@ -10,7 +10,7 @@ apply to that line alone, over the run's (`enqueue --temperature ...`):
 | `top_k` | an integer, -1 (the whole vocabulary) or >= 1 (at most 2^31 - 1, an int32 column) | `top_k` |
 | `min_p` | a number in [0, 1] | `min_p` |
 | `max_new_tokens` | an integer >= 1 (SGLang takes 0; an empty answer is no sample) | `max_new_tokens` |
-| `seed` | an integer in [0, 2^31) | `sampling_seed` (`contract.samples.sample_seed`) |
+| `seed` | an integer in [0, 2^31) | `sampling_seed` (`contract.run.samples.sample_seed`) |
 
 **Why checked here, and as SGLang checks them.** A value SGLang refuses would
 come back as a 400 from every server, and the prompt would be dead-lettered
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import math
 
-from .samples import SEED_MODULUS
+from contract.run.samples import SEED_MODULUS
 
 KEYS = ("temperature", "top_p", "top_k", "min_p", "max_new_tokens", "seed")
 INT32_MAX = 2**31 - 1

@@ -34,7 +34,7 @@ a position, or none at all where asked, is a bad answer (`BadOutput`): retried
 like any other, then dead-lettered as `bad_output`. The stored log-probabilities
 are thereby those of the stored tokens.
 
-**Stored compactly** (`contract/schema.py`), three list columns of a row, null
+**Stored compactly** (`contract/storage/schema.py`), three list columns of a row, null
 in a run without `--logprobs`:
 - `logprobs` (list<float32>, `output_len` entries): the log-probability of each
   output token, `output_ids[i]` = `input_ids[prompt_len + i]`;

@@ -8,7 +8,7 @@ declares its queue once, builds protocol-2 messages with Celery's own
 batch's `task-sent` events as one buffered event message (Celery's event
 receivers, Flower's included, unpack such lists).
 
-The samples of a prompt (`enqueue --samples N`, `contract/samples.py`) are
+The samples of a prompt (`enqueue --samples N`, `contract/run/samples.py`) are
 recorded and published here too, by the producer and by a worker that queues
 the next sample of an until-verified chain: each sample's key its own ledger
 entry (a copy of the ids) and message, interleaved in groups of `SPREAD`
@@ -19,10 +19,10 @@ from __future__ import annotations
 
 from typing import Iterable
 
-from .codec import pack_ids, task_argsrepr
-from .keys import TASK_NAME, task_id
-from .ledger import NEW, Ledger
-from .samples import sample_key, split_sample_key
+from contract.ledger.codec import pack_ids, task_argsrepr
+from contract.keys import TASK_NAME, task_id
+from contract.ledger.ledger import NEW, Ledger
+from contract.run.samples import sample_key, split_sample_key
 
 CHUNK = 500  # messages a pipeline carries, and task-sent events one event message carries
 

@@ -42,10 +42,10 @@ from typing import NamedTuple
 
 from kombu.utils.json import dumps, loads
 
-from .keys import LEASES, TAKE_PREFIX
-from .kombu_redis import UNACKED, UNACKED_INDEX
-from .scripts import Lua
-from .worker_lease import Holder
+from contract.keys import LEASES, TAKE_PREFIX
+from contract.broker.kombu_redis import UNACKED, UNACKED_INDEX
+from contract.redis_link.scripts import Lua
+from contract.broker.worker_lease import Holder
 
 MOST_PER_TAKE = 100  # messages one TAKE may take besides BRPOP's (~1 ms of Redis at most)
 RECORD_SECONDS = 3600  # a holder's last take stays readable this long (a reconnect replays it well before)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import ssl
 
-from .connections import SENTINEL_SOCKET, SOCKET, is_sentinel, kombu_sentinel_url, sentinel_master
-from .keys import DEFAULT_QUEUE
+from contract.redis_link.connections import SENTINEL_SOCKET, SOCKET, is_sentinel, kombu_sentinel_url, sentinel_master
+from contract.keys import DEFAULT_QUEUE
 
 SERIALIZATION = dict(
     task_serializer="json",

@@ -17,7 +17,7 @@ import json
 
 import redis
 
-from .keys import RunKeys
+from contract.keys import RunKeys
 
 
 class LineFields:

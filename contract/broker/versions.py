@@ -45,7 +45,7 @@ def constraints_file() -> Path | None:
     candidates = []
     if os.environ.get(ENV):
         candidates.append(Path(os.environ[ENV]))
-    candidates += [Path(__file__).resolve().parents[1] / FILE,
+    candidates += [Path(__file__).resolve().parents[2] / FILE,
                    Path(sys.prefix) / "share" / "reasoning-fleet" / FILE]
     return next((path for path in candidates if path.is_file()), None)
 

@@ -26,9 +26,9 @@ from typing import Iterable, Iterator
 
 import redis
 
-from .keys import RunKeys
-from .ledger import Ledger
-from .samples import SEPARATOR, split_sample_key
+from contract.keys import RunKeys
+from contract.ledger.ledger import Ledger
+from contract.run.samples import SEPARATOR, split_sample_key
 
 log = logging.getLogger(__name__)
 _UNKNOWN_WARNED: set[str] = set()  # fields of letters this process has warned about
@@ -53,7 +53,7 @@ class DeadLetter:
 
     @property
     def key(self) -> str:
-        """The ledger key of the letter's prompt, or of its sample (`contract/samples.py`)."""
+        """The ledger key of the letter's prompt, or of its sample (`contract/run/samples.py`)."""
         return self.id if self.sample is None else f"{self.id}{SEPARATOR}{self.sample}"
 
     def of_sample(self, samples: int) -> "DeadLetter":

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import redis
 
-from .keys import RunKeys
-from .storage import parse
+from contract.keys import RunKeys
+from contract.storage import parse
 
 
 def home(output_dir: str) -> str:

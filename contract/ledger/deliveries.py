@@ -16,7 +16,7 @@ reads one with `names`, so the format has this one home.
 """
 from __future__ import annotations
 
-from .scripts import lua_string
+from contract.redis_link.scripts import lua_string
 
 SEPARATOR = "\n"
 GIVEN_BACK = "#"  # the first character of the line that counts the deliveries taken back

@@ -42,9 +42,9 @@ import os
 import secrets
 from typing import Iterable, NamedTuple
 
-from .keys import LEASES
-from .kombu_redis import UNACKED_INDEX
-from .scripts import Lua
+from contract.keys import LEASES
+from contract.broker.kombu_redis import UNACKED_INDEX
+from contract.redis_link.scripts import Lua
 
 REAP_PAGE = 1000        # deliveries one round re-scores to 0 at most (the sweep restores 500 a sweep)
 LAPSED_PER_ROUND = 8    # lapsed holders one round looks at

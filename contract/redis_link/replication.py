@@ -55,7 +55,7 @@ from typing import Any, Callable, Iterator, NamedTuple, TypeVar
 
 import redis
 
-from .keys import REPLICATED
+from contract.keys import REPLICATED
 
 log = logging.getLogger(__name__)
 WAIT_MS = 1000  # one WAIT's bound; the call sends another while unconfirmed

@@ -35,7 +35,7 @@ from dataclasses import asdict, dataclass
 
 import redis
 
-from .keys import RunKeys
+from contract.keys import RunKeys
 
 SEPARATOR = "|"
 UNKNOWN = "unknown"  # a weight version no answer or info route said

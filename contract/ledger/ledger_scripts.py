@@ -21,8 +21,8 @@ are added up while a script runs (`add`) and written once when it ends
 """
 from __future__ import annotations
 
-from .deliveries import LUA as DELIVERIES
-from .scripts import Lua
+from contract.ledger.deliveries import LUA as DELIVERIES
+from contract.redis_link.scripts import Lua
 
 # KEYS of every ledger script: these seven (as `Ledger.call` passes them), then one state
 # bucket per prompt (KEYS[B + i], the i-th record's `key`).
@@ -120,7 +120,7 @@ return out
 
 # Per prompt the state found ('' if none). Every prompt's writing entry goes: a done prompt needs
 # none. The entries and the stored prompts' ids go in one HDEL each, not one per prompt. A sample's
-# verdict class (pass, fail or error; '' without a verifier: contract/verifiers.py) is counted
+# verdict class (pass, fail or error; '' without a verifier: contract/run/verifiers.py) is counted
 # (`verdict:<class>`) in the same step that makes it done, so a sample counts once, however often
 # its group is marked.
 DONE = Lua("""
@@ -163,7 +163,7 @@ flush()
 return found
 """, prelude=PRELUDE, head=("field", "id", "reason", "letter", "forgotten"))
 
-# KEYS[B + 1]: the run's deliveries hash (contract/deliveries.py). Returns the prompt's packed ids
+# KEYS[B + 1]: the run's deliveries hash (contract/ledger/deliveries.py). Returns the prompt's packed ids
 # (false once done or dead), its writing entry (which goes if the prompt has no ids: a done
 # prompt's duplicate, whose worker died before the write), its deliveries entry as it was, and 1
 # if this delivery was noted: a prompt with ids and no writing entry has its delivery to

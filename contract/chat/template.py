@@ -8,7 +8,7 @@ template puts after it); the producer checks that rather than trust it.
 
 It lives in `contract` because both sides render: the producer a prompt (or a
 conversation's first turn), a worker the next turn of a conversation
-(`contract/conversations.py`), with the same code, so the same history gives
+(`contract/chat/conversations.py`), with the same code, so the same history gives
 the same ids wherever it is rendered. transformers is imported when a
 tokenizer is loaded, never when the module is.
 """
@@ -20,8 +20,8 @@ import logging
 import os
 from pathlib import Path
 
-from .bundled import resolve_tokenizer
-from .names import Thinking
+from contract.chat.bundled import resolve_tokenizer
+from contract.names import Thinking
 
 log = logging.getLogger(__name__)
 PROBE = [{"role": "user", "content": "Hello"}]

@@ -37,12 +37,12 @@ from dataclasses import dataclass
 
 import redis
 
-from .codec import pack_ids
-from .conversations import SEPARATOR, turn_id
-from .keys import RunKeys
-from .ledger import READ_CHUNK, Ledger
-from .ledger_scripts import PRELUDE
-from .scripts import Lua, lua_string
+from contract.ledger.codec import pack_ids
+from contract.chat.conversations import SEPARATOR, turn_id
+from contract.keys import RunKeys
+from contract.ledger.ledger import READ_CHUNK, Ledger
+from contract.ledger.ledger_scripts import PRELUDE
+from contract.redis_link.scripts import Lua, lua_string
 
 QUEUED_NEXT, BURIED_NEXT, COMPLETE = "queued", "buried", "complete"
 

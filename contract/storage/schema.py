@@ -16,23 +16,23 @@ its output ids, exactly as for a single prompt, whose two columns are null.
 
 A row of a run of several samples a prompt (`enqueue --samples N`) keeps the
 prompt's (its line's) id in `id`, the sample's 0-based index in `sample` and
-the `sampling_seed` it was asked with in `seed` (`contract/samples.py`): (`id`,
+the `sampling_seed` it was asked with in `seed` (`contract/run/samples.py`): (`id`,
 `sample`) names a row. Every row written since samples exist has both (sample 0
 in a run of one sample a prompt); an older shard's read as nulls, i.e. sample 0.
 
 `cached_tokens` is the server's `meta_info.cached_tokens` for the stored
 generation (prompt tokens found in its prefix cache), null where the server
 did not say. `verified` and `verdict` are the run's verifier's judgement of the
-answer (`enqueue --verify`, `contract/verifiers.py`): whether it passed, and
+answer (`enqueue --verify`, `contract/run/verifiers.py`): whether it passed, and
 its label (`pass`, `fail`, a user function's own, `error: ...` where the check
 raised or ran out of time); null in a run without a verifier. `max_new_tokens`, `temperature`, `top_p`, `top_k` and `min_p` are
 the sampling parameters as sent (a line's own over the run's, the budget after
 any cut to the server's context; `top_k` and `min_p` null where neither gave
 one). `logprobs`, `top_logprob_ids` and `top_logprobs` hold a `--logprobs K`
-run's log-probabilities, laid out as `contract/logprobs.py` says, null
+run's log-probabilities, laid out as `contract/run/logprobs.py` says, null
 otherwise. `weight_version` is the weights that made the answer (its
 `meta_info.weight_version`, SGLang's `--weight-version`, which
-`/update_weights_from_disk` changes mid-run; `contract/provenance.py`).
+`/update_weights_from_disk` changes mid-run; `contract/fleet/provenance.py`).
 Columns are only ever added at the end: readers open shards with
 `arrow_schema()`, so an older shard without a newer column reads as nulls.
 """
@@ -72,15 +72,15 @@ class Sample:
     turn: int | None = None          # 0-based index of the assistant turn in it; None for a single prompt
     cached_tokens: int | None = None  # prompt tokens the server found in its prefix cache; None: not reported
     verified: bool | None = None     # the run's verifier passed the answer (`enqueue --verify`); None: no verifier
-    verdict: str | None = None       # its label: pass, fail, a function's own, or `error: ...` (contract/verifiers.py)
+    verdict: str | None = None       # its label: pass, fail, a function's own, or `error: ...` (contract/run/verifiers.py)
     top_k: int | None = None          # as sent (a line's own sampling, else the run's); None: not sent
     min_p: float | None = None        # as sent; None: not sent
-    logprobs: list[float] | None = None         # `--logprobs K`: each output token's (contract/logprobs.py)
+    logprobs: list[float] | None = None         # `--logprobs K`: each output token's (contract/run/logprobs.py)
     top_logprob_ids: list[int] | None = None    # K candidates per output token, flattened row-major
     top_logprobs: list[float] | None = None     # their log-probabilities, in the same order
     weight_version: str | None = None  # the answer's meta_info.weight_version (else the server's); None: older shard
     sample: int | None = None         # 0-based index of the sample of its prompt (`enqueue --samples`)
-    seed: int | None = None           # the `sampling_seed` sent for it (contract/samples.py)
+    seed: int | None = None           # the `sampling_seed` sent for it (contract/run/samples.py)
 
 
 # Arrow type of each column, by name: the order is Sample's.
@@ -143,10 +143,3 @@ def samples_to_table(samples: list[Sample]):
 def is_shard(path: Path) -> bool:
     """Names starting with `.` or `_` are temporary or metadata files."""
     return path.suffix == ".parquet" and not path.name.startswith((".", "_"))
-
-
-def shard_files(output_dir: str | Path, run: str) -> list[Path]:
-    """A run's shards in a folder, in name order (`contract/storage` lists them wherever they are)."""
-    from .storage.local import LocalStore
-
-    return [Path(p) for p in LocalStore(str(output_dir)).shards(run)]

@@ -62,7 +62,7 @@ as a declared key, so the scripts compute nothing from ids.
 
 **One layout.** This module reads only what it writes: a run an older layout
 wrote (one `state` hash keyed by id, counters without counts by state) is
-refused before anything reads its ledger (`contract.spec.load_spec`), never
+refused before anything reads its ledger (`contract.run.spec.load_spec`), never
 converted.
 
 The producer writes a prompt's token ids and marks it queued before it
@@ -79,12 +79,12 @@ from typing import Iterator, NamedTuple
 
 import redis
 
-from . import deliveries, ledger_scripts as lua
-from .clock import CLOCK
-from .codec import count_ids
-from .keys import STATE_BUCKETS, RunKeys
-from .names import PromptState
-from .scripts import Lua
+from contract.ledger import deliveries, ledger_scripts as lua
+from contract.redis_link.clock import CLOCK
+from contract.ledger.codec import count_ids
+from contract.keys import STATE_BUCKETS, RunKeys
+from contract.names import PromptState
+from contract.redis_link.scripts import Lua
 
 QUEUED, DONE, DEAD = PromptState.QUEUED, PromptState.DONE, PromptState.DEAD
 NEW, AGAIN = "new", "again"  # enqueue outcomes besides the state found
@@ -306,7 +306,7 @@ class Ledger:
         """A group's samples, (prompt id, output tokens) or (prompt id, output tokens, verdict
         class) each, are durable in `shard`: one script call per `READ_CHUNK` of them (a group
         commit's whole ledger step). A sample's verdict class (pass, fail, error:
-        `contract.verifiers.verdict_class`) is counted in `verdict:<class>` by the same step that
+        `contract.run.verifiers.verdict_class`) is counted in `verdict:<class>` by the same step that
         makes it done, so once whatever the retries. Returns the state each prompt was in, as
         `mark_done` does."""
         head = {"minute": int(CLOCK.now(self.client) // 60), "code": shard_code(shard)}

@@ -10,13 +10,13 @@ the keyspace, so its cost does not grow with the number of keys.
 A heartbeat also lists the prompts its worker holds (`holding`: run -> ids),
 which the lost-message audit counts as held and a second delivery of one of
 them finds (`workers/intake/deliveries.py`). Its time `at` is Redis's clock
-(`clock.py`: the earliest it can read, within the clock's error), read
+(`contract/redis_link/clock.py`: the earliest it can read, within the clock's error), read
 before the list is taken, so a heartbeat newer than the latest another
 process's clock read at a moment lists every prompt its worker had begun
 taking by then; whoever ages a heartbeat reads Redis's clock too.
 
 `cache_hits` is the worker's prefix-cache tally of its last minutes, per server
-(`contract/cache_hits.py`: sums, so `status` adds those of all workers).
+(`contract/fleet/cache_hits.py`: sums, so `status` adds those of all workers).
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ from typing import Callable
 import redis
 from redis.client import Pipeline
 
-from .clock import CLOCK
-from .keys import WORKER_PREFIX, WORKERS
+from contract.redis_link.clock import CLOCK
+from contract.keys import WORKER_PREFIX, WORKERS
 
 FORGET_AFTER = 86_400  # seconds: a worker name silent this long leaves the registry
 

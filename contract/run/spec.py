@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field, fields
 
 import redis
 
-from .keys import LAYOUT, RUNS, RunKeys, queue_for
+from contract.keys import LAYOUT, RUNS, RunKeys, queue_for
 
 RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
@@ -63,23 +63,23 @@ class RunSpec:
     # (None: a spec written before the field; only the int32 bound applies).
     vocab_size: int | None = None
     # `enqueue --turns`: "last" (one generation per prompt) or "all" (every assistant turn of
-    # a conversation, each rendered by a worker from the answers before it: contract/conversations.py)
+    # a conversation, each rendered by a worker from the answers before it: contract/chat/conversations.py)
     turns: str = "last"
     trust_remote_code: bool = False  # how a worker loads `tokenizer` to render a conversation's turns
     # whether the template renders earlier turns' reasoning; if not, a conversation keeps only
     # its answers' content for later turns (ChatTokenizer.renders_history_reasoning)
     history_reasoning: bool = True
-    # the tokenizer probe (contract/tokenizer_probe.py): texts and the run's ids for them, which a
+    # the tokenizer probe (contract/chat/tokenizer_probe.py): texts and the run's ids for them, which a
     # server's own tokenizer must give before any prompt of the run goes there (None: an older spec)
     probe: dict | None = None
-    # `enqueue --samples N`: samples of each prompt, each keyed and seeded by contract/samples.py
+    # `enqueue --samples N`: samples of each prompt, each keyed and seeded by contract/run/samples.py
     samples: int = 1
     # `enqueue --until-verified K`: sample a prompt until K of its samples pass the verifier, at most
     # `samples` in all (None: every prompt gets `samples` samples)
     until_verified: int | None = None
     verify: str | None = None        # `enqueue --verify NAME`: the verifier each sample's answer is checked by
     logprobs: int | None = None      # `enqueue --logprobs K`: the top-K log-probabilities of each output token
-    # whether some lines carry their own sampling or fields a worker reads (contract/line_fields.py)
+    # whether some lines carry their own sampling or fields a worker reads (contract/run/line_fields.py)
     line_fields: bool = False
     created_at: float = field(default_factory=time.time)
     layout: int = LAYOUT  # the layout of the run's keys (`keys.LAYOUT`); 0 in a spec written before the field

@@ -69,30 +69,47 @@ def weight_version_of(meta_info: dict | None, fallback: str | None = None) -> st
 
 
 class Recorder:
-    """One worker process's memory of the (run, server, weight version) it has recorded."""
+    """One worker process's memory of the (run, server, weight version) it has recorded.
+
+    `observe` only notes a new origin (no Redis command: it is called on a sample's path, where a
+    Redis that takes no writes would hold the sample back from its group commit); `flush` writes
+    what was noted, once a sample is settled. A failed flush keeps its origins for the next one."""
 
     def __init__(self, worker: str):
         self.worker = worker
         self._seen: set[tuple[str, str, str]] = set()
+        self._pending: dict[tuple[str, str, str], Origin] = {}
         self._lock = threading.Lock()
 
-    def observe(self, client: redis.Redis, run: str, server: str, weight_version: str,
-                sglang_version: str | None, model_path: str | None, served_model_name: str | None) -> bool:
-        """Record the origin once; True when this call wrote (or tried to write) it."""
+    def observe(self, run: str, server: str, weight_version: str, sglang_version: str | None,
+                model_path: str | None, served_model_name: str | None) -> bool:
+        """Note the origin once; True when it is new to this process."""
         key = (run, server, weight_version)
         with self._lock:
             if key in self._seen:
                 return False
             self._seen.add(key)
-        origin = Origin(server, weight_version, sglang_version, model_path, served_model_name,
-                        time.time(), self.worker)
-        try:
-            client.hsetnx(RunKeys(run).provenance, origin.field(), origin.to_json())
-        except redis.RedisError:
-            with self._lock:  # tried again on the next answer
-                self._seen.discard(key)
-            raise
+            self._pending[key] = Origin(server, weight_version, sglang_version, model_path, served_model_name,
+                                        time.time(), self.worker)
         return True
+
+    def flush(self, client: redis.Redis) -> int:
+        """Write the origins noted since the last flush (one HSETNX each, one round trip); how many.
+        Raises a Redis error, keeping them for the next flush."""
+        with self._lock:
+            pending, self._pending = self._pending, {}
+        if not pending:
+            return 0
+        try:
+            with client.pipeline(transaction=False) as pipe:
+                for (run, _, _), origin in pending.items():
+                    pipe.hsetnx(RunKeys(run).provenance, origin.field(), origin.to_json())
+                pipe.execute()
+        except redis.RedisError:
+            with self._lock:
+                self._pending = {**pending, **self._pending}
+            raise
+        return len(pending)
 
 
 def read_provenance(client: redis.Redis, run: str) -> list[Origin]:

@@ -30,6 +30,11 @@ def hsetnx_calls(client: redis.Redis) -> int:
     return int(client.info("commandstats").get("cmdstat_hsetnx", {}).get("calls", 0))
 
 
+def _record(recorder: Recorder, client, *origin) -> None:
+    recorder.observe(RUN, *origin)
+    recorder.flush(client)
+
+
 def test_a_worker_records_each_server_and_weight_version_once_whatever_the_samples(client):
     # Given a worker's recorder
     recorder = Recorder("w1")
@@ -37,9 +42,11 @@ def test_a_worker_records_each_server_and_weight_version_once_whatever_the_sampl
 
     # When 1,000 answers come from one server with one weight version, then the weights change
     for _ in range(1000):
-        recorder.observe(client, RUN, "http://s1:30000", "default", "0.5.23", "m/path", "m")
+        recorder.observe(RUN, "http://s1:30000", "default", "0.5.23", "m/path", "m")
+        recorder.flush(client)
     for _ in range(500):
-        recorder.observe(client, RUN, "http://s1:30000", "step-200", "0.5.23", "m/path", "m")
+        recorder.observe(RUN, "http://s1:30000", "step-200", "0.5.23", "m/path", "m")
+        recorder.flush(client)
 
     # Then Redis was written twice, once per distinct weight version (flat in the samples)
     assert hsetnx_calls(client) - before == 2
@@ -51,25 +58,37 @@ def test_a_worker_records_each_server_and_weight_version_once_whatever_the_sampl
 
 def test_the_first_worker_to_see_an_origin_keeps_it(client):
     # Given an origin another worker recorded first
-    Recorder("first").observe(client, RUN, "http://s1:30000", "default", "0.5.23", "m", "m")
+    _record(Recorder("first"), client, "http://s1:30000", "default", "0.5.23", "m", "m")
     (first,) = read_provenance(client, RUN)
 
     # When a second worker sees the same server with the same weights
-    Recorder("second").observe(client, RUN, "http://s1:30000", "default", "0.5.23", "m", "m")
+    _record(Recorder("second"), client, "http://s1:30000", "default", "0.5.23", "m", "m")
 
     # Then the entry is the first worker's, with its first_seen
     assert read_provenance(client, RUN) == [first] and first.worker == "first"
 
 
-def test_a_write_that_fails_is_tried_again_on_the_next_answer(client):
+def test_a_write_that_fails_is_tried_again_after_the_next_sample(client):
     # Given a recorder whose first write finds Redis away
     recorder = Recorder("w")
     away = redis.Redis(host="127.0.0.1", port=1, socket_connect_timeout=0.2)
+    assert recorder.observe(RUN, "http://s:1", "default", None, None, None)
     with pytest.raises(redis.ConnectionError):
-        recorder.observe(away, RUN, "http://s:1", "default", None, None, None)
+        recorder.flush(away)
 
-    # When the next answer comes with Redis back, Then the origin is written then
-    assert recorder.observe(client, RUN, "http://s:1", "default", None, None, None)
+    # When the next sample is settled with Redis back (its answer seen before), Then the origin is written
+    assert not recorder.observe(RUN, "http://s:1", "default", None, None, None)
+    assert recorder.flush(client) == 1
+    assert [o.server for o in read_provenance(client, RUN)] == ["http://s:1"]
+
+
+def test_noting_an_origin_sends_no_command_and_writing_waits_for_the_flush(client):
+    # Given a recorder that notes an answer's origin (on the sample's way to its shard)
+    recorder, before = Recorder("w"), hsetnx_calls(client)
+    recorder.observe(RUN, "http://s:1", "default", None, None, None)
+    # Then Redis holds nothing of it until the flush
+    assert hsetnx_calls(client) == before and read_provenance(client, RUN) == []
+    recorder.flush(client)
     assert [o.server for o in read_provenance(client, RUN)] == ["http://s:1"]
 
 
@@ -164,7 +183,7 @@ def test_export_writes_the_card_beside_the_data_and_exports_again_over_it(client
         ledger.mark_done(f"p{i}", 1, shards / "part-a.parquet")
     DeadLetters(client, RUN).put(DeadLetter(id="p3", run=RUN, reason="truncated", message="m", attempts=1,
                                             servers=[], worker="w", prompt_b64="", prompt_tokens=2, sampling={}))
-    Recorder("w").observe(client, RUN, "http://s1:30000", "default", "0.5.23", "org/model", "org/model")
+    _record(Recorder("w"), client, "http://s1:30000", "default", "0.5.23", "org/model", "org/model")
 
     # When it is exported, twice into the same folder
     for _ in range(2):
@@ -190,7 +209,7 @@ def test_runs_names_the_models_sglang_and_weight_versions_of_each_run(client):
     # Given a run whose samples came from two weight versions of one model
     save_spec(client, spec())
     for weights in ("default", "step-2"):
-        Recorder("w").observe(client, RUN, "http://s1:30000", weights, "0.5.23", "org/model", "org/model")
+        _record(Recorder("w"), client, "http://s1:30000", weights, "0.5.23", "org/model", "org/model")
 
     # When the runs are listed, Then the run's entry names them
     (entry,) = list_runs(client)

@@ -123,6 +123,15 @@ def process_prompt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[
                               f"({spec.vocab_size} ids); not sent"))
     route = rt.affinity.route(rt.redis, spec.name, spec.turns == "all", prompt_id, prompt_ids)
     try:
+        return _generate_and_settle(rt, spec, prompt_id, prompt_ids, sampling, tries, route, submit, fields)
+    finally:
+        _record_origins(rt, spec)  # the servers' versions its answers came with, once it is settled
+
+
+def _generate_and_settle(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], sampling: dict,
+                         tries: Attempts, route: Route, submit: Submit, fields: dict) -> str:
+    """Requests until an answer passes the think checks (stored) or the prompt ends as a dead letter."""
+    try:
         while True:
             generation = _generation(rt, spec, prompt_id, prompt_ids, sampling, tries, route)
             verdict = verify(generation.output_ids, generation.meta_info, len(prompt_ids), spec)
@@ -412,14 +421,19 @@ def _requests(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int],
 
 def _note_origin(rt: Runtime, spec: RunSpec, binding: ServerBinding, generation: Generation) -> None:
     """The run's provenance: this server, its SGLang version and model, and the weights that made the
-    answer, recorded once per (run, server, weight version) a worker sees (`contract/fleet/provenance.py`:
-    no Redis command a sample after the first); a failed write is tried again on the next answer."""
+    answer, noted once per (run, server, weight version) a worker sees (`contract/fleet/provenance.py`),
+    and written once the sample is settled (`_record_origins`), never on its way to its shard."""
     version = weight_version_of(generation.meta_info, binding.weight_version)
+    rt.provenance.observe(spec.name, binding.url, version, binding.sglang_version, binding.model_path,
+                          binding.served_model_name)
+
+
+def _record_origins(rt: Runtime, spec: RunSpec) -> None:
+    """Write the origins noted so far; a failure is tried again after the next sample."""
     try:
-        rt.provenance.observe(rt.redis, spec.name, binding.url, version, binding.sglang_version,
-                              binding.model_path, binding.served_model_name)
+        rt.provenance.flush(rt.redis)
     except redis.RedisError as exc:
-        log.debug("run %s: provenance of %s not recorded yet (%r)", spec.name, binding.url, exc)
+        log.debug("run %s: provenance not recorded yet (%r)", spec.name, exc)
 
 
 def _send(rt: Runtime, spec: RunSpec, binding: ServerBinding, prompt_id: str, prompt_ids: list[int],

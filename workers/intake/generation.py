@@ -125,7 +125,7 @@ def process_prompt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[
     try:
         return _generate_and_settle(rt, spec, prompt_id, prompt_ids, sampling, tries, route, submit, fields)
     finally:
-        _record_origins(rt, spec)  # the servers' versions its answers came with, once it is settled
+        _record_origins(rt, spec.name)  # the servers' versions its answers came with (a dead letter's too)
 
 
 def _generate_and_settle(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], sampling: dict,
@@ -306,6 +306,7 @@ def _commit(rt: Runtime, run: str, prompt_id: str, row: Sample, submit: Submit) 
         future = submit(run, row)
     except StorageUnavailable as exc:  # the worker is shutting down
         raise GiveBack(str(exc)) from exc
+    _record_origins(rt, run)  # while the group commits: the sample is in it already
     timeout = rt.settings.shard_commit_timeout
     for _ in range(2):
         try:
@@ -422,18 +423,19 @@ def _requests(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int],
 def _note_origin(rt: Runtime, spec: RunSpec, binding: ServerBinding, generation: Generation) -> None:
     """The run's provenance: this server, its SGLang version and model, and the weights that made the
     answer, noted once per (run, server, weight version) a worker sees (`contract/fleet/provenance.py`),
-    and written once the sample is settled (`_record_origins`), never on its way to its shard."""
+    and written once the sample has joined its shard's group (`_commit`) or is dead-lettered, never
+    on its way there (a Redis that takes no writes would hold it back from its group)."""
     version = weight_version_of(generation.meta_info, binding.weight_version)
     rt.provenance.observe(spec.name, binding.url, version, binding.sglang_version, binding.model_path,
                           binding.served_model_name)
 
 
-def _record_origins(rt: Runtime, spec: RunSpec) -> None:
+def _record_origins(rt: Runtime, run: str) -> None:
     """Write the origins noted so far; a failure is tried again after the next sample."""
     try:
         rt.provenance.flush(rt.redis)
     except redis.RedisError as exc:
-        log.debug("run %s: provenance not recorded yet (%r)", spec.name, exc)
+        log.debug("run %s: provenance not recorded yet (%r)", run, exc)
 
 
 def _send(rt: Runtime, spec: RunSpec, binding: ServerBinding, prompt_id: str, prompt_ids: list[int],

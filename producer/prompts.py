@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO, Iterator
 
-from contract.run.line_sampling import BadSampling, check_line_sampling
+from contract.run.line_sampling import BadSampling, check_line_sampling, json_kind
 
 ROLES = {"system", "user", "assistant", "tool"}
 SHAREGPT_ROLES = {"system": "system", "human": "user", "user": "user", "gpt": "assistant",
@@ -193,7 +193,7 @@ def parse_line(raw: bytes, number: int, columns: Columns = DEFAULT_COLUMNS) -> P
     except ValueError as exc:  # e.g. an integer of more than 4,300 digits
         raise InvalidPrompt(f"invalid JSON: {exc}"[:300]) from None
     if not isinstance(record, dict):
-        raise InvalidPrompt(f"not a JSON object but {_kind(record)}")
+        raise InvalidPrompt(f"not a JSON object but {json_kind(record)}")
     return parse_record(record, number, columns)
 
 
@@ -220,16 +220,16 @@ def _messages(record: dict) -> list[dict]:
     else:
         raise InvalidPrompt('no "messages", "prompt" or "conversations" field')
     if not isinstance(raw, list) or not raw:
-        raise InvalidPrompt(f"messages must be a non-empty list, not {_kind(raw)}")
+        raise InvalidPrompt(f"messages must be a non-empty list, not {json_kind(raw)}")
     messages = []
     for index, turn in enumerate(raw):
         if not isinstance(turn, dict):
-            raise InvalidPrompt(f"message {index} is not an object but {_kind(turn)}")
+            raise InvalidPrompt(f"message {index} is not an object but {json_kind(turn)}")
         role = turn.get(role_key)
         if role is None or role == "":
             raise InvalidPrompt(f"message {index} has an empty or missing {role_key!r}")
         if not isinstance(role, str):
-            raise InvalidPrompt(f"message {index} {role_key!r} is not a string but {_kind(role)}")
+            raise InvalidPrompt(f"message {index} {role_key!r} is not a string but {json_kind(role)}")
         if role not in roles:
             raise InvalidPrompt(f"message {index} has unknown role {role[:50]!r}")
         content = _content(turn.get(content_key), f"message {index} {content_key}")
@@ -244,19 +244,19 @@ def _content(value: object, what: str) -> str:
     if isinstance(value, list):
         return _text(" ".join(_part_text(part, f"{what} part {i}") for i, part in enumerate(value)), what)
     if not isinstance(value, str):
-        raise InvalidPrompt(f"{what} is not a string but {_kind(value)}")
+        raise InvalidPrompt(f"{what} is not a string but {json_kind(value)}")
     return _text(value, what)
 
 
 def _part_text(part: object, what: str) -> str:
     if not isinstance(part, dict):
-        raise InvalidPrompt(f"{what} is not an object but {_kind(part)}")
+        raise InvalidPrompt(f"{what} is not an object but {json_kind(part)}")
     kind = part.get("type")
     if kind not in TEXT_PARTS:
         raise InvalidPrompt(f"{what} has type {str(kind)[:50]!r}: only text parts are accepted")
     text = part.get("text")
     if not isinstance(text, str):
-        raise InvalidPrompt(f"{what} text is not a string but {_kind(text)}")
+        raise InvalidPrompt(f"{what} text is not a string but {json_kind(text)}")
     return text
 
 
@@ -282,23 +282,8 @@ def _prompt_id(record: dict, messages: list[dict], sampling: dict | None = None)
         blob = json.dumps(content, sort_keys=True, ensure_ascii=False).encode()
         return "p-" + hashlib.sha256(blob).hexdigest()[:20]
     if isinstance(value, bool) or not isinstance(value, (str, int)) or value == "":
-        raise InvalidPrompt(f"id must be a non-empty string or integer, not {_kind(value)}")
+        raise InvalidPrompt(f"id must be a non-empty string or integer, not {json_kind(value)}")
     text = _text(str(value), "id")
     if len(text.encode()) > MAX_ID_BYTES:
         raise InvalidPrompt(f"id longer than {MAX_ID_BYTES} bytes")
     return text
-
-
-def _kind(value: object) -> str:
-    """A JSON value's type as a person reading the file would name it."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return f"a boolean ({str(value).lower()})"
-    if isinstance(value, (int, float)):
-        return f"a number ({str(value)[:20]})"
-    if isinstance(value, str):
-        return "an empty string" if not value else "a string"
-    if isinstance(value, list):
-        return "an empty array" if not value else "an array"
-    return "an object"

@@ -47,7 +47,7 @@ def check_line_sampling(value: object) -> dict | None:
     if value is None:
         return None
     if not isinstance(value, dict):
-        raise BadSampling(f'"sampling" must be an object, not {_kind(value)}')
+        raise BadSampling(f'"sampling" must be an object, not {json_kind(value)}')
     unknown = sorted(k for k in value if k not in KEYS)
     if unknown:
         raise BadSampling(f'"sampling" has unknown key {unknown[0][:50]!r} (allowed: {", ".join(KEYS)})')
@@ -61,7 +61,7 @@ def _check(key: str, v: object) -> None:
     where = f"sampling.{key}"
     if key in ("top_k", "max_new_tokens", "seed"):
         if isinstance(v, bool) or not isinstance(v, int):
-            raise BadSampling(f"{where} must be an integer, not {_kind(v)}")
+            raise BadSampling(f"{where} must be an integer, not {json_kind(v)}")
         if key == "top_k" and not (v == -1 or 1 <= v <= INT32_MAX):
             raise BadSampling(f"{where} must be -1 (the whole vocabulary) or at least 1, got {v}")
         if key == "max_new_tokens" and not 1 <= v <= INT32_MAX:
@@ -70,7 +70,7 @@ def _check(key: str, v: object) -> None:
             raise BadSampling(f"{where} must be in [0, 2^31), got {v}")
         return
     if isinstance(v, bool) or not isinstance(v, (int, float)):
-        raise BadSampling(f"{where} must be a number, not {_kind(v)}")
+        raise BadSampling(f"{where} must be a number, not {json_kind(v)}")
     if key == "temperature" and not (math.isfinite(v) and v >= 0):
         raise BadSampling(f"{where} must be a non-negative finite number, got {v}")
     if key == "top_p" and not 0 < v <= 1:
@@ -93,7 +93,9 @@ def line_seed(line_sampling: dict | None) -> int | None:
     return (line_sampling or {}).get("seed")
 
 
-def _kind(value: object) -> str:
+def json_kind(value: object) -> str:
+    """A JSON value's type as a person reading the file would name it (the producer's line errors
+    and the sampling object's say it the same way)."""
     if value is None:
         return "null"
     if isinstance(value, bool):
@@ -101,7 +103,7 @@ def _kind(value: object) -> str:
     if isinstance(value, (int, float)):
         return f"a number ({str(value)[:20]})"
     if isinstance(value, str):
-        return "a string"
+        return "an empty string" if not value else "a string"
     if isinstance(value, list):
-        return "an array"
+        return "an empty array" if not value else "an array"
     return "an object"

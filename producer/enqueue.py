@@ -87,9 +87,9 @@ from contract.broker.kombu_redis import queue_depth
 from contract.ledger.ledger import AGAIN, NEW, Entry, Ledger
 from contract.run.line_fields import LineFields
 from contract.names import PromptState, Thinking
-from contract.broker.publish import enqueue_samples, publish_prompts, spread
+from contract.broker.publish import enqueue_samples, new_messages, publish_prompts
 from contract.redis_link.replication import replicated
-from contract.run.samples import first_indices, sample_key, split_sample_key
+from contract.run.samples import first_indices, sample_key
 from contract.run.spec import RunSpec, load_spec, save_spec
 from contract.chat.tokenizer_probe import make_probe
 
@@ -401,10 +401,9 @@ def _publish(ready: list[tuple[Prompt, list[int]]], spec: RunSpec, app, queue: s
             ConversationLedger(ledger.client, spec.name).register(
                 [(p.conversation, p.turns, p.shape) for p, _ in ready])
         outcomes = _enqueue(ledger, spec, ready, call)
-        messages = [(sample_key(p.id, index, spec.samples), len(ids), None)
-                    for (p, ids), found in zip(ready, outcomes)
-                    for index, outcome in zip(first_indices(spec.samples, spec.until_verified), found) if outcome == NEW]
-        publish_prompts(app, spec.name, queue, spread(messages, spec.samples) if spec.samples > 1 else messages)
+        first = list(first_indices(spec.samples, spec.until_verified))
+        publish_prompts(app, spec.name, queue,
+                        new_messages(spec.samples, [(p.id, ids, first) for p, ids in ready], outcomes))
     for (prompt, ids), found in zip(ready, outcomes):
         published = sum(outcome == NEW for outcome in found)
         if published:

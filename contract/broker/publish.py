@@ -111,8 +111,15 @@ def publish_samples(app, ledger: Ledger, samples: int, queue: str, call: str,
     published (those the ledger did not have). A crash in between leaves queued samples without a
     message, which the workers' audit republishes."""
     prompts = [(pid, ids, list(indices)) for pid, ids, indices in prompts]
-    outcomes = enqueue_samples(ledger, samples, call, prompts)
+    new = new_messages(samples, prompts, enqueue_samples(ledger, samples, call, prompts))
+    publish_prompts(app, ledger.run, queue, new)
+    return [key for key, _, _ in new]
+
+
+def new_messages(samples: int, prompts: list[tuple[str, list[int], list[int]]],
+                 outcomes: list[list[str]]) -> list[tuple[str, int, None]]:
+    """The messages of the samples the ledger took as new (`outcomes`, per prompt, of each of its
+    (prompt id, token ids, sample indices)), in publishing order (`spread`)."""
     new = [(sample_key(pid, index, samples), len(ids), None) for (pid, ids, indices), found in zip(prompts, outcomes)
            for index, outcome in zip(indices, found) if outcome == NEW]
-    publish_prompts(app, ledger.run, queue, spread(new, samples))
-    return [key for key, _, _ in new]
+    return spread(new, samples) if samples > 1 else new

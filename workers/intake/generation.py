@@ -212,9 +212,14 @@ def bury(rt: Runtime, letter: DeadLetter, forgotten: bool = False) -> str:
     """Every dead letter goes through here: stored unless the prompt is already done,
     counted in the metrics, logged; in an until-verified run, its sample's chain moves on first
     (`chains.py`). `forgotten`: the ledger lost the prompt (see `Ledger.bury`)."""
-    _name_sample(rt, letter)
-    letter.excerpt.update(_turn_of(rt, letter))
-    _chain_on(rt, letter)
+    try:
+        spec = cached_spec(rt.settings.redis_url, letter.run)
+    except LookupError:  # a run whose spec cannot be read: its letter stays as made
+        spec = None
+    if spec is not None:
+        _name_sample(spec, letter)
+        letter.excerpt.update(_turn_of(spec, letter))
+        _chain_on(rt, spec, letter)
     found = put_letter(rt.redis, letter, forgotten)
     if found == PromptState.DONE or found is None:
         log.warning("prompt %s is %s: its %s failure (%s) is not dead-lettered", letter.key,
@@ -243,30 +248,26 @@ def put_letter(client: redis.Redis, letter: DeadLetter, forgotten: bool = False)
     return written_again(once, f"the dead letter of prompt {letter.key} of run {letter.run}")
 
 
-def _name_sample(rt: Runtime, letter: DeadLetter) -> None:
+def _name_sample(spec: RunSpec, letter: DeadLetter) -> None:
     """A letter made for a sample's ledger key names its prompt's id and its sample (`key` gives
-    the ledger key back); a run whose spec cannot be read keeps the key as its id."""
+    the ledger key back); a key that is no sample's keeps itself as its id."""
     try:
-        letter.of_sample(cached_spec(rt.settings.redis_url, letter.run).samples)
-    except (LookupError, ValueError):
+        letter.of_sample(spec.samples)
+    except ValueError:
         pass
 
 
-def _chain_on(rt: Runtime, letter: DeadLetter) -> None:
+def _chain_on(rt: Runtime, spec: RunSpec, letter: DeadLetter) -> None:
     """In an until-verified run, a dead-lettered sample queues the next of its chain (`chains.py`)."""
-    try:
-        spec = cached_spec(rt.settings.redis_url, letter.run)
-    except LookupError:
-        return
     if spec.until_verified is not None and letter.prompt_b64:
         chains.follow(rt, spec, letter.key, b64_to_ids(letter.prompt_b64))
 
 
-def _turn_of(rt: Runtime, letter: DeadLetter) -> dict:
+def _turn_of(spec: RunSpec, letter: DeadLetter) -> dict:
     """A conversation turn's dead letter names its conversation and turn index."""
     try:
-        return turn_columns(cached_spec(rt.settings.redis_url, letter.run), letter.id)
-    except (LookupError, ValueError):
+        return turn_columns(spec, letter.id)
+    except ValueError:
         return {}
 
 

@@ -38,7 +38,6 @@ def verdicts(counters: dict[str, int]) -> dict[str, int]:
 
 def card_facts(spec: RunSpec, manifest: dict, origins: list[Origin], counters: dict[str, int]) -> dict:
     """What the card says, as plain data (also its front matter's `reasoning_fleet` entry)."""
-    samples = max(1, int(getattr(spec, "samples", 1) or 1))
     enqueued = int(counters.get("enqueued", 0))
     return {
         "run": spec.name,
@@ -59,11 +58,11 @@ def card_facts(spec: RunSpec, manifest: dict, origins: list[Origin], counters: d
         "stop_ids": list(spec.stop_ids),
         "turns": spec.turns,
         "sampling": dict(spec.sampling),
-        "samples_per_prompt": samples,
-        "until_verified": getattr(spec, "until_verified", None),
+        "samples_per_prompt": spec.samples,
+        "until_verified": spec.until_verified,
         "seed_rule": SEED_RULE,
-        "logprobs": getattr(spec, "logprobs", None),
-        "verifier": getattr(spec, "verify", None),
+        "logprobs": spec.logprobs,
+        "verifier": spec.verify,
         "disabled_rules": list(spec.disabled_rules),
         "counts": {
             "prompts": manifest.get("prompts", enqueued),  # counted at enqueue (the run's `prompts` counter)

@@ -24,6 +24,7 @@ from .cli_common import (check_has_prompts, choice, connect, err, fail, json_opt
                          print_shown, no_prompts, publisher, reading, redis_option, run_name, run_option,
                          sample_option, shards_of)
 from .cli_dead import dead_app
+from .cli_help import Command
 from .prompts import MAX_LINE_BYTES
 from .visible import visible
 
@@ -55,7 +56,7 @@ def _main(version: bool = typer.Option(False, "--version", callback=_version, is
     pass
 
 
-@app.command(short_help="Tokenize prompts (JSONL, Parquet or a datasets folder) and queue them.")
+@app.command(cls=Command, short_help="Tokenize prompts (JSONL, Parquet or a datasets folder) and queue them.")
 def enqueue(
     prompts: Path = typer.Argument(..., exists=True, metavar="PROMPTS",
                                    help="JSONL file, Parquet file (.parquet), or a folder saved by datasets' "
@@ -241,7 +242,7 @@ def _print_enqueue_summary(summary, mode: str, samples: int = 1, until_verified:
         out.print(f"held back {summary.held_back:.0f}s while the queue was deeper than --max-queued")
 
 
-@app.command(short_help="Where a run stands: counts, rates, ETA, servers, workers.")
+@app.command(cls=Command, short_help="Where a run stands: counts, rates, ETA, servers, workers.")
 def status(run: Optional[str] = run_option(), as_json: bool = json_option(),
            watch: Optional[float] = typer.Option(None, "--watch", min=0.1, metavar="SECONDS",
                                                  help="Refresh every SECONDS seconds."),
@@ -267,7 +268,7 @@ def status(run: Optional[str] = run_option(), as_json: bool = json_option(),
             time.sleep(watch)
 
 
-@app.command(short_help="The runs in Redis, with their counts and where their shards are.")
+@app.command(cls=Command, short_help="The runs in Redis, with their counts and where their shards are.")
 def runs(as_json: bool = json_option(), redis_url: Optional[str] = redis_option()) -> None:
     """Every run in Redis: its prompts by state, and where its workers wrote its shards."""
     _, client = connect(redis_url)
@@ -292,7 +293,7 @@ def runs(as_json: bool = json_option(), redis_url: Optional[str] = redis_option(
     out.print(table)
 
 
-@app.command(short_help="Write the finished dataset and a manifest to DEST.")
+@app.command(cls=Command, short_help="Write the finished dataset and a manifest to DEST.")
 def export(dest: str = typer.Argument(..., metavar="DEST", help="A new or empty folder, or a previous export to "
                                       "replace; or s3://bucket/prefix (read it through its manifest.json)."),
            run: Optional[str] = run_option(),
@@ -384,7 +385,7 @@ def export(dest: str = typer.Argument(..., metavar="DEST", help="A new or empty 
                   f"{figures['max_row_tokens']:,} tokens", highlight=False, soft_wrap=True)
 
 
-@app.command(short_help="Run the whole job on this machine, and show the result.")
+@app.command(cls=Command, short_help="Run the whole job on this machine, and show the result.")
 def demo(prompts: Optional[Path] = typer.Option(None, metavar="FILE", help="Default: the bundled examples."),
          workdir: Path = typer.Option(Path("demo-run"), metavar="DIR",
                                       help="Its Redis, logs, shards and exports go here.")) -> None:
@@ -402,7 +403,7 @@ def demo(prompts: Optional[Path] = typer.Option(None, metavar="FILE", help="Defa
     raise typer.Exit(run_demo(prompts, workdir, out))
 
 
-@app.command(short_help="Write one self-contained HTML page about a run.")
+@app.command(cls=Command, short_help="Write one self-contained HTML page about a run.")
 def report(run: Optional[str] = run_option(),
            out_path: Path = typer.Option(Path("report.html"), "--out", metavar="FILE",
                                          help="Where to write the page."),
@@ -434,7 +435,7 @@ def report(run: Optional[str] = run_option(),
               soft_wrap=True)
 
 
-@app.command(short_help="One sample or dead letter, decoded.")
+@app.command(cls=Command, short_help="One sample or dead letter, decoded.")
 def show(prompt_id: str = typer.Argument(..., metavar="ID", help="The prompt's id (its line's \"id\")."),
          sample: Optional[int] = sample_option(),
          run: Optional[str] = run_option(),

@@ -12,6 +12,7 @@ from rich.table import Table
 
 from contract.names import Reason
 
+from .cli_help import Command
 from .cli_common import (choice, connect, err, fail, json_option, ledger_key, load_run, out, print_shown, publisher,
                          redis_option, run_option, sample_keys, sample_option)
 from .visible import cell
@@ -25,7 +26,7 @@ def reason_option(help: str):
     return choice([], "--reason", values=REASONS, metavar="REASON", help=f"{help} (repeatable).")
 
 
-@dead_app.command("list", short_help="Dead letters with their reasons.")
+@dead_app.command("list", cls=Command, short_help="Dead letters with their reasons.")
 def dead_list(run: Optional[str] = run_option(), reason: list[str] = reason_option("Only this reason code"),
               limit: int = typer.Option(0, min=0, metavar="N", help="At most N (0: all)."),
               as_json: bool = json_option(), redis_url: Optional[str] = redis_option()) -> None:
@@ -70,7 +71,7 @@ def _pages(items, size: int):
         yield page
 
 
-@dead_app.command("show", short_help="One dead letter, decoded (or as JSON).")
+@dead_app.command("show", cls=Command, short_help="One dead letter, decoded (or as JSON).")
 def dead_show(prompt_id: str = typer.Argument(..., metavar="ID", help="The prompt's id."),
               sample: Optional[int] = sample_option(),
               run: Optional[str] = run_option(),
@@ -98,7 +99,7 @@ def dead_show(prompt_id: str = typer.Argument(..., metavar="ID", help="The promp
     print_shown(letter_view(letter, spec), spec, trust_remote_code, ids)
 
 
-@dead_app.command("stats", short_help="Dead letters counted by reason.")
+@dead_app.command("stats", cls=Command, short_help="Dead letters counted by reason.")
 def dead_stats(run: Optional[str] = run_option(), as_json: bool = json_option(),
                redis_url: Optional[str] = redis_option()) -> None:
     """Dead letters counted by reason."""
@@ -114,7 +115,7 @@ def dead_stats(run: Optional[str] = run_option(), as_json: bool = json_option(),
     out.print(f"{'total':28} {sum(stats.values()):>9,}", highlight=False)
 
 
-@dead_app.command("requeue", short_help="Queue dead-lettered prompts again.")
+@dead_app.command("requeue", cls=Command, short_help="Queue dead-lettered prompts again.")
 def dead_requeue(run: Optional[str] = run_option(), reason: list[str] = reason_option("Only this reason code"),
                  prompt_id: list[str] = typer.Option([], "--id", metavar="ID", help="Only this prompt (repeatable): "
                                                      "each of its dead samples, or one sample as ID~INDEX."),
@@ -155,7 +156,7 @@ def dead_requeue(run: Optional[str] = run_option(), reason: list[str] = reason_o
                   "see `dead list --reason worker_error`): enqueue their lines again under a new run")
 
 
-@dead_app.command("purge", short_help="Delete dead letters.")
+@dead_app.command("purge", cls=Command, short_help="Delete dead letters.")
 def dead_purge(run: Optional[str] = run_option(), reason: list[str] = reason_option("Only this reason code"),
                yes: bool = typer.Option(False, "--yes", "-y", help="Do not ask for confirmation."),
                redis_url: Optional[str] = redis_option()) -> None:

@@ -216,9 +216,11 @@ def _help_paragraphs(text: str | None) -> list[str]:
 
 
 def _params_table(command, context) -> str:
+    from producer.cli_help import help_record
+
     rows = []
     for param in command.params:
-        record = param.get_help_record(context)
+        record = help_record(param, context)
         if record is None:
             continue
         decl, help_text = record

@@ -84,7 +84,11 @@ def test_help_at_80_columns_names_every_option_in_full_with_one_placeholder_styl
     text = result.output
     assert "…" not in text and "importing this module" not in text
     assert all(len(line) <= 80 for line in text.splitlines()), text
-    assert not re.search(r"\{[a-z_]+\}|<str>|<int>|<float", text.split("Arguments:")[0]), text
+    assert not re.search(r"\{[A-Za-z_]+\}|<str>|<int>|<float|<path>", text), text
+    # and its usage line names each argument as its help does, bare: `export [OPTIONS] DEST`
+    usage = text.splitlines()[0]
+    arguments = re.findall(r"^  ([A-Z][A-Z_]*)  ", text.split("Arguments:")[1], re.M) if "Arguments:" in text else []
+    assert usage.split("[OPTIONS]")[1].split() == arguments or "COMMAND" in usage, text
     for option in re.findall(r"^\s+(--[a-z-]+)", text, re.M):
         assert not option.endswith("-"), option
 

@@ -23,6 +23,8 @@ from datetime import datetime, timezone
 from contract.fleet.provenance import Origin
 from contract.run.spec import RunSpec
 
+from .counts import counted
+
 from .export_folder import CARD  # noqa: F401  (the card's file name, re-exported)
 
 SEED_RULE = ("each sample's `sampling_seed` is derived from the run's name, the prompt's id and the "
@@ -153,7 +155,7 @@ def render_card(spec: RunSpec, manifest: dict, origins: list[Origin], counters: 
     else:
         lines.append("None.")
     lines += ["", "## Files", ""]
-    lines += [f"- `{f['name']}`: {f.get('rows', 0):,} rows" for f in manifest.get("files", [])]
+    lines += [f"- `{f['name']}`: {counted(f.get('rows', 0), 'row')}" for f in manifest.get("files", [])]
     lines += ["", "`manifest.json` lists them with their SHA-256 and the run's whole spec.", ""]
     return "\n".join(lines)
 

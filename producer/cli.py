@@ -25,6 +25,7 @@ from .cli_common import (check_has_prompts, choice, connect, err, fail, json_opt
                          sample_option, shards_of)
 from .cli_dead import dead_app
 from .cli_help import Command
+from .counts import counted
 from .prompts import MAX_LINE_BYTES
 from .visible import visible
 
@@ -234,7 +235,7 @@ def _print_enqueue_summary(summary, mode: str, samples: int = 1, until_verified:
         from contract.run.samples import per_prompt
 
         later = "; a sample that fails queues the next" if until_verified else ""
-        out.print(f"{summary.published:,} samples of {summary.prompts:,} prompts published "
+        out.print(f"{counted(summary.published, 'sample')} of {counted(summary.prompts, 'prompt')} published "
                   f"({per_prompt(samples, until_verified)}{later}; the prompts counted in skipped, duplicates and "
                   f"rejected are whole prompts)",
                   highlight=False)
@@ -373,16 +374,17 @@ def export(dest: str = typer.Argument(..., metavar="DEST", help="A new or empty 
     target = dest if is_bucket(dest) else Path(dest).resolve()
     from contract.run.samples import per_prompt
 
-    several = (f" of {manifest['prompts']:,} prompts ({per_prompt(spec.samples, spec.until_verified)})"
+    several = (f" of {counted(manifest['prompts'], 'prompt')} ({per_prompt(spec.samples, spec.until_verified)})"
                if spec.samples > 1 else "")
-    out.print(f"{what} {manifest['rows']:,} samples{several} ({manifest['duplicates_dropped']:,} duplicates dropped, "
-              f"left out{' as not done or not verified' if verified_only else ' as not done'}: {left_out}) into {len(manifest['files']):,} files under {target}, "
+    out.print(f"{what} {counted(manifest['rows'], 'sample')}{several} ({counted(manifest['duplicates_dropped'], 'duplicate')} dropped, "
+              f"left out{' as not done or not verified' if verified_only else ' as not done'}: {left_out}) into {counted(len(manifest['files']), 'file')} under {target}, "
               f"from {manifest['source']}; dead letters: {letters}", highlight=False, soft_wrap=True)
     if "format" in manifest:
         figures = manifest["format"]
-        out.print(f"format {figures['name']}: {figures['rows']:,} rows, {figures['prompt_tokens']:,} prompt tokens "
-                  f"(loss mask 0), {figures['generated_tokens']:,} generated tokens (loss mask 1), longest row "
-                  f"{figures['max_row_tokens']:,} tokens", highlight=False, soft_wrap=True)
+        out.print(f"format {figures['name']}: {counted(figures['rows'], 'row')}, "
+                  f"{counted(figures['prompt_tokens'], 'prompt token')} (loss mask 0), "
+                  f"{counted(figures['generated_tokens'], 'generated token')} (loss mask 1), longest row "
+                  f"{counted(figures['max_row_tokens'], 'token')}", highlight=False, soft_wrap=True)
 
 
 @app.command(cls=Command, short_help="Run the whole job on this machine, and show the result.")
@@ -430,8 +432,8 @@ def report(run: Optional[str] = run_option(),
             data = build_report(client, spec, where, settings.queue_prefix, out_path, trust_remote_code)
     except Shortfall as exc:
         raise fail(str(exc), 1)
-    out.print(f"report of run {spec.name!r} ({data['samples']['unique_ids']:,} samples, "
-              f"{data['dead_letters']['total']:,} dead letters): {out_path.resolve()}", highlight=False,
+    out.print(f"report of run {spec.name!r} ({counted(data['samples']['unique_ids'], 'sample')}, "
+              f"{counted(data['dead_letters']['total'], 'dead letter')}): {out_path.resolve()}", highlight=False,
               soft_wrap=True)
 
 

@@ -15,6 +15,7 @@ from contract.names import Reason
 from .cli_help import Command
 from .cli_common import (choice, connect, err, fail, json_option, ledger_key, load_run, out, print_shown, publisher,
                          redis_option, run_option, sample_keys, sample_option)
+from .counts import counted
 from .visible import cell
 
 dead_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
@@ -149,7 +150,7 @@ def dead_requeue(run: Optional[str] = run_option(), reason: list[str] = reason_o
             count += requeue(client, sender, spec, page, settings.queue_prefix, max_new_tokens)
             seen += len(page)
             bar.update(task, completed=seen)
-    out.print(f"requeued {count:,} prompts" + (f" with max_new_tokens={max_new_tokens:,}" if max_new_tokens else ""),
+    out.print(f"requeued {counted(count, 'prompt')}" + (f" with max_new_tokens={max_new_tokens:,}" if max_new_tokens else ""),
               highlight=False)
     if idless:
         err.print(f"kept {idless:,} dead letters that hold no token ids (Redis had lost their prompts; "

@@ -13,6 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from .counts import counted
 from .visible import visible
 
 CONVERSATIONS = Path(__file__).parent / "examples" / "conversations.jsonl"
@@ -70,10 +71,10 @@ def _show_one(dest: Path, console: Console) -> None:
         turns.setdefault(row["conversation"], []).append(row)
     conversation, chosen = max(sorted(turns.items()), key=lambda item: len(item[1]))
     tok = ChatTokenizer("bundled").tok
-    console.print(f"\nconversation {conversation}, regenerated turn by turn ({len(rows)} turns exported):")
+    console.print(f"\nconversation {conversation}, regenerated turn by turn ({counted(len(rows), 'turn')} exported):")
     for row in sorted(chosen, key=lambda r: r["turn"]):
         prompt, output = row["input_ids"][:row["prompt_len"]], row["input_ids"][row["prompt_len"]:]
-        console.print(f"turn {row['turn']}: prompt of {len(prompt):,} tokens, ending "
+        console.print(f"turn {row['turn']}: prompt of {counted(len(prompt), 'token')}, ending "
                       f"…{visible(repr(tok.decode(prompt[-60:])))}", markup=False, highlight=False)
-        console.print(f"  output of {len(output):,} tokens: {visible(repr(tok.decode(output)[:160]))}…",
+        console.print(f"  output of {counted(len(output), 'token')}: {visible(repr(tok.decode(output)[:160]))}…",
                       markup=False, highlight=False)

@@ -1,14 +1,13 @@
 """What the demo prints: its result, its dead letters as a table, and what to try next.
 
-Every command it prints works as printed: with the interpreter it ran with,
-and the `REDIS_URL` of the Redis it kept (`demo_redis.py`). The shards need no
+Every command it prints works as printed, from any folder: with the absolute path of the
+interpreter it ran with, and the `REDIS_URL` of the Redis it kept (`demo_redis.py`). The shards need no
 `OUTPUT_DIR`: the run records where its workers wrote them
 (`contract/storage/shard_home.py`). Text from prompts and dead letters is shown with
 its control characters visible (`visible.py`).
 """
 from __future__ import annotations
 
-import os
 import shlex
 import sys
 from pathlib import Path
@@ -16,20 +15,16 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
+from .counts import counted
 from .visible import cell
 
 RUN = "demo"
 
 
 def interpreter() -> str:
-    """This Python as a user would type it: relative to the current folder when inside it."""
-    try:
-        relative = os.path.relpath(sys.executable)
-    except ValueError:  # another drive
-        return sys.executable
-    if relative.startswith(".."):
-        return sys.executable
-    return relative if os.sep in relative else f".{os.sep}{relative}"  # never looked up on PATH
+    """This Python by its absolute path: a command printed with it runs as printed from any
+    folder (`.venv/bin/python` would run only from the repository's root)."""
+    return sys.executable
 
 
 def command_line(argv: list[str], env: dict[str, str] | None = None) -> str:
@@ -53,7 +48,7 @@ def print_result(report: dict, output_dir: str, workdir: Path, seconds: float, c
     table.add_row("tokens/s (output, wall clock)", f"{report['output_tokens'] / seconds:,.0f}")
     console.print(table)
     say = _plain(console)
-    say(f"shards: {len(shards):,} files in {folder}")
+    say(f"shards: {counted(len(shards), 'file')} in {folder}")
     for path in shards:
         say(f"  {path}")
     say(f"export: {workdir / 'export'}")
@@ -72,7 +67,7 @@ def print_next_steps(report: dict, talks: dict | None, env: dict[str, str], kept
     say = _plain(console)
     reasons = ", ".join(f"{reason} {count:,}" for reason, count in report["dead_by_reason"].items())
     say("")
-    say(f"summary: {report['done']:,} samples stored, {report['dead']:,} dead letters"
+    say(f"summary: {counted(report['done'], 'sample')} stored, {counted(report['dead'], 'dead letter')}"
         + (f" ({reasons})" if reasons else "") + f", {report['pending']:,} pending; took {seconds:,.0f} s")
     if talks:
         say(f"conversations: {talks.get('complete', 0):,} of {talks.get('enqueued', 0):,} complete, exported to "

@@ -27,6 +27,8 @@ from contract.run.samples import row_key, split_sample_key
 from contract.storage.schema import COLUMNS, arrow_schema
 from contract.run.spec import RunSpec
 
+from .counts import counted
+
 Segment = tuple[str, bool]  # (text, is a special token)
 
 
@@ -144,13 +146,13 @@ def sample_view(rows: list[dict], spec: RunSpec) -> Shown:
     if row.get("verdict") is not None:  # a run with a verifier (enqueue --verify)
         shown.fields.append(("verdict", f"{row['verdict']} ({'passed' if row.get('verified') else 'not passed'} "
                                         f"{spec.verify or 'the verifier'})"))
-    shown.sections.append(Section(f"prompt ({prompt_len:,} tokens, as the chat template rendered it)", ids[:prompt_len]))
+    shown.sections.append(Section(f"prompt ({counted(prompt_len, 'token')}, as the chat template rendered it)", ids[:prompt_len]))
     if end is None:
-        shown.sections.append(Section(f"output ({len(output):,} tokens, no think-end)", output, prompt_len))
+        shown.sections.append(Section(f"output ({counted(len(output), 'token')}, no think-end)", output, prompt_len))
     else:
-        shown.sections += [Section(f"reasoning ({reasoning:,} tokens, before think-end)", ids[prompt_len:end], prompt_len),
+        shown.sections += [Section(f"reasoning ({counted(reasoning, 'token')}, before think-end)", ids[prompt_len:end], prompt_len),
                            Section(f"think-end (input position {end})", ids[end:end + 1], end),
-                           Section(f"answer ({answer:,} tokens after think-end, stop token included)", ids[end + 1:], end + 1)]
+                           Section(f"answer ({counted(answer, 'token')} after think-end, stop token included)", ids[end + 1:], end + 1)]
     return shown
 
 
@@ -168,7 +170,7 @@ def letter_view(letter: DeadLetter, spec: RunSpec) -> Shown:
                     ("dead at", _time(letter.dead_at))]
     shown.fields += [(f"excerpt {k}", _text(v)) for k, v in excerpt.items()
                      if k not in ("first_output_ids", "last_output_ids")]
-    shown.sections.append(Section(f"prompt ({len(prompt):,} tokens, as the chat template rendered it)", prompt))
+    shown.sections.append(Section(f"prompt ({counted(len(prompt), 'token')}, as the chat template rendered it)", prompt))
     shown.sections += _excerpt_sections(excerpt)
     return shown
 
@@ -178,11 +180,12 @@ def _excerpt_sections(excerpt: dict) -> list[Section]:
         return []
     n, first, last = excerpt["output_len"], excerpt.get("first_output_ids", []), excerpt.get("last_output_ids", [])
     if n <= len(last):
-        return [Section(f"output (all {n:,} tokens)", last)]
+        return [Section(f"output (all {counted(n, 'token')})", last)]
     gap = n - len(first) - len(last)
-    note = f"{gap:,} tokens between them are not kept" if gap > 0 else f"the two overlap by {-gap:,} tokens"
-    return [Section(f"output: first {len(first):,} tokens", first),
-            Section(f"output: last {len(last):,} tokens (of {n:,}; {note})", last, n - len(last))]
+    note = (f"{counted(gap, 'token')} between them not kept" if gap > 0
+            else f"the two overlap by {counted(-gap, 'token')}")
+    return [Section(f"output: first {counted(len(first), 'token')}", first),
+            Section(f"output: last {counted(len(last), 'token')} (of {n:,}; {note})", last, n - len(last))]
 
 
 def render_text(shown: Shown, decoder: Decoder, with_ids: bool = False, limit: int | None = None) -> str:

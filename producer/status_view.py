@@ -12,6 +12,7 @@ from rich.table import Table
 
 from contract.fleet.cache_hits import share_text
 
+from .counts import counted
 from .visible import cell, visible
 
 
@@ -124,9 +125,10 @@ def cpu_line(cpu: dict) -> str:
     """`62% of 1 core`, with the remedy while the worker is CPU-bound (`unknown` from an older worker)."""
     if not cpu or cpu.get("share") is None:
         return "unknown"
-    line = f"{100 * cpu['share']:.0f}% of {cpu.get('cores') or 1:g} core(s)"
+    cores = cpu.get("cores") or 1
+    line = f"{100 * cpu['share']:.0f}% of {cores:g} {'core' if cores == 1 else 'cores'}"
     if cpu.get("slots"):
-        line += f"; servers {cpu['free_slots']} of {cpu['slots']} slots free"
+        line += f"; servers {cpu['free_slots']:,} of {counted(cpu['slots'], 'slot')} free"
     if cpu.get("bound"):
         line = f"CPU-BOUND: {line}; {cpu.get('remedy') or 'start another worker process on this node'}"
     return line

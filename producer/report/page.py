@@ -16,6 +16,7 @@ import json
 from contract.fleet.cache_hits import share_text
 from contract.run.spec import RunSpec
 
+from ..counts import counted
 from ..show import Decoder, Shown, clipped_segments
 
 STYLE = """
@@ -83,8 +84,8 @@ def _header(spec: RunSpec, status: dict, data: dict, built: dict) -> str:
     note = "" if agree else (f"<p class='bad'>The shards hold {samples['unique_ids']:,} distinct samples but the "
                              f"ledger counted {status['done']:,} done when the report began (a run still writing).</p>")
     return (f"<header><h1>Run report: <code>{_e(spec.name)}</code></h1>"
-            f"<div class='sub'>{state}; read {_e(built['at'])} from {built['shards']:,} shards under "
-            f"<code>{_e(built['folder'])}</code> ({samples['rows']:,} rows, {samples['duplicate_rows']:,} stored "
+            f"<div class='sub'>{state}; read {_e(built['at'])} from {counted(built['shards'], 'shard')} under "
+            f"<code>{_e(built['folder'])}</code> ({counted(samples['rows'], 'row')}, {samples['duplicate_rows']:,} stored "
             f"twice) and {data['dead_letters']['total']:,} dead letters.</div>"
             f"<div class='cards'>{html_cards}</div>{note}</header>")
 

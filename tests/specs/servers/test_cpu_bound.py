@@ -93,9 +93,9 @@ def test_status_shows_the_share_and_while_bound_the_remedy():
 
     assert cpu_line({}) == "unknown"  # an older worker's heartbeat
     quiet = {"bound": False, "share": 0.42, "cores": 1.0, "free_slots": 3, "slots": 64}
-    assert cpu_line(quiet) == "42% of 1 core(s); servers 3 of 64 slots free"
+    assert cpu_line(quiet) == "42% of 1 core; servers 3 of 64 slots free"
     bound = {**quiet, "bound": True, "share": 0.97, "free_slots": 90, "slots": 256, "remedy": REMEDY}
-    assert cpu_line(bound) == f"CPU-BOUND: 97% of 1 core(s); servers 90 of 256 slots free; {REMEDY}"
+    assert cpu_line(bound) == f"CPU-BOUND: 97% of 1 core; servers 90 of 256 slots free; {REMEDY}"
 
 
 def test_servers_between_room_and_full_keep_a_bound_worker_bound():

@@ -132,3 +132,21 @@ def test_a_json_error_names_its_line_and_its_column_in_characters():
 
     # Then the report names line 2, and the column an editor shows (characters, from 1)
     assert (bad.line, bad.reason) == (2, "invalid JSON: Expecting ',' delimiter (column 32)")
+
+
+def test_the_console_script_reasoning_fleet_is_python_m_producer_under_its_own_name():
+    import subprocess
+    import sys
+    from importlib.metadata import entry_points
+    from pathlib import Path
+
+    from producer.cli import main
+
+    # Given the installed package, then its console script runs the CLI's entry point
+    [script] = entry_points(group="console_scripts", name="reasoning-fleet")
+    assert script.load() is main
+    # and `reasoning-fleet export --help` reads as `python -m producer export --help`, under its name
+    done = subprocess.run([str(Path(sys.executable).parent / "reasoning-fleet"), "export", "--help"],
+                          capture_output=True, text=True, env={"COLUMNS": "80", "PATH": "/usr/bin:/bin"}, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.startswith("Usage: reasoning-fleet export [OPTIONS] DEST\n"), done.stdout

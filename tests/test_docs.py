@@ -45,6 +45,27 @@ def test_every_page_under_docs_is_in_the_navigation_and_every_entry_exists():
     assert len(nav) == len(set(nav))
 
 
+LAB_NOTES = {
+    "a test file": re.compile(r"\btests/|\btest_\w+\.py"),
+    "a commit hash": re.compile(r"\b(?=[0-9a-f]*[a-f])(?=[0-9a-f]*\d)[0-9a-f]{7,40}\b"),
+    "a load average": re.compile(r"load average", re.I),
+    "a measurement's date": re.compile(r"\b20\d\d-\d\d-\d\d\b"),
+    "the code before a change": re.compile(r"\bthe stand-in before\b|\bbefore this change\b|\bwhat was cut\b", re.I),
+}
+
+
+def test_users_pages_say_what_a_user_sees_and_leave_history_and_tests_to_development():
+    # Given every page outside docs/development/
+    pages = [p for p in DOCS.rglob("*.md") if "development" not in p.relative_to(DOCS).parts]
+    found = []
+    for path in pages:
+        for n, line in enumerate(path.read_text().splitlines(), 1):
+            found += [f"{path.relative_to(ROOT)}:{n}: {what}" for what, pattern in LAB_NOTES.items()
+                      if pattern.search(line)]
+    # then none names a test file, a commit, a machine's load, a date of measurement or the code of before
+    assert found == []
+
+
 def test_troubleshooting_says_what_to_do_about_every_reason_code_and_every_wait():
     from contract.names import Reason
 

@@ -139,7 +139,8 @@ def _default(field) -> str:
 
 def _kind(field) -> str:
     kind = getattr(field.annotation, "__name__", None) or str(field.annotation)
-    kind = {"SecretStr": "secret"}.get(kind, kind.replace("SecretStr", "secret").replace("typing.", ""))
+    kind = {"SecretStr": "secret"}.get(kind, kind.replace("SecretStr", "secret").replace("typing.", "")
+                                       .replace("pydantic.types.", ""))
     bounds = []
     for item in field.metadata:
         for attr, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
@@ -159,29 +160,56 @@ def cli_envvars() -> dict[str, list[str]]:
     return found
 
 
-def settings_markdown() -> str:
-    out = []
-    for cls in settings_classes():
-        module = importlib.import_module(cls.__module__)
-        source = Path(module.__file__).relative_to(ROOT)
-        anchor = f"{cls.__module__.replace('.', '-')}-{cls.__name__.lower()}"
-        out += [f"### `{cls.__name__}` {{ #{anchor} }}", "",
-                f"{escape(_first_paragraph(module.__doc__))} Defined in `{source}`."
-                + (f" Extends `{cls.__mro__[1].__name__}`." if cls.__mro__[1].__name__.endswith("Settings")
-                   and cls.__mro__[1].__module__.split('.')[0] in PACKAGES else ""), ""]
-        out.append(table(["variable", "type", "default", "meaning"],
-                         [[code(var), _kind(field), _default(field), cell(field.description)]
-                          for var, field in setting_rows(cls)]))
-        out.append("")
+# The reference's three groups, by variable; a variable named in neither list is in "the rest".
+MUST_SET = ("REDIS_URL", "SGLANG_URLS", "OUTPUT_DIR", "SGLANG_API_KEY")
+USUALLY_TUNED = ("FLEET_RUN", "FLEET_REQUEST_TIMEOUT", "FLEET_MAX_ATTEMPTS", "FLEET_CONTEXT_LENGTH",
+                 "FLEET_SHUTDOWN_GRACE", "FLEET_SHARD_MAX_ROWS", "FLEET_SHARD_MAX_WAIT", "FLEET_AFFINITY",
+                 "FLEET_METRICS_PORT", "FLEET_METRICS_HOST", "FLEET_TASK_LOG")
+SETTING_GROUPS = (("What you must set", "must-set", "Where Redis, the servers and the shards are. "
+                   "`SGLANG_API_KEY` only where the servers were started with `--api-key`."),
+                  ("What you usually tune", "usually-tuned", "The run's name, the budgets of a request and "
+                   "of a prompt, shard sizes, a worker's shutdown and its metrics."),
+                  ("The rest", "the-rest", "Defaults sized for SGLang's continuous batching and for fleets "
+                   "of thousands of nodes: change them where a page of these docs says why."))
+
+
+def setting_entries() -> list[dict]:
+    """Every variable the processes read: the settings classes' fields (the worker reads all of
+    them, the commands the shared ones), the Sentinel master's name, and the CLI's own."""
     from contract.redis_link import connections
 
-    out += ["### Read outside the settings classes", "",
-            table(["variable", "read by", "default", "meaning"],
-                  [[code(connections.MASTER_ENV), "`contract/redis_link/connections.py`", code(connections.DEFAULT_MASTER),
-                    escape(_first_paragraph(connections.sentinel_master.__doc__))
-                    + " Read when a Sentinel client is built, the one place every Redis client is made."]]
-                  + [[code(var), "the CLI", " ", "the default of " + ", ".join(f"`{use}`" for use in uses)]
-                     for var, uses in sorted(cli_envvars().items())]), ""]
+    entries = []
+    for cls in settings_classes():
+        shared = not any(base.__name__.endswith("Settings") and base.__module__.split(".")[0] in PACKAGES
+                         for base in cls.__mro__[1:])
+        for var, field in setting_rows(cls):
+            entries.append({"var": var, "read_by": "worker and commands" if shared else "worker",
+                            "kind": _kind(field), "default": _default(field), "meaning": cell(field.description)})
+    entries.append({"var": connections.MASTER_ENV, "read_by": "worker and commands", "kind": "str",
+                    "default": code(connections.DEFAULT_MASTER),
+                    "meaning": escape(_first_paragraph(connections.sentinel_master.__doc__))})
+    entries += [{"var": var, "read_by": "commands", "kind": "str", "default": " ",
+                 "meaning": "The default of " + ", ".join(f"`{use}`" for use in uses) + "."}
+                for var, uses in sorted(cli_envvars().items())]
+    named = set(MUST_SET) | set(USUALLY_TUNED)
+    unknown = named - {e["var"] for e in entries}
+    if unknown:
+        raise ValueError(f"the settings reference groups variables no code reads: {', '.join(sorted(unknown))}")
+    return entries
+
+
+def settings_markdown() -> str:
+    """Three tables, most needed first; within the first two the order of the lists above."""
+    entries = setting_entries()
+    rank = {var: i for i, var in enumerate(MUST_SET + USUALLY_TUNED)}
+    groups = ([e for e in entries if e["var"] in MUST_SET], [e for e in entries if e["var"] in USUALLY_TUNED],
+              [e for e in entries if e["var"] not in rank])
+    out = []
+    for (title, anchor, intro), members in zip(SETTING_GROUPS, groups):
+        members = sorted(members, key=lambda e: rank.get(e["var"], 0))
+        out += [f"## {title} {{ #{anchor} }}", "", intro, "",
+                table(["variable", "read by", "type", "default", "meaning"],
+                      [[code(e["var"]), e["read_by"], e["kind"], e["default"], e["meaning"]] for e in members]), ""]
     return "\n".join(out)
 
 

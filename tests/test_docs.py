@@ -318,3 +318,13 @@ def test_the_redis_keys_reference_lists_every_key_the_fleet_names(site):
         assert any(row.startswith(key) for row in listed), key
     # and kombu's unacknowledged hash and its lease index, which the fleet reads and writes
     assert {"unacked", "unacked_index"} <= listed
+
+
+def test_the_docs_build_command_installs_the_docs_extra_alone():
+    # Given the README's and the site page's commands for the documentation
+    for path in (ROOT / "README.md", DOCS / "development" / "docs.md"):
+        text = path.read_text()
+        installs = re.findall(r'pip install[^\n`]*-e "?\.(\[[^\]]*\])', text[max(0, text.index("mkdocs serve") - 300):text.index("mkdocs serve")])
+        # then the install before `mkdocs serve` is the docs extra, not the suite's (scripts/setup.sh: SGLang, 6 GB)
+        assert installs and installs[0] == "[docs]", (path, installs)
+        assert "scripts/setup.sh && " not in text, path

@@ -85,7 +85,7 @@ from contract.run.verifiers import verdict_class
 from . import formats
 from .export_bucket import Uploader, is_bucket, previous_parts, publish
 from .card import CARD, render_card, verdicts
-from .export_folder import (ExportRefused, check_replaceable, fresh_folder, swap_into_place, write_atomically,
+from .export_folder import (ExportRefused, check_replaceable, staging_beside, swap_into_place, write_atomically,
                             write_manifest)
 from .export_writer import RollingWriter
 
@@ -113,8 +113,7 @@ def export_run(spec: RunSpec, client: redis.Redis, output_dir: str, dest: Path |
                                  format, complete_only, verified_only)
     dest = Path(dest).resolve()  # a symlinked DEST: its target is replaced, the link stays
     check_replaceable(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    staging = fresh_folder(dest.parent, f".{dest.name}.export-")  # DEST once swapped: the umask's mode
+    staging = staging_beside(dest)  # DEST once swapped: the umask's mode
     try:
         rows = staging if format == formats.PARQUET else staging / ".rows"
         rows.mkdir(exist_ok=True)

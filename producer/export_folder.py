@@ -33,6 +33,18 @@ class ExportRefused(Exception):
     """DEST holds something that is not a previous export: it is left alone."""
 
 
+def staging_beside(dest: Path) -> Path:
+    """The fresh folder the export is written into, beside DEST (so the swap is a rename). A DEST
+    whose folder cannot be made or written is refused here, naming DEST, before any shard is
+    read: the error is the destination's, never the shards'."""
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        return fresh_folder(dest.parent, f".{dest.name}.export-")
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise ExportRefused(f"{dest} is not writable: {exc.strerror or exc}{where}") from None
+
+
 def fresh_folder(parent: Path, prefix: str) -> Path:
     """A new folder `parent/<prefix><random>`, made with the permissions the umask gives any
     folder (0777 & ~umask), unlike `tempfile.mkdtemp`'s 0700: it becomes DEST, which a trainer

@@ -118,3 +118,20 @@ def test_a_shard_holding_only_canonical_rows_is_exported_without_a_byte_copied(c
     assert len(whole) == 1 and Ledger(client, RUN).canonical_rows("part-a.parquet") == 10
     # and the others, which hold rows to leave out, are read and rewritten
     assert Ledger(client, RUN).canonical_rows("part-b.parquet") == 10 and manifest["rows"] == 21
+
+
+def test_an_export_to_a_destination_that_cannot_be_written_says_so_and_reads_no_shard(client, run, tmp_path):
+    # Given a run's shards, and a DEST whose parent is a file (no one, root included, can make a folder there)
+    (tmp_path / "a-file").write_text("not a folder")
+    dest = tmp_path / "a-file" / "export"
+    read = []
+
+    # When it is exported there
+    from producer.export_folder import ExportRefused
+
+    with pytest.raises(ExportRefused) as refused:
+        export_run(spec(), client, str(run), dest, on_progress=read.append)
+
+    # Then the refusal names the destination as not writable (not the shards), before any shard was read
+    assert str(refused.value).startswith(f"{dest} is not writable: ") and "shard" not in str(refused.value)
+    assert read == []

@@ -31,15 +31,15 @@ def reason_option(help: str):
 def dead_list(run: Optional[str] = run_option(), reason: list[str] = reason_option("Only this reason code"),
               limit: int = typer.Option(0, min=0, metavar="N", help="At most N (0: all)."),
               as_json: bool = json_option(), redis_url: Optional[str] = redis_option()) -> None:
-    """Dead-lettered prompts with their reasons, streamed as they are read (`--json`: a JSON
-    array), in the store's order; `dead stats` counts them."""
+    """Dead-lettered prompts with their reasons, in the order of their ids (then samples), the
+    same each time (`--json`: a JSON array); `dead stats` counts them."""
     _, client = connect(redis_url)
     from contract.ledger.deadletters import DeadLetters
 
     spec = load_run(client, run)
     name, several = spec.name, spec.samples > 1  # a run of several samples a prompt: each letter names its sample
     store = DeadLetters(client, name)
-    letters = store.scan(reason or None)
+    letters = store.in_order(reason or None)
     if limit:
         letters = itertools.islice(letters, limit)
     if as_json:

@@ -112,6 +112,24 @@ class DeadLetters:
             if not wanted or letter.reason in wanted:
                 yield letter
 
+    def in_order(self, reasons: Iterable[str] | None = None, page: int = 500) -> Iterator[DeadLetter]:
+        """Every letter (of these reasons) by prompt id, then sample: the order `dead list` states,
+        the same on every call whatever the hash's own order. One pass of HSCAN keeps only the
+        matching letters' keys; the letters are then read a page of HMGET at a time (one purged
+        meanwhile is left out)."""
+        wanted = set(reasons or ())
+        keys = []
+        for key, raw in self.ledger.letters(page):
+            letter = DeadLetter.from_json(raw)
+            if not wanted or letter.reason in wanted:
+                keys.append(((letter.id, letter.sample or 0), key))
+        keys.sort()
+        for start in range(0, len(keys), page):
+            chunk = [key for _, key in keys[start:start + page]]
+            for raw in self.ledger.client.hmget(self.keys.dead, chunk):
+                if raw:
+                    yield DeadLetter.from_json(raw)
+
     def pages(self, reasons: Iterable[str] | None = None, size: int = 500) -> Iterator[list[DeadLetter]]:
         """`scan` in lists of at most `size` letters, for replaying or purging as it goes."""
         page: list[DeadLetter] = []

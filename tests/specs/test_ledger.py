@@ -11,6 +11,7 @@ enqueued.
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 import random
 
 
@@ -337,3 +338,23 @@ def test_a_letter_with_a_field_this_version_does_not_know_is_still_listed(client
         assert sorted(d.id for d in store) == ["a", "b"] and store.get("a").reason == "aborted"
     assert [r.getMessage() for r in caplog.records] == [
         "dead letters hold fields this version does not know, left out: hint"]
+
+
+def test_dead_letters_are_listed_by_id_then_sample_the_same_every_time(client):
+    # Given a run with letters written out of order, two of them samples of one prompt
+    ledger, store = Ledger(client, "r"), DeadLetters(client, "r")
+    ids = [f"p{n:03d}" for n in (42, 7, 300, 19, 1, 88)]
+    enqueue(ledger, *ids, "p050~0", "p050~3")
+    for pid in ids:
+        store.put(letter(pid, "truncated" if pid in ("p007", "p300") else "missing_think_end"))
+    for sample in (3, 0):
+        store.put(replace(letter("p050"), sample=sample))
+
+    # When they are listed, all and by reason
+    listed = [(d.id, d.sample) for d in store.in_order()]
+    truncated = [d.id for d in store.in_order(["truncated"])]
+
+    # Then in the order of their ids, a prompt's samples by index, and again the same
+    assert listed == sorted(listed, key=lambda k: (k[0], k[1] or 0)) and len(listed) == 8
+    assert listed == [(d.id, d.sample) for d in store.in_order(page=2)]
+    assert truncated == ["p007", "p300"]

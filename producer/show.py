@@ -17,6 +17,7 @@ prompt's id and the rows matched by (`id`, `sample`) (`contract/run/samples.py`)
 from __future__ import annotations
 
 import datetime as dt
+import json
 from dataclasses import dataclass, field
 
 import pyarrow.compute as pc
@@ -222,11 +223,22 @@ def _logprobs_field(row: dict) -> list[tuple[str, str]]:
 
 
 def _text(value) -> str:
+    """A field's value as a user reads it: a mapping (a dead letter's sampling, its finish
+    reason) as `key=value, ...` and a list comma-separated, in JSON's spelling (`false`, not
+    Python's `False`), never a Python repr."""
     if isinstance(value, dt.datetime):
         return value.isoformat()
     if isinstance(value, float):
         return f"{value:.6g}"
+    if isinstance(value, dict):
+        return ", ".join(f"{key}={_scalar(item)}" for key, item in value.items()) or "none"
+    if isinstance(value, (list, tuple)):
+        return ", ".join(map(_scalar, value)) or "none"
     return "" if value is None else str(value)
+
+
+def _scalar(value) -> str:
+    return value if isinstance(value, str) else _text(value) if isinstance(value, float) else json.dumps(value)
 
 
 def _time(epoch: float) -> str:

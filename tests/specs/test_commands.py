@@ -150,3 +150,27 @@ def test_the_console_script_reasoning_fleet_is_python_m_producer_under_its_own_n
                           capture_output=True, text=True, env={"COLUMNS": "80", "PATH": "/usr/bin:/bin"}, timeout=60)
     assert done.returncode == 0, done.stderr
     assert done.stdout.startswith("Usage: reasoning-fleet export [OPTIONS] DEST\n"), done.stdout
+
+
+def test_show_of_a_dead_letter_writes_its_sampling_as_settings_not_a_python_dict():
+    from contract.ledger.deadletters import DeadLetter
+    from contract.run.spec import RunSpec
+    from producer.show import letter_view
+
+    # Given a dead letter of a truncated answer, with its sampling and its finish reason
+    spec = RunSpec(name="r", tokenizer="t", tokenizer_fingerprint="t", template_fingerprint="t",
+                   sampling={"max_new_tokens": 8}, thinking="prompt", think_start_id=1, think_end_id=2, stop_ids=[3])
+    letter = DeadLetter(id="p1", run="r", reason="truncated", message="m", attempts=1, servers=["http://s"],
+                        worker="w", prompt_b64="", prompt_tokens=3,
+                        sampling={"max_new_tokens": 4096, "skip_special_tokens": False, "temperature": 0.6},
+                        excerpt={"output_len": 4096, "finish_reason": {"type": "length", "length": 4096},
+                                 "think_end": []})
+
+    # When `show` lays it out
+    fields = dict(letter_view(letter, spec).fields)
+
+    # Then each is `key=value`, in JSON's spelling, and an empty list reads "none"
+    assert fields["sampling"] == "max_new_tokens=4096, skip_special_tokens=false, temperature=0.6"
+    assert fields["excerpt finish_reason"] == "type=length, length=4096"
+    assert fields["excerpt think_end"] == "none"
+    assert not any(c in value for value in fields.values() for c in "{}'")

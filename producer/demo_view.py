@@ -45,7 +45,7 @@ def print_result(report: dict, output_dir: str, workdir: Path, seconds: float, c
         table.add_row(f"  {reason}", f"{count:,}")
     table.add_row("still pending", f"{report['pending']:,}")
     table.add_row("output tokens", f"{report['output_tokens']:,}")
-    table.add_row("tokens/s (output, wall clock)", f"{report['output_tokens'] / seconds:,.0f}")
+    table.add_row("tokens/s (output, enqueue to last prompt settled)", f"{report['output_tokens'] / seconds:,.0f}")
     console.print(table)
     say = _plain(console)
     say(f"shards: {counted(len(shards), 'file')} in {folder}")

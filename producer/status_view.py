@@ -23,6 +23,15 @@ def _duration(seconds: float | None) -> str:
     return f"{hours}h{rest // 60:02d}m{rest % 60:02d}s" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
 
+def rate_window(seconds: float | None) -> str:
+    """Which window the table's samples/s and tokens/s are of: the demo's figure is of its
+    whole run and the report's of each server's busy span, so each says its own."""
+    if not seconds:
+        return "samples/s, tokens/s: output stored over the last minutes"
+    span = f"{seconds / 60:g} min" if seconds >= 60 and seconds % 60 == 0 else f"{seconds:,.0f} s"
+    return f"samples/s, tokens/s: output stored over the last {span}"
+
+
 def _verification(figures: dict) -> Table:
     table = Table(title=f"verification ({escape(visible(figures['verifier']))}): stored samples by verdict")
     for column in ("passed", "failed", "error", "pass rate", "samples per verified"):
@@ -46,6 +55,7 @@ def render_status(report: dict) -> Group:
     counts.add_row(*(f"{report[k]:,}" for k in shown),
                    f"{report['samples_per_s']:.2f}", f"{report['tokens_per_s']:,.0f}",
                    "done" if report["finished"] else _duration(report["eta_s"]))
+    counts.caption = rate_window(report.get("rate_window_s"))
     parts = [counts]
     if "conversations" in report:
         talks = Table(title="conversations (each turn above is a prompt)")

@@ -76,7 +76,7 @@ def _header(spec: RunSpec, status: dict, data: dict, built: dict) -> str:
              ("truncated (stored)", quality["counts"]["truncated"], "bad" if quality["counts"]["truncated"] else ""),
              ("empty answers", quality["counts"]["empty_answer"], "bad" if quality["counts"]["empty_answer"] else ""),
              ("repeated outputs", quality["counts"]["repeated"], "bad" if quality["counts"]["repeated"] else ""),
-             ("prefix-cache hits", share_text(data["cache"]["share"]), "")]
+             ("prefix-cache hits, all stored samples", share_text(data["cache"]["share"]), "")]
     cards += _verification_cards(status.get("verification"))
     html_cards = "".join(f"<div class='card'><b class='{cls}' data-figure='{_e(label)}'>{_card(value)}</b>"
                          f"<span>{_e(label)}</span></div>" for label, value, cls in cards)
@@ -146,7 +146,7 @@ def _servers(data: dict) -> str:
         f"<td class='n'>{share_text(s['cache']['share'])}</td></tr>"
         for s in data["servers"])
     return ("<h2>Servers</h2><table data-table='servers'><tr><th>server</th><th>samples</th><th>output tokens</th>"
-            "<th>busy s</th><th>tokens/s</th><th>latency p50 s</th><th>p90 s</th><th>max s</th>"
+            "<th>busy s</th><th>tokens/s over busy s</th><th>latency p50 s</th><th>p90 s</th><th>max s</th>"
             "<th>prefix-cache hits</th></tr>"
             f"{rows or '<tr><td colspan=9>no samples yet</td></tr>'}</table>")
 

@@ -53,3 +53,16 @@ def test_the_commands_to_try_next_start_with_an_absolute_interpreter(tmp_path, m
         python = words[1]  # after REDIS_URL=...
         assert words[0].startswith("REDIS_URL=") and os.path.isabs(python), command
         assert all(os.path.isabs(w) for w in words if "/" in w and not w.startswith(("REDIS_URL", "redis:"))), command
+
+
+def test_the_demo_and_status_say_which_window_their_tokens_per_second_are_of(tmp_path):
+    from producer.status_view import rate_window
+
+    # Given the demo's result table
+    console = Console(record=True, width=120)
+    print_result(REPORT, str(tmp_path), tmp_path, 2.0, console)
+
+    # Then its tokens/s says it is of the run from enqueue to the end, and status's of the last minutes
+    assert "tokens/s (output, enqueue to last prompt settled)" in console.export_text()
+    assert rate_window(300) == "samples/s, tokens/s: output stored over the last 5 min"
+    assert rate_window(42) == "samples/s, tokens/s: output stored over the last 42 s"

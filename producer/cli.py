@@ -279,19 +279,23 @@ def runs(as_json: bool = json_option(), redis_url: Optional[str] = redis_option(
     if as_json:
         sys.stdout.write(json.dumps(found) + "\n")
         return
+    # The counts in a table; where the shards are and what made them as lines under it, so a
+    # path or a model's name is never cut mid-word at 80 columns (a table would fold it).
     table = Table(title="runs")
-    for column in ("run", "prompts", "queued", "done", "dead", "shards", "made by"):
-        table.add_column(column, justify="left" if column in ("run", "shards", "made by") else "right",
-                         overflow="fold")
+    for column in ("run", "prompts", "queued", "done", "dead"):
+        table.add_column(column, justify="left" if column == "run" else "right")
+    for item in found:
+        table.add_row(item["run"], *(f"{item[k]:,}" for k in ("prompts", "queued", "done", "dead")))
+    if not found:
+        table.add_row("no run yet", "", "", "", "")
+    out.print(table)
     for item in found:
         made = "; ".join(filter(None, (", ".join(item.get("models", [])),
                                        ", ".join(f"SGLang {v}" for v in item.get("sglang_versions", [])),
                                        ", ".join(f"weights {w}" for w in item.get("weight_versions", [])))))
-        table.add_row(item["run"], *(f"{item[k]:,}" for k in ("prompts", "queued", "done", "dead")),
-                      item.get("refused") or ", ".join(item["shards"]) or "none written yet", made or "-")
-    if not found:
-        table.add_row("no run yet", "", "", "", "", "", "")
-    out.print(table)
+        where = item.get("refused") or ", ".join(item["shards"]) or "none written yet"
+        out.print(visible(f"{item['run']}\n  shards   {where}\n  made by  {made or '-'}", lines=True),
+                  markup=False, highlight=False, soft_wrap=True)
 
 
 @app.command(cls=Command, short_help="Write the finished dataset and a manifest to DEST.")

@@ -9,6 +9,7 @@ from contract.run.samples import per_prompt
 from rich.console import Group
 from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from contract.fleet.cache_hits import share_text
 
@@ -21,6 +22,36 @@ def _duration(seconds: float | None) -> str:
         return "unknown"
     hours, rest = divmod(int(seconds), 3600)
     return f"{hours}h{rest // 60:02d}m{rest % 60:02d}s" if hours else f"{rest // 60}m{rest % 60:02d}s"
+
+
+def server_tables(workers: list[dict]) -> list[Table]:
+    """The servers as each worker sees them, a table per worker: the worker and its model in
+    the title, so URLs keep a column wide enough at 80 columns and are never folded mid-word."""
+    if not workers:
+        empty = Table(title="servers, as each worker sees them")
+        empty.add_column("worker")
+        empty.add_row("no live worker")
+        return [empty]
+    tables = []
+    for worker in workers:
+        models = {server.get("model_path") or "" for server in worker["servers"]}
+        shared = models.pop() if len(models) == 1 else None
+        title = f"servers, as {visible(worker['worker'])} sees them ({worker['seen_s_ago']:.0f}s ago"
+        table = Table(title=Text(title + (f"; model {visible(shared)})" if shared else ")")))
+        # servers of several models: each one's model on a line under its URL, in the same column
+        table.add_column("server" if shared is not None else "server, model", no_wrap=True)
+        for column in ("state", "in flight / target", "note"):
+            table.add_column(column)
+        for server in worker["servers"]:
+            runs = "; ".join(f"refuses run {run}: {why}" for run, why in (server.get("refused_runs") or {}).items())
+            note = server.get("refusal") or runs or server.get("last_error") or ""
+            target = f" / {server['target']}" if server.get("target") else ""  # older workers: no target
+            where = cell(server["url"])
+            if shared is None:  # two lines, each shown as `cell` shows one
+                where = cell(server["url"]).append("\n").append(cell(server.get("model_path") or "-"))
+            table.add_row(where, cell(server["state"]), f"{server['in_flight']:,}{target}", cell(note))
+        tables.append(table)
+    return tables
 
 
 def rate_window(seconds: float | None) -> str:
@@ -82,20 +113,7 @@ def render_status(report: dict) -> Group:
             made.add_row(cell(origin["server"]), cell(origin.get("sglang_version") or "-"),
                          cell(origin.get("model_path") or "-"), cell(origin["weight_version"]))
         parts.append(made)
-    servers = Table(title="servers, as each worker sees them")
-    for column in ("worker", "seen", "server", "state", "in flight / target", "model", "note"):
-        servers.add_column(column, overflow="fold")
-    for worker in report["workers"]:
-        for server in worker["servers"]:
-            runs = "; ".join(f"refuses run {run}: {why}" for run, why in (server.get("refused_runs") or {}).items())
-            note = server.get("refusal") or runs or server.get("last_error") or ""
-            target = f" / {server['target']}" if server.get("target") else ""  # older workers: no target
-            servers.add_row(cell(worker["worker"]), f"{worker['seen_s_ago']:.0f}s ago", cell(server["url"]),
-                            cell(server["state"]), f"{server['in_flight']:,}{target}",
-                            cell(server.get("model_path") or ""), cell(note))
-    if not report["workers"]:
-        servers.add_row("no live worker", "", "", "", "", "", "")
-    parts.append(servers)
+    parts += server_tables(report["workers"])
     parts.append(_per_worker_table("storage (OUTPUT_DIR), as each worker sees it", "storage",
                                    report["workers"], storage_line))
     if report.get("cache_hits"):

@@ -82,7 +82,7 @@ def test_a_rerun_publishes_only_the_samples_the_run_lacks(server, client, prompt
     # Then only that sample is published, and its prompt is not counted twice
     assert result.exit_code == 0, result.output
     assert queued_keys(client) == ["q1~1"]
-    assert "1 samples of 1 prompts published" in result.output
+    assert "1 sample of 1 prompt published" in result.output
     assert ledger.tally().prompts == 3
 
 
@@ -162,7 +162,7 @@ def test_a_dead_sample_names_its_prompt_and_sample_and_is_listed_shown_and_repla
     result = cli(server, "dead", "requeue", "--run", "r", "--id", "q1", "--yes")
 
     # Then that sample alone is queued again, as itself
-    assert result.exit_code == 0 and "requeued 1 prompts" in result.output, result.output
+    assert result.exit_code == 0 and "requeued 1 prompt" in result.output, result.output
     assert ledger.states(["q1~1", "q2~2"]) == ["queued", "dead"]
     assert queued_keys(client) == ["q1~1"]
 

@@ -37,7 +37,9 @@ def pytest_collection_modifyitems(items) -> None:
     """Mark the real-process tests slow; keep each spec module in one xdist worker (its module
     fixtures, a tokenizer or a redis-server, are built once, not once per worker); and run the
     slow tests first, so the short specs fill the end of a parallel run instead of one long
-    test starting last (scripts/test.sh keeps this order: --no-loadscope-reorder)."""
+    test starting last (scripts/test.sh keeps this order: --no-loadscope-reorder); the real-server tests
+    before all, since their groups are the longest runs of one worker (xdist hands the first units of
+    work one to each worker, so each group starts at once, on a worker of its own)."""
     for item in items:
         if SPECS in Path(item.fspath).parents:
             if item.get_closest_marker("xdist_group") is None:
@@ -46,7 +48,7 @@ def pytest_collection_modifyitems(items) -> None:
             item.add_marker(pytest.mark.slow)
             if REAL in Path(item.fspath).parents and item.get_closest_marker("timeout") is None:
                 item.add_marker(pytest.mark.timeout(REAL_TIMEOUT))
-    items.sort(key=lambda item: SPECS in Path(item.fspath).parents)  # stable: file order within each layer
+    items.sort(key=lambda item: (SPECS in Path(item.fspath).parents, REAL not in Path(item.fspath).parents))
 
 
 def pytest_collection_finish(session) -> None:
@@ -106,7 +108,8 @@ class Fleet:
         """The real SGLang server (tests/real_sglang.py) serving `model`, stopped with the test."""
         from real_sglang import start_sglang
 
-        stop_shared_servers()  # a test's own servers beside a shared one: at most two real servers at once
+        if _shared:  # a test's own server beside the shared ones: room made for it
+            _shared[0].make_room(SHARED_SERVERS_ALIVE - 1)
         server = start_sglang(self.logs, model, *options, port=port, wait_healthy=wait_healthy)
         self.servers.append(server)
         return server
@@ -230,30 +233,34 @@ def sglang_models(tokenizer) -> dict[str, Path]:
     return {kind: checkpoint(kind, bundled_tokenizer_dir(), tokenizer) for kind in ("random", "trace")}
 
 
-_shared_servers: dict = {}
+# Real servers one pytest process keeps between its tests (~2.7 GB each): with the two groups whose servers
+# die, one each, four at most on the machine (tests/real_sglang.SERVER_SLOTS).
+SHARED_SERVERS_ALIVE = 2
+_shared: list = []
 
 
-@pytest.fixture
-def shared_sglang(sglang_models, tmp_path_factory):
-    """The real server of a checkpoint (`random` or `trace`), started once per pytest worker and shared by
-    the tests that leave it running (the tests of an xdist group share a worker); started again if a test
-    left it dead. One shared server at a time, stopped before a test starts its own (`fleet.sglang`): each
-    holds ~3.7 GB and takes ~30-60 s of a 2-core machine to start."""
-    from real_sglang import start_sglang
+def shared_servers():
+    """This pytest process's real servers shared between its tests (tests/real_sglang.SharedServers)."""
+    if not _shared:
+        from real_sglang import SharedServers
 
-    def get(kind: str):
-        server = _shared_servers.get(kind)
-        if server is None or not server.process.alive():
-            stop_shared_servers()  # one shared server at a time (each holds ~3.7 GB)
-            server = _shared_servers[kind] = start_sglang(tmp_path_factory.mktemp(f"sglang-{kind}"),
-                                                          sglang_models[kind])
-        return server
-    return get
+        _shared.append(SharedServers(Path(tempfile.mkdtemp(prefix="sglang-shared-")), SHARED_SERVERS_ALIVE))
+    return _shared[0]
 
 
 def stop_shared_servers() -> None:
-    while _shared_servers:
-        _shared_servers.popitem()[1].stop()
+    if _shared:
+        _shared[0].stop_all()
+
+
+@pytest.fixture
+def shared_sglang(sglang_models):
+    """`shared_sglang(kind, *options, copy=0)`: the real server of a checkpoint (`random` or `trace`) with
+    SGLang's `options`, kept alive for the tests after this one that ask for the same (the tests of an xdist
+    group run in one pytest process, one after another); started again if a test left it dead."""
+    def get(kind: str, *options: str, copy: int = 0):
+        return shared_servers().get(sglang_models[kind], *options, copy=copy)
+    return get
 
 
 def _started_sglang_count() -> int:
@@ -267,9 +274,8 @@ def stop_sglang_started_since(mark: int) -> None:
     timeout, a supervisor's last restart): none outlives its test."""
     import real_sglang
 
-    shared = [id(s) for s in _shared_servers.values()]
     for server in real_sglang.STARTED[mark:]:
-        if id(server) in shared:
+        if _shared and _shared[0].holds(server):
             continue
         if server.process.popen.poll() is None:
             server.stop()

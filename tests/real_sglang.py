@@ -293,3 +293,53 @@ def wait_healthy_or_again(logs: Path, server: RealServer) -> RealServer:
 def restart(logs: Path, server: RealServer, wait_healthy: bool = True) -> RealServer:
     """The same server started again on its port, with its model and options."""
     return start_sglang(logs, server.model, *server.options, port=server.port, wait_healthy=wait_healthy)
+
+
+class SharedServers:
+    """Real servers kept alive across the tests of one pytest process (an xdist group's tests run in one),
+    each by its model, options and copy number: a load is ~55 CPU-seconds and 40-200 s of a 2-core machine,
+    so a server a test leaves running serves the next test that asks for the same one. A test may kill the
+    one it got (a gateway's server dying mid-run): the next to ask gets it started again.
+
+    At most `limit` alive at once in this process (each holds ~3 GB); the one asked for longest ago is
+    stopped to make room. Only tests that run one after another share them: a server is never stopped
+    under the test that holds it, since this process runs one test at a time and asks before it starts."""
+
+    def __init__(self, logs: Path, limit: int):
+        self.logs, self.limit = logs, limit
+        self._servers: dict[tuple, RealServer] = {}  # the one asked for longest ago first
+        self._starts = 0
+
+    def get(self, model: Path, *options: str, copy: int = 0) -> RealServer:
+        """The live server of `model` with `options` (its `copy`-th, for two alike), started if it is not."""
+        key = (str(model), options, copy)
+        server = self._servers.pop(key, None)
+        if server is not None and not server.process.alive():
+            _bury(server)
+            server = None
+        if server is None:
+            self.make_room(self.limit - 1)
+            self._starts += 1
+            server = start_sglang(self.logs / f"{model.name}-{self._starts}", model, *options)
+        self._servers[key] = server
+        return server
+
+    def make_room(self, keep: int) -> None:
+        """Servers stopped, longest unasked first, until at most `keep` are alive."""
+        for key, server in list(self._servers.items()):
+            if not server.process.alive():
+                _bury(self._servers.pop(key))
+        while len(self._servers) > keep:
+            self._servers.pop(next(iter(self._servers))).stop()
+
+    def holds(self, server: RealServer) -> bool:
+        return any(server is held for held in self._servers.values())
+
+    def stop_all(self) -> None:
+        self.make_room(0)
+
+
+def _bury(server: RealServer) -> None:
+    """What is left of a dead server's process group killed, and its slot given up."""
+    server.kill()
+    server.release()

@@ -22,7 +22,7 @@ from producer.local import free_port
 
 from conftest import varied_prompts, write_prompts
 from real_gateway import Gateway, start_gateway
-from real_sglang import CONTEXT, RealServer, wait_healthy_or_again
+from real_sglang import CONTEXT, RealServer
 from waiting import wait_until
 
 pytestmark = pytest.mark.xdist_group("real-sglang")
@@ -30,13 +30,10 @@ pytestmark = pytest.mark.xdist_group("real-sglang")
 CAPACITY = 2048  # each real server's effective_max_running_requests_per_dp at --max-total-tokens 16384
 
 
-def _two_servers(fleet, model: Path) -> list[RealServer]:
-    """Two real servers of `model`, started side by side (each takes ~30-80 s to load here), each
-    started again on another port if its own was taken while it loaded."""
-    started = [fleet.sglang(model, wait_healthy=False) for _ in range(2)]
-    servers = [wait_healthy_or_again(fleet.logs, server) for server in started]
-    fleet.servers.extend(server for server in servers if all(server is not s for s in started))
-    return servers
+def _two_servers(shared_sglang) -> list[RealServer]:
+    """Two real servers of the random model, shared with the other tests of the group (a load is ~55
+    CPU-seconds): the second is the one a test may kill, started again for the next test that asks."""
+    return [shared_sglang("random", copy=0), shared_sglang("random", copy=1)]
 
 
 def _server(fleet, worker: str = "w1") -> dict:
@@ -70,10 +67,10 @@ def _enqueue(fleet, tmp_path: Path, n: int, budget: int) -> None:
 
 
 def test_through_the_real_gateway_every_prompt_is_stored_once_as_the_real_servers_answer(
-        fleet, tmp_path, sglang_models):
+        fleet, tmp_path, shared_sglang):
     # Given the real gateway (round-robin) in front of two real servers of the random model,
     # and a worker bound to the gateway's URL only
-    first, second = _two_servers(fleet, sglang_models["random"])
+    first, second = _two_servers(shared_sglang)
     gateway = start_gateway(fleet.logs, [first.url, second.url], policy="round_robin")
     fleet.processes.append(gateway.process)
     fleet.worker("w1", [gateway.url])
@@ -109,12 +106,12 @@ def test_through_the_real_gateway_every_prompt_is_stored_once_as_the_real_server
     pytest.param(True, id="gateway-retries"),
     pytest.param(False, id="no-gateway-retries"),
 ])
-def test_a_real_server_killed_behind_the_gateway_mid_run_costs_no_prompt(fleet, tmp_path, sglang_models,
+def test_a_real_server_killed_behind_the_gateway_mid_run_costs_no_prompt(fleet, tmp_path, shared_sglang,
                                                                           retries: bool):
     # Given the real gateway (round-robin; retrying a failed request on another server, its default, or
     # not) in front of two real servers of the random model, and a worker bound to the gateway that keeps
     # 4 requests in flight (so that the run takes some seconds)
-    first, second = _two_servers(fleet, sglang_models["random"])
+    first, second = _two_servers(shared_sglang)
     options = () if retries else ("--disable-retries",)
     gateway = start_gateway(fleet.logs, [first.url, second.url], *options, policy="round_robin")
     fleet.processes.append(gateway.process)
@@ -126,7 +123,7 @@ def test_a_real_server_killed_behind_the_gateway_mid_run_costs_no_prompt(fleet, 
     # When one server is SIGKILLed (every process of it) mid-run, with requests in flight on it
     wait_until(lambda: fleet.states().get("done", 0) >= 5, 180, "a sixth of the run stored", fleet)
     assert fleet.states().get("queued", 0) > 0, "the run ended before the fault: longer generations are needed"
-    first.kill()
+    second.kill()
 
     # Then every prompt is stored exactly once, through the other server, none dead-lettered (none of the
     # prompts in flight on the killed server is blamed for its death: it died of the test's hand)
@@ -138,7 +135,7 @@ def test_a_real_server_killed_behind_the_gateway_mid_run_costs_no_prompt(fleet, 
     # its first attempt), or, without its retries, the worker did, on the gateway's own answer (its
     # upstream lost), which spends none of a prompt's FLEET_MAX_ATTEMPTS, however often the gateway
     # still picked the dead server before its health checks dropped it
-    assert f"worker_url={first.url} route=/generate" in gateway.process.log.read_text()
+    assert f"worker_url={second.url} route=/generate" in gateway.process.log.read_text()
     attempts = Counter(row["attempts"] for row in rows)
     retried = _retries(metrics_port)
     if retries:
@@ -148,8 +145,8 @@ def test_a_real_server_killed_behind_the_gateway_mid_run_costs_no_prompt(fleet, 
     # and each sample is still exactly the surviving server's own answer to its ids
     for row in rows:
         prompt = row["input_ids"][:row["prompt_len"]]
-        assert row["input_ids"][row["prompt_len"]:] == second.generate(prompt, max_new_tokens=budget,
-                                                                        temperature=0)["output_ids"], row["id"]
+        assert row["input_ids"][row["prompt_len"]:] == first.generate(prompt, max_new_tokens=budget,
+                                                                       temperature=0)["output_ids"], row["id"]
     # and the worker follows the gateway's list: one server left, its capacity alone
     wait_until(lambda: _server(fleet).get("gateway_workers") == 1, 60, "the gateway's list of one server", fleet)
     assert (_server(fleet)["state"], _server(fleet)["capacity"]) == ("healthy", CAPACITY)

@@ -10,7 +10,7 @@ from conftest import varied_prompts, write_prompts
 from real_sglang import restart
 from waiting import wait_until
 
-pytestmark = pytest.mark.xdist_group("real-sglang-deaths")  # servers that die: beside the shared ones' group
+pytestmark = pytest.mark.xdist_group("real-sglang-restart")  # a server that dies: a worker of its own, beside the shared ones'
 
 
 @pytest.mark.timeout(1500)  # four starts of a real server, each minutes on a loaded 2-core machine

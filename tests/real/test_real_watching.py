@@ -29,10 +29,10 @@ def _status(fleet) -> dict:
     return json.loads(fleet.producer("status", "--json").stdout)
 
 
-def test_status_and_flower_follow_a_run_on_the_real_server_from_start_to_finish(fleet, tmp_path, sglang_models):
+def test_status_and_flower_follow_a_run_on_the_real_server_from_start_to_finish(fleet, tmp_path, shared_sglang):
     # Given the real server (random model), a worker bound to it that keeps 2 requests in flight (so that
     # the run takes some seconds), and Flower (basic auth, which its API needs) seeing the worker online
-    server = fleet.sglang(sglang_models["random"])
+    server = shared_sglang("random")
     fleet.worker("w1", [server.url], FLEET_MAX_INFLIGHT_PER_SERVER="2")
     auth = ("admin", "pw-" + secrets.token_hex(8))
     _, flower = start_flower(fleet, FLOWER_BASIC_AUTH=":".join(auth))

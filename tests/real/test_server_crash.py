@@ -10,7 +10,7 @@ import pytest
 from conftest import write_prompts
 from real_sglang import checkpoint, restart, tokenizer_with_added_tokens
 
-pytestmark = pytest.mark.xdist_group("real-sglang-deaths")  # servers that die: beside the shared ones' group
+pytestmark = pytest.mark.xdist_group("real-sglang-crash")  # a server that dies: a worker of its own, beside the shared ones'
 
 ADDED = ["<tool_a>", "<tool_b>", "<tool_c>", "<tool_d>"]
 

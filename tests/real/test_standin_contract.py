@@ -29,10 +29,11 @@ import pytest
 
 from contract.run.logprobs import from_meta
 from producer.local import Process, start_standin
-from real_sglang import CONTEXT, RealServer, start_sglang
+from conftest import shared_servers
+from real_sglang import CONTEXT, RealServer
 from waiting import wait_until
 
-pytestmark = pytest.mark.xdist_group("real-sglang")  # one real server at a time beside the suite
+pytestmark = pytest.mark.xdist_group("real-sglang")  # with the shared servers (conftest.shared_servers)
 
 BATCH, KV_TOKENS = 8, 16384
 #: As tests/real_sglang.py starts the real server: a context from the model, 16,384 KV tokens.
@@ -54,18 +55,15 @@ class Pair:
                 httpx.request(method, self.standin_url + path, timeout=300, **request))
 
     def stop(self) -> None:
+        """The stand-in stopped; the real server is left to the tests that share it (conftest.shared_servers)."""
         self.standin.stop()
-        self.real.stop()
 
 
 def start_pair(logs: Path, model: Path, *options: str) -> Pair:
-    """The real server and the stand-in on `model`, with the same limits and `options`."""
-    real = start_sglang(logs, model, "--max-running-requests", str(BATCH), *options)
-    try:
-        standin, url = start_standin(logs, None, "--model-path", str(model), *STANDIN_LIMITS, *STEPS, *options)
-    except BaseException:
-        real.stop()
-        raise
+    """The real server (shared: a load is ~55 CPU-seconds) and the stand-in on `model`, with the same limits
+    and `options`."""
+    real = shared_servers().get(model, "--max-running-requests", str(BATCH), *options)
+    standin, url = start_standin(logs, None, "--model-path", str(model), *STANDIN_LIMITS, *STEPS, *options)
     return Pair(real, standin, url)
 
 
@@ -393,8 +391,7 @@ def test_an_id_outside_the_vocabulary_ends_both_servers_without_an_answer(pair: 
 
 
 def test_with_enable_metrics_both_serve_metrics_and_time_their_answers_alike(pair: Pair, tmp_path, sglang_models):
-    # Given both servers started again with --enable-metrics (the ones above stopped first: one real
-    # server at a time)
+    # Given both servers started again with --enable-metrics (the ones above ended by the test before)
     pair.stop()
     metered = start_pair(tmp_path, sglang_models["random"], "--enable-metrics")
     try:

@@ -83,6 +83,7 @@ class Loaded(Protocol):
     in_flight: int
     target: int
     capacity: int | None
+    bound: int  # FLEET_MAX_INFLIGHT_PER_SERVER: the most this worker keeps in flight there
     reported: tuple[int, float] | None  # others' requests the server last reported, and when (monotonic)
 
 
@@ -92,14 +93,17 @@ def others(reported_running: int, reported_waiting: int, in_flight: int) -> int:
 
 
 def load(binding: Loaded, now: float | None = None) -> float:
-    """Requests on the server as a share of its capacity (its target where capacity is unknown):
-    this worker's in flight there, plus the others' its last report counted (while fresh)."""
+    """Requests on the server as a share of what this worker may fill of it: its capacity (its target
+    where capacity is unknown), or `FLEET_MAX_INFLIGHT_PER_SERVER` where that is less (`bound`): this
+    worker's in flight there, plus the others' its last report counted (while fresh). Under a cap far
+    below the batch, the server's own share would stay small with every slot this worker may use held,
+    and a prompt would wait for it while another server had free slots."""
     held = binding.in_flight
     if binding.reported is not None:
         count, at = binding.reported
         if (time.monotonic() if now is None else now) - at <= REPORT_FRESH:
             held += count
-    return held / max(1, binding.capacity or binding.target)
+    return held / max(1, min(binding.capacity or binding.target, binding.bound))
 
 
 def sticky(prefer: str | None, candidates: Sequence[Loaded], margin: float,

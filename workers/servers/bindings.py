@@ -95,6 +95,10 @@ class ServerBinding:
         return self.tuner.target
 
     @property
+    def bound(self) -> int:
+        return self.tuner.bound
+
+    @property
     def sharers(self) -> int:
         return self.tuner.sharers
 

@@ -27,10 +27,10 @@ from waiting import wait_until
 
 
 def pool(*urls: str, capacity: int = 16, margin: float = 0.125, model: str = "m",
-         pending_wait: float = 0.0) -> ServerPool:
-    """Healthy, preflighted servers of `capacity` (target: capacity + 2), past the start's wait for
-    an unjudged preferred server unless `pending_wait` says otherwise."""
-    p = ServerPool(list(urls), 1024, margin, pending_wait=pending_wait)
+         pending_wait: float = 0.0, max_inflight: int = 1024) -> ServerPool:
+    """Healthy, preflighted servers of `capacity` (target: capacity + 2, or `max_inflight` where less),
+    past the start's wait for an unjudged preferred server unless `pending_wait` says otherwise."""
+    p = ServerPool(list(urls), max_inflight, margin, pending_wait=pending_wait)
     for binding in p.bindings:
         binding.state, binding.preflighted, binding.model_path = ServerState.HEALTHY, True, model
         binding.tuner.reset(capacity)
@@ -73,6 +73,20 @@ def test_the_load_guard_counts_what_the_server_reports_beside_this_workers_own_r
     # Then a prompt that prefers a goes to b
     assert load(p.bindings[0]) == pytest.approx(18 / 16)
     assert chosen(p, prefer="a") == "b"
+
+
+def test_under_a_cap_below_the_batch_the_guard_counts_load_against_the_cap_and_no_server_idles():
+    # Given two servers of capacity 64 and a worker held to 4 requests on each (FLEET_MAX_INFLIGHT_PER_SERVER),
+    # margin a quarter: the preferred one holds all 4 of its slots, the other none
+    p = pool("a", "b", capacity=64, margin=0.25, max_inflight=4)
+    busy(p, a=4, b=0)
+    # Then the prompt that prefers a goes to b rather than wait while b has free slots (4 of 64 would be
+    # within the margin as a share of the batch; 4 of 4 is not)
+    assert load(p.bindings[0]) == pytest.approx(1.0)
+    assert chosen(p, prefer="a") == "b"
+    # and within a quarter of the cap (one request more than the other) it keeps the prompt
+    busy(p, a=2, b=1)
+    assert chosen(p, prefer="a") == "a"
 
 
 @pytest.mark.parametrize("state", ["unknown", "loading", "warming", "down", "refused"])

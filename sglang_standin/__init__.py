@@ -53,7 +53,9 @@ Load as SGLang 0.5.23 reports it: `/v1/loads` (see `routes_load`). Other
 releases' reports only when asked for: `--serve-get-load` (the deprecated
 `/get_load` of older ones) and `--meta-info-load` (`num_running_reqs` and
 `num_waiting_reqs` in every answer's meta_info, 2026 main builds). `--api-key`
-guards every route but /health* and /metrics* (see `auth`).
+guards every route but /health* and /metrics* (see `auth`); `POST /standin/api-key
+{"api_key": "NEW"}` rotates it in place, as a restart with a new key would but unseen by
+health checks.
 
 Prefix cache (`prefix_cache`), as SGLang's radix cache: `--prefix-cache-tokens N`
 bounds it (least recently used leaves evicted; 0 or `--disable-radix-cache`

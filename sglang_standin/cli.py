@@ -56,7 +56,8 @@ def _server_options(g: argparse._ArgumentGroup) -> None:
                         "/server_info and each answer's meta_info")
     g.add_argument("--api-key", default=None,
                    help="require 'Authorization: Bearer KEY' on every route but /health* and "
-                        "/metrics* (as SGLang); 401 {\"error\": \"Unauthorized\"} otherwise")
+                        "/metrics* (as SGLang); 401 {\"error\": \"Unauthorized\"} otherwise. "
+                        "POST /standin/api-key {\"api_key\": \"NEW\"} rotates it at run time")
     g.add_argument("--context-length", type=int, default=None,
                    help="overrides the model's (--model-context-length); /server_info reports it, null "
                         "when not given, as SGLang")

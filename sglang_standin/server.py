@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from sglang_standin import routes_info as info, routes_load as loads, routes_tokenize
-from sglang_standin.auth import ApiKeyMiddleware
+from sglang_standin.auth import ApiKeyMiddleware, rotate
 from sglang_standin.config import StandinConfig
 from sglang_standin.generate import generate
 from sglang_standin.metrics import metrics, registry_for
@@ -51,6 +51,7 @@ def routes(cfg: StandinConfig) -> list[Route]:
         Route("/v1/tokenize", routes_tokenize.tokenize, methods=["POST"]),
         Route("/standin/stats", info.standin_stats, methods=["GET"]),
         Route("/standin/wedge", switch, methods=["POST"]),
+        Route("/standin/api-key", rotate, methods=["POST"]),
     ]
 
 
@@ -67,6 +68,6 @@ def build_app(cfg: StandinConfig, state: StandinState | None = None) -> Starlett
                     lifespan=lifespan)
     app.state.standin = state
     app.state.metrics_registry = registry_for(state)
-    if cfg.api_key:
-        app.add_middleware(ApiKeyMiddleware, api_key=cfg.api_key)
+    if state.api_key is not None:
+        app.add_middleware(ApiKeyMiddleware, keys=state.api_key)
     return app

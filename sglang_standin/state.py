@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from sglang_standin.auth import ApiKey
 from sglang_standin.batching import Engine
 from sglang_standin.config import StandinConfig
 from sglang_standin.stats import Stats
@@ -48,6 +49,7 @@ class StandinState:
     lifecycle: Lifecycle | None = None
     engine: Engine | None = None
     wedge: Wedge | None = None
+    api_key: ApiKey | None = None  # the key in force, from --api-key (rotated by POST /standin/api-key)
     created: int = field(default_factory=lambda: int(time.time()))
     rids: set[str] = field(default_factory=set)  # given rids in flight: another request may not reuse one
     # /server_info's weight_version once /update_weight_version changed the current one: the launch
@@ -61,3 +63,5 @@ class StandinState:
             self.engine = Engine(self.cfg, self.stats)
         if self.wedge is None:
             self.wedge = Wedge(self.cfg.wedge, self.cfg.wedge_trickle_seconds)
+        if self.api_key is None and self.cfg.api_key:
+            self.api_key = ApiKey(self.cfg.api_key)

@@ -659,6 +659,28 @@ def test_api_key_is_required_everywhere_but_health_and_metrics() -> None:
         assert s.http.get("/metrics").status_code == 200  # open, as in SGLang
 
 
+def test_an_api_key_rotated_in_place_is_required_from_the_next_request_and_health_never_changes() -> None:
+    # given a stand-in started with key 1
+    with standin(*INSTANT, "--api-key", "key-1", "--health-latency", "0") as s:
+        old, new = {"Authorization": "Bearer key-1"}, {"Authorization": "Bearer key-2"}
+        # then rotating needs the key in force, and a body naming the new one
+        assert s.http.post("/standin/api-key", json={"api_key": "key-2"}, headers=new).status_code == 401
+        assert s.http.post("/standin/api-key", json={"key": "key-2"}, headers=old).status_code == 400
+        # when it is rotated to key 2
+        r = s.http.post("/standin/api-key", json={"api_key": "key-2"}, headers=old)
+        assert r.status_code == 200 and "key-2" not in r.text
+        # then key 1 is refused and key 2 accepted from the next request on, on every guarded route
+        assert s.generate({"input_ids": [1, 2]}, headers=old).status_code == 401
+        assert s.generate({"input_ids": [1, 2]}, headers=new).status_code == 200
+        assert s.http.get("/server_info", headers=old).status_code == 401
+        assert s.http.get("/server_info", headers=new).json()["api_key"] is None
+        # and /health answered the same throughout: a probe cannot see the rotation
+        assert s.http.get("/health").status_code == 200
+    # and a stand-in started without a key has none to rotate
+    with standin(*INSTANT, "--health-latency", "0") as s:
+        assert s.http.post("/standin/api-key", json={"api_key": "k"}).status_code == 409
+
+
 # --------------------------------------------------------------------------- prefix cache
 def _scraped(s: Standin) -> dict[str, dict]:
     """/metrics parsed: series name -> (labels, value) of its one sample."""

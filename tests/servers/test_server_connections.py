@@ -10,6 +10,7 @@ refusal as its heartbeat publishes them (what `status` shows).
 from __future__ import annotations
 
 import re
+import signal
 import ssl
 import threading
 import time
@@ -48,20 +49,31 @@ def _enqueue(fleet, tmp_path, records, name: str = "p.jsonl") -> None:
 def test_a_server_whose_host_vanishes_mid_run_costs_no_prompt_an_attempt(fleet, tmp_path):
     # Given two servers, one of them reached through a link whose host can vanish, and a worker that has
     # stored 6 prompts through them (so it keeps a few idle connections to each)
-    _, far = fleet.standin(*SHORT, "--step-base", "0.02")
-    _, near = fleet.standin(*SHORT, "--step-base", "0.02")
+    # (their /health answers at once, so no health check of the worker's is under way for long)
+    _, far = fleet.standin(*SHORT, "--step-base", "0.02", "--health-latency", "0")
+    _, near = fleet.standin(*SHORT, "--step-base", "0.02", "--health-latency", "0")
     hole = BlackHole(int(far.rsplit(":", 1)[1]))
     metrics = free_port()
     try:
-        fleet.worker("w1", [hole.url, near], FLEET_METRICS_PORT=str(metrics), FLEET_CONNECT_TIMEOUT="2",
-                     FLEET_HEALTH_TIMEOUT="2", FLEET_MAX_INFLIGHT_PER_SERVER="16")
+        worker = fleet.worker("w1", [hole.url, near], FLEET_METRICS_PORT=str(metrics), FLEET_CONNECT_TIMEOUT="2",
+                              FLEET_HEALTH_TIMEOUT="2", FLEET_MAX_INFLIGHT_PER_SERVER="16")
         _enqueue(fleet, tmp_path, varied_prompts(6, prefix="first"), "first.jsonl")
         wait_until(lambda: fleet.states().get("done", 0) == 6, 120, "the first prompts stored", fleet)
+        assert [s["state"] for s in _servers(fleet)] == ["healthy", "healthy"]
 
         # When the far host vanishes (its open connections hang, new ones time out) and 294 more
-        # prompts come: more requests go there than it has idle connections, until it is marked down
-        hole.vanish()
-        _enqueue(fleet, tmp_path, varied_prompts(294), "rest.jsonl")
+        # prompts come: more requests go there than it has idle connections, until it is marked down.
+        # The worker is held still (SIGSTOP) from before the vanishing until the prompts are queued: its
+        # health checks need three failures of 2 s each (a vanished host answers nothing) to mark the far
+        # server down, so they can no longer do that while the producer is still queueing (under load it
+        # took longer than that), and the worker holds prompts for it the moment it goes on
+        worker.signal(signal.SIGSTOP)
+        try:
+            _enqueue(fleet, tmp_path, varied_prompts(294), "rest.jsonl")
+            assert fleet.states() == {"done": 6, "queued": 294}
+            hole.vanish()
+        finally:
+            worker.signal(signal.SIGCONT)
         fleet.wait_finished(timeout=300)
 
         # Then every prompt is stored (those after the vanishing through the near server), none

@@ -10,13 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import signal
 
 import httpx
 import redis
 
 from contract.run.spec import load_spec, save_spec
-from producer.local import free_port
 from sglang_standin.bad_outputs import HUGE_ID, bad_output_kind
 from sglang_standin.cli import parse_config
 from sglang_standin.outputs import fault_for, generate_output
@@ -230,16 +228,21 @@ def test_a_server_that_refuses_the_workers_credentials_is_refused(fleet, tmp_pat
 
 def test_a_key_rotated_on_the_server_refuses_it_at_its_first_401_and_gives_prompts_back(fleet, tmp_path):
     # Given a worker that stored a first batch on a server with key 1
-    port = free_port()
-    old, url = fleet.standin("--api-key", "key-1", port=port)
-    worker = fleet.worker("w1", [url], SGLANG_API_KEY="key-1", FLEET_HEALTH_FAILURES="60", FLEET_SERVER_WAIT="3")
+    _, url = fleet.standin("--api-key", "key-1")
+    worker = fleet.worker("w1", [url], SGLANG_API_KEY="key-1", FLEET_SERVER_WAIT="3")
     fleet.producer("enqueue", str(write_prompts(tmp_path / "a.jsonl", varied_prompts(10, "a"))))
     assert fleet.wait_finished() == {"done": 10}
 
-    # When the server restarts with key 2, faster than the worker's health checks notice (so it is still
-    # counted healthy, and no preflight runs), and more prompts arrive
-    old.signal(signal.SIGKILL)
-    fleet.standin("--api-key", "key-2", port=port)
+    # When the server's key becomes key 2 unseen by the worker's health checks, so that it is still counted
+    # healthy and no preflight runs, and more prompts arrive. Rotated in place: /health, all they read of a
+    # judged server, is open to all and never changes. A restart with the new key, the real way, races
+    # them: its port stays closed for as long as the restart takes, which on a loaded machine may be long
+    # enough for them to mark it down, and the preflight then refuses it before any /generate
+    rotated = httpx.post(f"{url}/standin/api-key", json={"api_key": "key-2"},
+                         headers={"Authorization": "Bearer key-1"})
+    assert rotated.status_code == 200
+    assert httpx.get(f"{url}/standin/stats", headers={"Authorization": "Bearer key-1"}).status_code == 401
+    assert [(s["state"], s["refusal"]) for s in _servers_seen(fleet)] == [("healthy", None)]
     fleet.producer("enqueue", str(write_prompts(tmp_path / "b.jsonl", varied_prompts(40, "b"))))
 
     # Then its first 401 on /generate refuses it, naming the setting
@@ -258,7 +261,8 @@ def test_a_key_rotated_on_the_server_refuses_it_at_its_first_401_and_gives_promp
     assert fleet.wait_finished() == {"done": 50}
     assert fleet.dead_letters() == []
     generations = httpx.get(f"{url}/standin/stats", headers={"Authorization": "Bearer key-2"}).json()["generations"]
-    assert sorted(generations) == [f"b-{i:04d}" for i in range(40)] and set(generations.values()) == {1}
+    expected = [f"a-{i:04d}" for i in range(10)] + [f"b-{i:04d}" for i in range(40)]
+    assert sorted(generations) == expected and set(generations.values()) == {1}
 
 
 TRICKLE = [*SHORT, "--fault-trickle", "0.2", "--trickle-seconds", "8"]

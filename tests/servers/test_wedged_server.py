@@ -112,25 +112,36 @@ def test_a_server_wedged_at_start_never_gets_a_prompt(fleet, tokenizer, tmp_path
     assert f"server {a}: unknown -> down (/health did not answer in full within 2s)" in worker.log.read_text()
 
 
+def preflights_passed(worker, url: str) -> int:
+    """Times the worker judged the server ready (its preflight passed): from then on it sends it prompts."""
+    return worker.log.read_text().count(f"server {url} ready:")
+
+
 def test_a_wedge_that_heals_gives_the_server_back_its_prompts(fleet, tokenizer, tmp_path):
     # Given two servers, a worker bound to both, and a first batch in flight on both
     _, a = fleet.standin(*SLOW)
     _, b = fleet.standin(*SLOW)
     worker = fleet.worker("w1", [a, b], **HEALTH)
-    first, second = varied_prompts(20, "first"), varied_prompts(20, "second")
+    # The second batch's prompts differ from the first's: a prompt the worker has sent before prefers the
+    # server it went to (affinity), and when the wedge cuts all that the first server held, that is the other
+    # server for every prompt of the first batch, and a second batch of the same prompts waits for it
+    first, second = varied_prompts(20, "first"), varied_prompts(40, "second")[20:]
     plan = expected(first + second, tokenizer)
     enqueue(fleet, tmp_path / "first.jsonl", first)
     wait_until(lambda: stats(a)["running"] >= 1, 120, "requests in flight on the first server", fleet)
 
-    # When its engine hangs until the worker marks it down, and then recovers
+    # When its engine hangs until the worker marks it down, and then recovers, and the worker has judged it
+    # ready again (its preflight passed: `down -> healthy` is logged before it) before a second batch comes
     wedge(a, True)
     wait_until(lambda: marked_down(worker, a), MARKED_DOWN_WITHIN, "the wedged server marked down", fleet)
     wedge(a, False)
     wait_until(lambda: f"server {a}: down -> healthy" in worker.log.read_text(), 30, "the server back", fleet)
+    wait_until(lambda: preflights_passed(worker, a) == 2, 30, "the server judged ready again", fleet)
     served_before = len(stats(a)["generations"])
     enqueue(fleet, tmp_path / "second.jsonl", second)
 
-    # Then it takes prompts again, and every prompt of both batches is stored once, token-exact, none dead
+    # Then it takes prompts again (the other server holds at most 4 of the 20 at a time), and every prompt
+    # of both batches is stored once, token-exact, none dead
     assert fleet.wait_finished(timeout=180) == {"done": 40}
     rows = assert_stored_exactly(fleet, plan)
     assert any(row["server"] == a and row["id"].startswith("second") for row in rows.values())

@@ -17,6 +17,8 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from .counts import counted
+
 out = Console()
 err = Console(stderr=True, soft_wrap=True)  # messages stay one line each, whatever the width
 
@@ -193,7 +195,7 @@ def ledger_key(spec, prompt_id: str, sample: int | None) -> str:
         except ValueError:
             sample = 0
     if sample >= spec.samples:
-        raise fail(f"run {spec.name!r} takes {spec.samples} samples a prompt (0 to {spec.samples - 1}), not {sample}")
+        raise fail(f"run {spec.name!r} takes {counted(spec.samples, 'sample')} a prompt (0 to {spec.samples - 1}), not {sample}")
     return sample_key(prompt_id, sample, spec.samples)
 
 

@@ -75,7 +75,7 @@ def _verification(figures: dict) -> Table:
 
 def render_status(report: dict) -> Group:
     depth = report.get("queue_depth")
-    shared = f", {depth:,} messages of every run on it" if depth is not None else ""
+    shared = f", {counted(depth, 'message')} of every run on it" if depth is not None else ""
     counts = Table(title=f"run {report['run']!r} (queue {report['queue']}{shared})")
     several = report.get("samples_per_prompt", 1) > 1  # queued ... dead then count samples
     if several:

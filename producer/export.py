@@ -187,6 +187,10 @@ class _Share:
     left_out: Counter = field(default_factory=Counter)
     models: set = field(default_factory=set)
     complete_only: bool = False  # only the turns of complete conversations (`--complete-only`)
+    # `--complete-only`: each conversation judged once, when its first turn is read, and held to that
+    # for the rest of the export (judged again per shard, a conversation that completed between two
+    # shards' reads lost its early turns and kept its later ones)
+    judged: dict = field(default_factory=dict)
     verified_only: bool = False  # only the samples the run's verifier passed (`--verified-only`)
     samples: int = 1     # the run's samples a prompt: a row's ledger key is `row_key(id, sample, samples)`
     whole: int = 0       # shards exported as they are
@@ -397,7 +401,9 @@ def _of_complete_conversations(ledger: Ledger, ids: list[str], keep: list[bool],
     from contract.chat.conversations import SEPARATOR, split_turn_id
 
     conversations = [split_turn_id(i)[0] if SEPARATOR in i else i for i in ids]
-    complete = ConversationLedger(ledger.client, ledger.run).complete(conversations)
+    unjudged = list(dict.fromkeys(c for c in conversations if c not in share.judged))
+    share.judged.update(zip(unjudged, ConversationLedger(ledger.client, ledger.run).complete(unjudged)))
+    complete = [share.judged[c] for c in conversations]
     out = []
     for kept, whole in zip(keep, complete):
         if kept and not whole:

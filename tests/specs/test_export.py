@@ -135,3 +135,25 @@ def test_an_export_to_a_destination_that_cannot_be_written_says_so_and_reads_no_
     # Then the refusal names the destination as not writable (not the shards), before any shard was read
     assert str(refused.value).startswith(f"{dest} is not writable: ") and "shard" not in str(refused.value)
     assert read == []
+
+
+def test_complete_only_judges_each_conversation_once_so_one_completed_between_two_shards_is_left_out_whole(client):
+    # Given a run's conversation of three turns, still in progress when the shard holding its first turn is read
+    from contract.keys import RunKeys
+    from contract.ledger.conversation_ledger import ConversationLedger
+    from producer.export import _Share, _of_complete_conversations
+
+    run = "conv-race"
+    ledger = Ledger(client, run)
+    ConversationLedger(client, run).register([("c", 3, [])])
+    share = _Share(0, run, [], "", 10, False, complete_only=True)
+    first = _of_complete_conversations(ledger, ["c#0"], [True], share)
+
+    # When it completes (its last turn advanced: it leaves the in-progress hash) before the next shard,
+    # holding its other turns, is read
+    client.hdel(RunKeys(run).conversation_at, "c")
+    later = _of_complete_conversations(ledger, ["c#1", "c#2"], [True, True], share)
+
+    # Then none of its turns is exported: it is held to the verdict of its first read, never exported in part
+    assert (first, later) == ([False], [False, False])
+    assert share.left_out["incomplete_conversation"] == 3

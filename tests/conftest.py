@@ -280,8 +280,7 @@ def stop_sglang_started_since(mark: int) -> None:
         if server.process.popen.poll() is None:
             server.stop()
         else:
-            server.kill()  # its launcher gone: whatever of its group is left
-            server.release()
+            server.bury()  # its launcher gone: whatever of its group is left
 
 
 def render(tokenizer, messages: list[dict]) -> list[int]:

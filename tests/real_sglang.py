@@ -4,7 +4,8 @@
 later runs and fresh clones on the same machine reuse
 (`~/.cache/reasoning-fleet/sglang-<version>`, or `FLEET_SGLANG_VENV`);
 `FLEET_SGLANG_PYTHON` names another interpreter that has SGLang. Everything the
-server runs is stock SGLang but one kernel module (`tests/sglang_cpu/sgl_kernel`).
+server runs is stock SGLang but one kernel module (`tests/sglang_cpu/sgl_kernel`), its engine's
+processes forked rather than spawned (`tests/sglang_cpu/launch_server.py`: a third less CPU a load).
 
 Two tiny checkpoints whose vocabulary is the bundled tokenizer's, written by
 `tests/sglang_cpu/make_model.py` once into the same cache:
@@ -41,8 +42,8 @@ VERSION = "0.5.23"  # the SGLang the fleet is tested with (scripts/setup.sh inst
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "reasoning-fleet"
 KERNEL = ROOT / "tests" / "sglang_cpu"
 CONTEXT = 4096
-# A load takes ~35 CPU-seconds of its processes; one that has spent five times that without answering /health
-# is stuck. Wall time alone says little here: beside a busy suite on 2 cores a load gets a fraction of a core.
+# A load takes ~35 CPU-seconds of its processes (forked: tests/sglang_cpu/launch_server.py); one that has
+# spent five times that without answering /health is stuck. Wall time alone says little here: beside a busy suite on 2 cores a load gets a fraction of a core.
 START_CPU_SECONDS = 180
 START_TIMEOUT = 600  # seconds from its launch, whatever it spent
 SERVING_NICE = 10  # once loaded: the suite's timing-bound tests (failover lags, leases) run beside it on 2 cores
@@ -145,6 +146,11 @@ class RealServer:
             self.kill()
         self.release()
 
+    def bury(self) -> None:
+        """What is left of a dead server's process group killed, and its slot given up."""
+        self.kill()
+        self.release()
+
     def release(self) -> None:
         """Its slot (`SERVER_SLOTS`) given up: it is stopped and not started again on its port."""
         slot = _held_slots.pop(self.port, None)
@@ -183,7 +189,7 @@ def start_sglang(logs: Path, model: Path, *options: str, port: int | None = None
     _take_slot(port)
     gate = _enter_start_gate()
     try:
-        argv = [sglang_python(), "-m", "sglang.launch_server", "--model-path", str(model), "--device", "cpu",
+        argv = [sglang_python(), str(KERNEL / "launch_server.py"), "--model-path", str(model), "--device", "cpu",
                 "--host", "127.0.0.1", "--port", str(port), "--attention-backend", "torch_native",
                 "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled",
                 "--max-total-tokens", "16384", "--skip-server-warmup", "--sleep-on-idle", *options]
@@ -315,7 +321,7 @@ class SharedServers:
         key = (str(model), options, copy)
         server = self._servers.pop(key, None)
         if server is not None and not server.process.alive():
-            _bury(server)
+            server.bury()
             server = None
         if server is None:
             self.make_room(self.limit - 1)
@@ -328,7 +334,7 @@ class SharedServers:
         """Servers stopped, longest unasked first, until at most `keep` are alive."""
         for key, server in list(self._servers.items()):
             if not server.process.alive():
-                _bury(self._servers.pop(key))
+                self._servers.pop(key).bury()
         while len(self._servers) > keep:
             self._servers.pop(next(iter(self._servers))).stop()
 
@@ -337,9 +343,3 @@ class SharedServers:
 
     def stop_all(self) -> None:
         self.make_room(0)
-
-
-def _bury(server: RealServer) -> None:
-    """What is left of a dead server's process group killed, and its slot given up."""
-    server.kill()
-    server.release()

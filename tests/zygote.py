@@ -28,6 +28,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 PROJECT_PACKAGES = ("producer", "contract", "workers", "sglang_standin")
@@ -115,6 +116,8 @@ def serve(path: str) -> dict | None:
                     os.close(fd)
                 connection.sendall(json.dumps({"pid": pid}).encode() + b"\n")
                 pidfd = os.pidfd_open(pid)
+                _started[pid] = (request["module"], request["args"][:2], time.monotonic(),
+                                 request["env"].get("PYTEST_CURRENT_TEST", ""))
                 running[pidfd] = (connection, pid)
                 selector.register(pidfd, selectors.EVENT_READ, "child")
             else:  # a child ended
@@ -122,12 +125,26 @@ def serve(path: str) -> dict | None:
                 connection, pid = running.pop(pidfd)
                 selector.unregister(pidfd)
                 os.close(pidfd)
-                _, status = os.waitpid(pid, 0)
+                _, status, usage = os.wait4(pid, 0)
+                _account(pid, usage)
                 try:
                     connection.sendall(json.dumps({"returncode": _returncode(status)}).encode() + b"\n")
                 except OSError:
                     pass  # the client gave up on it
                 connection.close()
+
+
+_started: dict[int, tuple] = {}
+
+
+def _account(pid: int, usage) -> None:
+    module, args, since, test = _started.pop(pid)
+    log = os.environ.get("FLEET_TEST_CPU_LOG")
+    if log:
+        with open(log, "a") as out:
+            out.write(json.dumps({"module": module, "args": args, "cpu": usage.ru_utime + usage.ru_stime,
+                                  "wall": time.monotonic() - since,
+                                  "test": test}) + "\n")
 
 
 def _receive(connection: socket.socket) -> tuple[dict, list[int]]:

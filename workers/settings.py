@@ -39,7 +39,7 @@ class Settings(SharedSettings):
                                     "the least loaded server's; beyond it load wins.")
 
     cpu_bound_share: float = Field(0.85, description="The worker says it is CPU-bound when its process used at least "
-                                    "this share of the CPU time it had the chance to use: the core(s) it can use (one, "
+                                    "this share of the CPU time it had the chance to use: the cores it can use (one, "
                                     "the GIL; less under a cgroup CPU quota), or less where the node's CPUs sat idle "
                                     "less than that, while its servers had at least an eighth of their slots free, for "
                                     "`FLEET_CPU_BOUND_SECONDS`; back to normal below the share less 0.15, or with the "

@@ -111,7 +111,7 @@ def test_a_worker_held_to_an_eighth_of_a_core_by_its_cgroup_says_it_is_cpu_bound
         assert quota_file in seen["remedy"] and "another worker process in the same cgroup" in seen["remedy"], seen
         # and its log says so once, with that remedy
         lines = re.findall(r"worker CPU-bound: .*", worker.tail(100_000))
-        assert len(lines) == 1 and "of the 0.125 core(s) it can use" in lines[0] and quota_file in lines[0], lines
+        assert len(lines) == 1 and "of the 0.125 cores it can use" in lines[0] and quota_file in lines[0], lines
         # and its metrics show it bound on an eighth of a core
         metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
         assert re.search(r"^fleet_worker_cpu_bound 1\.0$", metrics, re.M), metrics

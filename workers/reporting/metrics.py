@@ -78,7 +78,7 @@ class FleetCollector:
     def _cpu(self):
         watch = self.runtime.cpu
         bound = GaugeMetricFamily("fleet_worker_cpu_bound", "1 while this worker process is the bottleneck: its "
-                                  "CPU near the core(s) it can use while its servers have free slots; "
+                                  "CPU near the cores it can use while its servers have free slots; "
                                   "remedy: another worker process on the node, or where a cgroup quota below one "
                                   "core is the limit, a higher quota (workers/servers/cpu_bound.py).")
         bound.add_metric([], 1.0 if watch.rule.bound else 0.0)

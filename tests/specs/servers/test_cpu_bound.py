@@ -160,15 +160,15 @@ def test_under_a_quota_below_one_core_the_remedy_is_the_quota_and_the_file_that_
     (record,) = caplog.records
     # Then its line names the quota and its file, not another process in the same group (which shares it)
     line = record.getMessage()
-    assert "of the 0.25 core(s) it can use" in line and remedy_for(limit) in line and REMEDY not in line
-    assert "cpu.cfs_quota_us" in remedy_for(limit) and "0.25 core(s)" in remedy_for(limit)
+    assert "of the 0.25 cores it can use" in line and remedy_for(limit) in line and REMEDY not in line
+    assert "cpu.cfs_quota_us" in remedy_for(limit) and "0.25 cores" in remedy_for(limit)
     # and its heartbeat's remedy is the same
     assert watch.snapshot()["remedy"] == remedy_for(limit)
 
 
 def test_a_busy_node_is_said_beside_another_process_but_not_beside_a_quota():
     # A whole core's process on a node that left a fifth of a core idle: the node is busy, said
-    assert "sat idle 0.2 core(s)" in busy_node_note(idle=0.2, cores=1.0)
+    assert "sat idle 0.2 cores" in busy_node_note(idle=0.2, cores=1.0)
     # with a core and a half idle, or unknown: nothing to add
     assert busy_node_note(idle=1.5, cores=1.0) == busy_node_note(idle=None, cores=1.0) == ""
     # and under a quarter-core quota the quota is the remedy, however busy the node

@@ -21,9 +21,9 @@ import pyarrow.parquet as pq
 import redis
 
 from contract.fleet import heartbeats
-from contract.run.samples import sample_seed
+from contract.run.samples import resample_seed, sample_seed
 from sglang_standin.cli import parse_config
-from sglang_standin.outputs import for_seed, generate_output
+from sglang_standin.outputs import fault_for, for_seed, generate_output
 
 from conftest import messages_of, render, varied_prompts, write_prompts
 from waiting import wait_until
@@ -154,3 +154,49 @@ def test_a_worker_killed_with_samples_of_a_prompt_in_flight_leaves_each_sample_s
 def _split(key: str) -> tuple[str, int]:
     prompt, _, index = key.rpartition("~")
     return prompt, int(index)
+
+
+def test_a_sample_resampled_after_failing_its_checks_asks_another_seed_and_keeps_the_answer_drawn_with_it(
+        fleet, tokenizer, tmp_path):
+    # Given a stand-in that draws each answer with its request's seed and leaves `</think>` out of half of
+    # them, and a worker that sends a sample failing its think checks once more (FLEET_RESAMPLE_ON_VERIFY_FAILURE)
+    options = ("--seeded-outputs", "--fault-missing-think-end", "0.5")
+    _, url = fleet.standin(*options)
+    fleet.worker("w1", [url], FLEET_RESAMPLE_ON_VERIFY_FAILURE="true")
+    records = varied_prompts(8)
+    # (what the stand-in answers each seed is known beforehand: which first answers fail, which resamples pass)
+    standin = parse_config(["--port", "1", *options])
+    asked, fails_again = {}, set()
+    for record in records:
+        prompt_ids = render(tokenizer, messages_of(record))
+        for n in range(2):
+            seed = sample_seed("default", record["id"], n)
+            if fault_for(prompt_ids, for_seed(standin, seed)) != "missing_think_end":
+                asked[f"{record['id']}~{n}"] = [seed]
+                continue
+            asked[f"{record['id']}~{n}"] = [seed, resample_seed(seed)]
+            if fault_for(prompt_ids, for_seed(standin, resample_seed(seed))) == "missing_think_end":
+                fails_again.add((record["id"], n))
+    resampled = {tuple(k.rsplit("~", 1)) for k, seeds in asked.items() if len(seeds) == 2}
+    assert len(resampled) > len(fails_again) > 0, "the prompts must hold resamples that pass and that fail again"
+
+    # When they are enqueued with 2 samples each and the fleet drains the queue
+    fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", records)), "--samples", "2",
+                   "--max-new-tokens", str(MAX_NEW_TOKENS))
+    fleet.wait_finished()
+
+    # Then each sample was asked with its own seed, and one that failed once more with another (not the same
+    # seed again, which a deterministic server answers alike)
+    assert _stats(url)["seeds"] == asked
+    # and a resample that passed is stored with the seed its answer was drawn with, one that failed again is a
+    # dead letter of its reason
+    rows = {(r["id"], r["sample"]): r for r in fleet.rows()}
+    assert set(rows) == {(r["id"], n) for r in records for n in range(2)} - fails_again
+    assert all(row["seed"] == asked[f"{key[0]}~{key[1]}"][-1] for key, row in rows.items())
+    for (prompt_id, n), row in rows.items():
+        prompt_ids = render(tokenizer, messages_of(next(r for r in records if r["id"] == prompt_id)))
+        output_ids, _ = generate_output(prompt_ids, MAX_NEW_TOKENS, for_seed(standin, row["seed"]))
+        assert row["input_ids"] == prompt_ids + output_ids
+    letters = fleet.dead_letters()
+    assert {(d["id"], d["sample"]) for d in letters} == fails_again
+    assert {d["reason"] for d in letters} == {"missing_think_end"}

@@ -88,7 +88,7 @@ class Settings(SharedSettings):
     max_deliveries: int = Field(5, description="Deliveries a prompt's workers may die holding (OOM, a native crash) "
                                  "before it becomes a `poison` dead letter (the last time alone in its worker).")
     resample_on_verify_failure: bool = Field(False, description="Resample once before dead-lettering a generation "
-                                               "that fails verification.")
+                                               "that fails verification (with another seed where it had one).")
     verify_timeout_seconds: float = Field(10.0, gt=0, description="The longest one answer's check by the run's "
                                           "verifier (`enqueue --verify`) may take: past it the check's process is "
                                           "killed and the sample stored with the verdict `error: timeout after Ns` "

@@ -18,6 +18,14 @@ the same three things give the same seed on any machine, in any order, after
 any retry. Seeds differ between a prompt's samples, so under SGLang's
 deterministic inference (where a request without a seed of its own gets the
 same default seed) the samples of a prompt still differ.
+
+**A resample asks another seed.** A sample that fails its think checks is sent
+once more under `FLEET_RESAMPLE_ON_VERIFY_FAILURE`; where its request carried a
+seed, the resample carries `resample_seed(seed)` (sha256 of the seed, 31 bits),
+so a deterministic server (or a seeded stand-in) draws another answer instead of
+repeating the one that failed, a re-run resamples alike, and the row's `seed` is
+the one its answer was drawn with. A request without a seed resamples without one
+(the server's own randomness; an SGLang older than the key still serves it).
 """
 from __future__ import annotations
 
@@ -52,6 +60,13 @@ def sample_seed(run: str, prompt_id: str, index: int, line_seed: int | None = No
     if line_seed is not None:
         return (line_seed + index) % SEED_MODULUS
     digest = hashlib.sha256(f"{run}\0{prompt_id}\0{index}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") % SEED_MODULUS
+
+
+def resample_seed(seed: int) -> int:
+    """The seed a resample of a sample asked with `seed` is sent with (module docstring): not
+    `seed` + k, which may be another sample's of the same prompt (a line's own seed counts up)."""
+    digest = hashlib.sha256(f"resample\0{seed}".encode()).digest()
     return int.from_bytes(digest[:8], "big") % SEED_MODULUS
 
 

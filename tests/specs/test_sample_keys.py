@@ -1,7 +1,8 @@
 """Specification: a sample's ledger key and its seed (contract/run/samples.py)."""
 import pytest
 
-from contract.run.samples import first_indices, row_key, sample_key, sample_seed, split_sample_key, successor
+from contract.run.samples import (first_indices, resample_seed, row_key, sample_key, sample_seed, split_sample_key,
+                                  successor)
 
 
 def test_a_run_of_one_sample_keys_each_prompt_by_its_own_id():
@@ -40,6 +41,16 @@ def test_seeds_are_the_same_on_a_rerun_and_differ_between_samples_prompts_and_ru
 def test_a_lines_own_seed_is_the_first_samples_and_counts_up():
     assert [sample_seed("run", "q1", i, line_seed=41) for i in range(3)] == [41, 42, 43]
     assert sample_seed("run", "q1", 1, line_seed=2**31 - 1) == 0
+
+
+def test_a_resample_asks_a_seed_of_its_own_the_same_on_a_rerun():
+    # Given the seeds of a prompt's samples, drawn or counted up from a line's own seed
+    for seeds in ([sample_seed("run", "q1", i) for i in range(8)], [sample_seed("run", "q1", i, 41) for i in range(8)]):
+        # When each is resampled
+        again = [resample_seed(s) for s in seeds]
+        # Then each resample asks another seed, none of them another sample's, the same on a re-run
+        assert not set(again) & set(seeds) and len(set(again)) == len(seeds)
+        assert again == [resample_seed(s) for s in seeds] and all(0 <= s < 2**31 for s in again)
 
 
 def test_without_until_verified_every_sample_is_queued_up_front_and_none_follows():

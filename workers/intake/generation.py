@@ -56,7 +56,7 @@ from contract.ledger.deadletters import DeadLetter, DeadLetters
 from contract.names import PromptState, Reason
 from contract.fleet.provenance import weight_version_of
 from contract.redis_link.replication import expected, replicated, written_again
-from contract.run.samples import sample_seed, split_sample_key
+from contract.run.samples import resample_seed, sample_seed, split_sample_key
 from contract.storage.schema import Sample
 from contract.run.spec import RunSpec
 
@@ -139,12 +139,20 @@ def _generate_and_settle(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids:
                 return _store(rt, spec, prompt_id, prompt_ids, tries, generation, verdict, submit, fields)
             if rt.settings.resample_on_verify_failure and not tries.resampled:
                 tries.resampled = True
+                sampling = _resampling(sampling)
                 continue
             metrics.VERIFY_FAILURES.labels(verdict.reason).inc()
             raise Unfit(_dead(rt, spec, prompt_id, prompt_ids, generation.sampling, tries,
                               verdict.reason, verdict.message, generation))
     except Unfit as exc:
         return bury(rt, exc.letter)
+
+
+def _resampling(sampling: dict) -> dict:
+    """A resample's sampling: another seed where the failed request had one (`resample_seed`)."""
+    if "sampling_seed" not in sampling:
+        return sampling
+    return {**sampling, "sampling_seed": resample_seed(sampling["sampling_seed"])}
 
 
 def line_record(rt: Runtime, spec: RunSpec, key: str) -> dict:

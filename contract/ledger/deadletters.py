@@ -28,7 +28,7 @@ import redis
 
 from contract.keys import RunKeys
 from contract.ledger.ledger import Ledger
-from contract.run.samples import SEPARATOR, split_sample_key
+from contract.run.samples import key_of, split_sample_key
 
 log = logging.getLogger(__name__)
 _UNKNOWN_WARNED: set[str] = set()  # fields of letters this process has warned about
@@ -54,7 +54,7 @@ class DeadLetter:
     @property
     def key(self) -> str:
         """The ledger key of the letter's prompt, or of its sample (`contract/run/samples.py`)."""
-        return self.id if self.sample is None else f"{self.id}{SEPARATOR}{self.sample}"
+        return key_of(self.id, self.sample)
 
     def of_sample(self, samples: int) -> "DeadLetter":
         """The letter made for ledger key `id` in a run of `samples` samples a prompt, naming

@@ -37,7 +37,13 @@ SEED_MODULUS = 2**31  # SGLang's sampling_seed is an int; keep it a positive int
 
 def sample_key(prompt_id: str, index: int, samples: int) -> str:
     """The ledger key of sample `index` of `prompt_id` in a run of `samples` samples a prompt."""
-    return prompt_id if samples == 1 else f"{prompt_id}{SEPARATOR}{index}"
+    return key_of(prompt_id, None if samples == 1 else index)
+
+
+def key_of(prompt_id: str, sample: int | None) -> str:
+    """The ledger key of a prompt (`sample` None: a run of one sample a prompt, where nothing names
+    a sample, as a dead letter's `sample`) or of its sample `sample`."""
+    return prompt_id if sample is None else f"{prompt_id}{SEPARATOR}{sample}"
 
 
 def split_sample_key(key: str, samples: int) -> tuple[str, int]:

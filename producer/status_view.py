@@ -54,6 +54,19 @@ def server_tables(workers: list[dict]) -> list[Table]:
     return tables
 
 
+def provenance_table(origins: list[dict]) -> Table:
+    """What made the samples so far (contract/fleet/provenance.py): each server's URL with its model
+    on the line under it, in one column, so neither is folded mid-word at 80 columns."""
+    made = Table(title="samples made by (server, model, SGLang, weight version)")
+    made.add_column("server, model", no_wrap=True)
+    made.add_column("SGLang")
+    made.add_column("weight version", overflow="fold")
+    for origin in origins:
+        where = cell(origin["server"]).append("\n").append(cell(origin.get("model_path") or "-"))
+        made.add_row(where, cell(origin.get("sglang_version") or "-"), cell(origin["weight_version"]))
+    return made
+
+
 def rate_window(seconds: float | None) -> str:
     """Which window the table's samples/s and tokens/s are of: the demo's figure is of its
     whole run and the report's of each server's busy span, so each says its own."""
@@ -105,14 +118,8 @@ def render_status(report: dict) -> Group:
             dead.add_row(cell(reason), f"{count:,}")
         parts.append(dead)
     origins = (report.get("provenance") or {}).get("servers") or []
-    if origins:  # what made the samples so far (contract/fleet/provenance.py)
-        made = Table(title="samples made by (server, SGLang, model, weight version)")
-        for column in ("server", "SGLang", "model", "weight version"):
-            made.add_column(column, overflow="fold")
-        for origin in origins:
-            made.add_row(cell(origin["server"]), cell(origin.get("sglang_version") or "-"),
-                         cell(origin.get("model_path") or "-"), cell(origin["weight_version"]))
-        parts.append(made)
+    if origins:
+        parts.append(provenance_table(origins))
     parts += server_tables(report["workers"])
     parts.append(_per_worker_table("storage (OUTPUT_DIR), as each worker sees it", "storage",
                                    report["workers"], storage_line))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from rich.console import Console
 
-from producer.status_view import server_tables
+from producer.status_view import provenance_table, server_tables
 
 URLS = ["http://gpu-node-017.cluster.internal:30000", "http://gpu-node-017.cluster.internal:30001"]
 MODEL = "deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"
@@ -32,6 +32,25 @@ def test_the_servers_each_worker_sees_keep_their_urls_and_model_whole(width):
     # Then each URL, worker name and model is on one line, whole
     lines = text.splitlines()
     for whole in [*URLS, MODEL, "Qwen/Qwen3-8B", "gen@gpu-node-017.cluster.internal"]:
+        assert any(whole in line for line in lines), (whole, text)
+    assert all(len(line) <= width for line in lines) and "…" not in text, text
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_what_made_the_samples_keeps_each_server_and_model_whole(width):
+    # Given samples made by two servers on nodes with long host names, of a model with a long path
+    model = "/models/deepseek-ai/DeepSeek-R1-Distill-Qwen-7B"
+    origins = [{"server": url, "sglang_version": "0.5.23", "model_path": model, "weight_version": "default"}
+               for url in URLS]
+    console = Console(record=True, width=width)
+
+    # When status prints what made them in a terminal this wide
+    console.print(provenance_table(origins))
+    text = console.export_text()
+
+    # Then each URL and the model are whole, each on one line, and no line is wider than the terminal
+    lines = text.splitlines()
+    for whole in [*URLS, model, "0.5.23", "default"]:
         assert any(whole in line for line in lines), (whole, text)
     assert all(len(line) <= width for line in lines) and "…" not in text, text
 

@@ -21,7 +21,9 @@ It also catches the failover itself, two ways:
   seconds later; a primary frozen past `down-after-milliseconds` wakes up one)
   and keeps its replication id, but it has lost its replicas: so a barrier
   that reaches fewer replicas than the primary had (`_had`, per replication
-  id, as this process saw it), while fewer are attached, is a refusal, not a
+  id, as this process saw it: every replica it saw attached there, by
+  address, so a replica that joined unseen does not stand in for the one
+  seen and promoted since), while fewer are attached, is a refusal, not a
   confirmation. The client
   asks the Sentinels where the primary is (dropping its connections to the
   old one, `moved`), and if it moved, raises `FailedOver`.
@@ -73,7 +75,10 @@ class Primary(NamedTuple):
     replicas: int
 
 
-_had: dict[str, int] = {}  # replication id -> the most replicas seen connected to that primary
+_had: dict[str, int] = {}  # replication id -> the replicas that primary had: every one seen attached to it
+# replication id -> the replicas (ip:port) seen attached to that primary: a replica that joined
+# unseen and the one seen, promoted meanwhile, are one replica at once but two it had
+_attached_to: dict[str, set[str]] = {}
 # replication id -> (replicas attached, since when: monotonic) while it has fewer than it had; a
 # change in the number attached starts the wait again
 _short_since: dict[str, tuple[int, float]] = {}
@@ -109,13 +114,25 @@ def had(who: Primary) -> int:
     return _had.get(who.replid, who.replicas)
 
 
+def _replicas_in(info: dict) -> set[str]:
+    """The replicas attached to a primary, by address, as its `INFO replication` lists them."""
+    return {f"{v.get('ip')}:{v.get('port')}" for k, v in info.items()
+            if k.startswith("slave") and k[5:].isdigit() and isinstance(v, dict)}
+
+
 def _seen(info: dict) -> Primary:
     who = Primary(str(info.get("master_replid", "")), int(info.get("connected_slaves", 0)))
     _last_replicas[0] = who.replicas
-    if who.replicas >= _had.get(who.replid, 0):
-        _had[who.replid] = who.replicas
-        if who.replicas:  # as many as it had: none is missing
-            _short_since.pop(who.replid, None)
+    attached = _replicas_in(info)
+    known = _attached_to.setdefault(who.replid, set())
+    known |= attached
+    # What it had is every replica seen attached to it, not the most seen at once: the count
+    # alone takes a replica that joined unseen for the one seen, promoted meanwhile.
+    most = max(who.replicas, len(known))
+    if most >= _had.get(who.replid, 0):
+        _had[who.replid] = most
+    if who.replicas and who.replicas >= _had[who.replid]:  # as many as it had: none is missing
+        _short_since.pop(who.replid, None)
     return who
 
 
@@ -224,6 +241,7 @@ def _enough(client: redis.Redis, who: Primary, acked: int, info: dict, alone_aft
         log.warning("%d of the %d replicas for %.0f s: the primary goes on with them", connected, want,
                     time.monotonic() - since)
         _had[who.replid] = connected  # a replica lost for good: the next writes wait for those left
+        _attached_to[who.replid] = _replicas_in(info)
         return True
     return False
 

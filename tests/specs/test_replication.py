@@ -149,3 +149,45 @@ def test_writes_waiting_together_for_a_replica_lost_for_good_all_go_on_after_the
     # Then every one goes on once the replica is taken as lost (the first to find it lowers the
     # count for the others), none waits for it for ever
     assert len(done) == 3 and max(done) < 5, done
+
+
+def test_a_replica_that_joined_unseen_is_no_confirmation_once_the_replica_seen_is_promoted(server, tmp_path):
+    """The window of a second switchover struck just after the first healed: the primary had one
+    replica this process saw, a second joined (the old primary, resynced) and the first was
+    promoted before this process wrote there again. The count it saw (one) is met by the
+    replica left, which the Sentinels then point at the promoted one: its full resync drops
+    what it acknowledged. So the replicas a primary had are every one this process saw attached
+    to it, not the most it saw at once."""
+    process, url = start_redis(tmp_path / "primary")
+    second, second_url = start_redis(tmp_path / "second")
+    seen, joined = redis.Redis.from_url(server), redis.Redis.from_url(second_url)
+    try:
+        # Given a primary whose one replica confirmed this process's writes
+        primary_client = redis.Redis.from_url(url)
+        primary_client.config_set("repl-diskless-sync-delay", 0)
+        port = primary_client.connection_pool.connection_kwargs["port"]
+        seen.replicaof("127.0.0.1", port)
+        wait_for(lambda: primary(primary_client).replicas == 1 and
+                 seen.info("replication")["master_link_status"] == "up", 20, "the first replica")
+        confirmed(primary_client, lambda pipe: pipe.set("first", 1))
+        assert had(primary(primary_client)) == 1
+
+        # When a second replica joins, unseen by this process (no write of its meanwhile), and
+        # the first is promoted before it writes there again
+        joined.replicaof("127.0.0.1", port)
+        wait_for(lambda: joined.info("replication")["master_link_status"] == "up", 20, "the second replica")
+        seen.replicaof("NO", "ONE")
+        wait_for(lambda: primary_client.info("replication")["connected_slaves"] == 1 and
+                 primary_client.info("replication")["slave0"]["port"] != seen.connection_pool.connection_kwargs["port"],
+                 20, "the old primary with the second replica only")
+        started = time.monotonic()
+        confirmed(primary_client, lambda pipe: pipe.set("late", 1), wait_ms=50, alone_after=0.5)
+
+        # Then the second replica's acknowledgement is no confirmation at once: the primary lost a
+        # replica it had, and only the alone-after (no Sentinel naming another) lets it go on
+        assert time.monotonic() - started >= 0.5
+        assert had(primary(primary_client)) == 1
+    finally:
+        seen.replicaof("NO", "ONE")
+        second.stop()
+        process.stop()

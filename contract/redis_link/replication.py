@@ -75,10 +75,14 @@ class Primary(NamedTuple):
     replicas: int
 
 
-_had: dict[str, int] = {}  # replication id -> the replicas that primary had: every one seen attached to it
+_had: dict[str, int] = {}  # replication id -> the replicas that primary had, as this process knows
 # replication id -> the replicas (ip:port) seen attached to that primary: a replica that joined
 # unseen and the one seen, promoted meanwhile, are one replica at once but two it had
 _attached_to: dict[str, set[str]] = {}
+# replication id -> (its primary's attaches: sync_full + sync_partial_ok, the replicas attached) at
+# this process's last look with the attach counters: a replica that attached and left again between
+# two looks (promoted) is seen only there
+_looked: dict[str, tuple[int, frozenset[str]]] = {}
 # replication id -> (replicas attached, since when: monotonic) while it has fewer than it had; a
 # change in the number attached starts the wait again
 _short_since: dict[str, tuple[int, float]] = {}
@@ -89,7 +93,12 @@ def primary(client: redis.Redis) -> Primary:
     """Who the primary is (its replication id) and how many replicas it has now. A Redis that
     refuses INFO (an ACL without it) is taken as one without replicas, and said so once."""
     try:
-        info = client.info("replication")
+        if _watching():
+            with client.pipeline(transaction=False) as pipe:
+                looks = _look(pipe)
+                info = _read(pipe.execute(), looks)
+        else:
+            info = client.info("replication")
     except redis.ResponseError as exc:
         if not _refused:
             _refused.append(exc)
@@ -104,7 +113,7 @@ def expected(client: redis.Redis) -> bool:
     then on, so a caller that confirms only where this is True costs it nothing more."""
     if not _had and not _refused:
         primary(client)
-    return any(_had.values())
+    return _watching()
 
 
 def had(who: Primary) -> int:
@@ -114,10 +123,50 @@ def had(who: Primary) -> int:
     return _had.get(who.replid, who.replicas)
 
 
+def _watching() -> bool:
+    """Whether some primary this process saw had replicas: then each look also reads the primary's
+    attach counters (a plain Redis without replicas is never asked for them)."""
+    return any(_had.values())
+
+
+def _look(pipe: Any) -> int:
+    """This process's look at the primary, queued on `pipe`: `INFO replication`, and where replicas
+    are watched (`_watching`) `INFO stats` (its attach counters) in the same round trip; returns
+    how many replies it adds."""
+    pipe.info("replication")
+    if not _watching():
+        return 1
+    pipe.info("stats")
+    return 2
+
+
+def _read(replies: list, looks: int) -> dict:
+    """The look `_look` queued (the last `looks` replies), as one INFO dict."""
+    info: dict = {}
+    for reply in replies[len(replies) - looks:]:
+        info.update(reply)
+    return info
+
+
 def _replicas_in(info: dict) -> set[str]:
     """The replicas attached to a primary, by address, as its `INFO replication` lists them."""
     return {f"{v.get('ip')}:{v.get('port')}" for k, v in info.items()
             if k.startswith("slave") and k[5:].isdigit() and isinstance(v, dict)}
+
+
+def _unseen(replid: str, info: dict, attached: set[str]) -> int:
+    """Replicas that attached to this primary since this process's last look at it and are gone
+    again (one promoted meanwhile): its attaches (`INFO stats`: full and partial syncs it served)
+    rose by more than the replicas attached now that were not at that look. A first look (or
+    counters reset) has nothing to compare with; a look without the counters changes nothing."""
+    if "sync_full" not in info or info.get("role") != "master":
+        return 0
+    attaches = int(info["sync_full"]) + int(info.get("sync_partial_ok", 0))
+    last = _looked.get(replid)
+    _looked[replid] = (attaches, frozenset(attached))
+    if last is None or attaches < last[0]:
+        return 0
+    return max(0, attaches - last[0] - len(attached - last[1]))
 
 
 def _seen(info: dict) -> Primary:
@@ -126,9 +175,10 @@ def _seen(info: dict) -> Primary:
     attached = _replicas_in(info)
     known = _attached_to.setdefault(who.replid, set())
     known |= attached
-    # What it had is every replica seen attached to it, not the most seen at once: the count
-    # alone takes a replica that joined unseen for the one seen, promoted meanwhile.
-    most = max(who.replicas, len(known))
+    # What it had is every replica seen attached to it, not the most seen at once (the count alone
+    # takes a replica that joined unseen for the one seen, promoted meanwhile), and those attached
+    # now plus every one that attached unseen and left again (`_unseen`).
+    most = max(who.replicas, len(known), who.replicas + _unseen(who.replid, info, attached))
     if most >= _had.get(who.replid, 0):
         _had[who.replid] = most
     if who.replicas and who.replicas >= _had[who.replid]:  # as many as it had: none is missing
@@ -162,8 +212,10 @@ def confirmed(client: redis.Redis, fill: Callable[[Any], None], wait_ms: int = W
         fill(pipe)
         pipe.incr(REPLICATED)
         pipe.execute_command("WAIT", 1 if waits else 0, wait_ms if waits else 0)
-        pipe.info("replication")
-        *replies, _, acked, info = pipe.execute()
+        looks = _look(pipe)  # the primary as it was when the WAIT answered
+        got = pipe.execute()
+    *replies, _, acked = got[:len(got) - looks]
+    info = _read(got, looks)
     here = _seen(info)
     if not had(here):
         _still_named(client, here)
@@ -203,8 +255,9 @@ def confirm(client: redis.Redis, before: Primary, wait_ms: int = WAIT_MS, alone_
         with client.pipeline(transaction=False) as pipe:
             pipe.incr(REPLICATED)
             pipe.execute_command("WAIT", max(1, had(before)), wait_ms)
-            pipe.info("replication")
-            _, acked, info = pipe.execute()
+            looks = _look(pipe)
+            got = pipe.execute()
+        acked, info = got[1], _read(got, looks)
         if str(info.get("master_replid", "")) != before.replid:
             raise FailedOver("Redis failed over before a replica confirmed these writes; they may be lost")
         _seen(info)
@@ -241,7 +294,7 @@ def _enough(client: redis.Redis, who: Primary, acked: int, info: dict, alone_aft
         log.warning("%d of the %d replicas for %.0f s: the primary goes on with them", connected, want,
                     time.monotonic() - since)
         _had[who.replid] = connected  # a replica lost for good: the next writes wait for those left
-        _attached_to[who.replid] = _replicas_in(info)
+        _attached_to[who.replid] = _replicas_in(info)  # and those it had are those attached now
         return True
     return False
 

@@ -191,3 +191,97 @@ def test_a_replica_that_joined_unseen_is_no_confirmation_once_the_replica_seen_i
         seen.replicaof("NO", "ONE")
         second.stop()
         process.stop()
+
+
+def _port(client: redis.Redis) -> int:
+    return client.connection_pool.connection_kwargs["port"]
+
+
+def _following(replica: redis.Redis, of: redis.Redis) -> bool:
+    info = replica.info("replication")
+    return info["role"] == "slave" and int(info["master_port"]) == _port(of) and info["master_link_status"] == "up"
+
+
+@pytest.fixture
+def switched_once(tmp_path):
+    """Two servers after a first switchover, as a worker saw them: it confirmed writes on the old
+    primary behind its replica, then that replica was promoted and it wrote on the new primary
+    while no replica was attached to it yet (had 0). Yields (old, new)."""
+    old_process, old_url = start_redis(tmp_path / "old")
+    new_process, new_url = start_redis(tmp_path / "new")
+    old, new = redis.Redis.from_url(old_url), redis.Redis.from_url(new_url)
+    try:
+        for server in (old, new):
+            server.config_set("repl-diskless-sync-delay", 0)
+        new.replicaof("127.0.0.1", _port(old))
+        wait_for(lambda: primary(old).replicas == 1 and _following(new, old), 20, "the replica")
+        confirmed(old, lambda pipe: pipe.set("first", 1))
+        new.replicaof("NO", "ONE")
+        confirmed(new, lambda pipe: pipe.set("second", 1))
+        assert had(primary(new)) == 0
+        yield old, new
+    finally:
+        for server in (old, new):
+            server.replicaof("NO", "ONE")
+        old_process.stop()
+        new_process.stop()
+
+
+def test_a_replica_that_attached_unseen_and_was_promoted_is_no_confirmation_on_a_primary_that_never_showed_one(
+        switched_once):
+    """The window of a second switchover that promotes a replica attached less than a second before:
+    this process never saw it attached, so the primary it leaves looks like one that never had a
+    replica, which the Sentinels still name for a second or two. The primary's attach counters
+    (`INFO stats`) rose since this process last looked: a replica came and went unseen."""
+    old, new = switched_once
+
+    # When the old primary attaches to the new one (unseen: no write of this process meanwhile)
+    # and is promoted in its turn before this process writes there again
+    old.replicaof("127.0.0.1", _port(new))
+    wait_for(lambda: _following(old, new), 20, "the old primary a replica of the new one")
+    old.replicaof("NO", "ONE")
+    wait_for(lambda: new.info("replication")["connected_slaves"] == 0, 20, "the primary without its replica")
+    started = time.monotonic()
+    confirmed(new, lambda pipe: pipe.set("late", 1), wait_ms=50, alone_after=0.5)
+
+    # Then the write is not reported at once: the primary had a replica, and only the alone-after
+    # (no Sentinel naming another primary) lets it go on without one
+    assert time.monotonic() - started >= 0.5
+
+
+def test_a_replica_that_attached_unseen_and_stays_confirms_at_once(switched_once):
+    # Given a worker's look at a primary without replicas
+    old, new = switched_once
+
+    # When a replica attaches unseen and stays attached
+    old.replicaof("127.0.0.1", _port(new))
+    wait_for(lambda: _following(old, new), 20, "the old primary a replica of the new one")
+    started = time.monotonic()
+    confirmed(new, lambda pipe: pipe.set("late", 1), wait_ms=1000, alone_after=5)
+
+    # Then it is no replica gone: it confirms the write at once, as any replica attached
+    assert time.monotonic() - started < 2 and old.get("late") == b"1"
+    assert had(primary(new)) == 1
+
+
+def test_a_replica_that_attached_unseen_beside_one_seen_and_was_promoted_is_no_confirmation_by_the_one_left(
+        two_replicas, tmp_path):
+    """Window 1 the other way round: the replica that stays attached is the one this process saw,
+    and the one promoted joined unseen (the old primary, back as a replica). The one left
+    acknowledges what the old primary takes until the Sentinels point it at the promoted one."""
+    primary_client, replicas = two_replicas
+    # Given a primary with one replica left (the second), seen by this process
+    _one_replica_left(primary_client, replicas)
+    confirmed(primary_client, lambda pipe: pipe.set("seen", 1), wait_ms=50, alone_after=0.1)
+    assert had(primary(primary_client)) == 1
+
+    # When the first attaches again, unseen, and is promoted before this process writes there again
+    replicas[0].replicaof("127.0.0.1", _port(primary_client))
+    wait_for(lambda: _following(replicas[0], primary_client), 20, "the first replica attached again")
+    replicas[0].replicaof("NO", "ONE")
+    wait_for(lambda: primary_client.info("replication")["connected_slaves"] == 1, 20, "the one seen left")
+    started = time.monotonic()
+    confirmed(primary_client, lambda pipe: pipe.set("late", 1), wait_ms=50, alone_after=0.5)
+
+    # Then the acknowledgement of the one left is no confirmation at once
+    assert time.monotonic() - started >= 0.5

@@ -166,7 +166,11 @@ def _unseen(replid: str, info: dict, attached: set[str]) -> int:
     _looked[replid] = (attaches, frozenset(attached))
     if last is None or attaches < last[0]:
         return 0
-    return max(0, attaches - last[0] - len(attached - last[1]))
+    unseen = max(0, attaches - last[0] - len(attached - last[1]))
+    if unseen:
+        log.warning("the primary served %d replica attaches since this process last looked, %d more than the "
+                    "replicas attached since: counted among those it had", attaches - last[0], unseen)
+    return unseen
 
 
 def _seen(info: dict) -> Primary:

@@ -21,22 +21,40 @@ It also catches the failover itself, two ways:
   seconds later; a primary frozen past `down-after-milliseconds` wakes up one)
   and keeps its replication id, but it has lost its replicas: so a barrier
   that reaches fewer replicas than the primary had (`_had`, per replication
-  id, as this process saw it: every replica it saw attached there, by
-  address, so a replica that joined unseen does not stand in for the one
-  seen and promoted since), while fewer are attached, is a refusal, not a
+  id, as this process saw it), while fewer are attached, is a refusal, not a
   confirmation. The client
   asks the Sentinels where the primary is (dropping its connections to the
   old one, `moved`), and if it moved, raises `FailedOver`.
+
 Either way the caller reports nothing as done (the writes may be gone) and
 writes again: on the new primary (`written_again`). A Sentinel-managed
 primary seen without any replica (by a process that started after it lost
 them) is asked about the same way (`_still_named`).
 
+What a primary had is every replica this process saw attached to it, by
+address (not the most it saw at once: a replica that joined unseen must not
+stand in for the one seen and promoted since), and every one that attached
+and left again between two of its looks (`_unseen`): once some primary had
+replicas (`_watching`), each look also reads the primary's attach counters
+(`INFO stats`: `sync_full` + `sync_partial_ok`) in the same round trip, and
+a rise since the last look at that replication id, beyond the replicas
+attached now that were not then, is such a replica. Both are windows of a
+second switchover just after the first healed: the old primary joins the
+new one as a replica unseen, and it (or the replica seen) is promoted before
+this process writes there again; with one replica the primary left behind
+would otherwise look like one that never had any, trusted while the
+Sentinels still name it. Not seen: a replica that came and went before this
+process's first look at that primary (`_still_named` alone guards that). A
+replica whose link dropped and came back between two looks, or a
+`redis-cli --rdb`, reads as one gone too: writes wait for the Sentinels, at
+most `ALONE_AFTER`, once.
+
 A primary without replicas has nothing to wait for (a `WAIT 1` there would
 only time out), so a plain single Redis pays one `INFO replication` per
-call; a caller that writes per prompt confirms only where `expected` says
-some primary this process saw had replicas (one `INFO` at its first call),
-so there it pays nothing. A replica that lags holds the call (and the
+call (never `INFO stats`: no primary it saw had replicas); a caller that
+writes per prompt confirms only where `expected` says some primary this
+process saw had replicas (one `INFO` at its first call), so there it pays
+nothing. A replica that lags holds the call (and the
 caller waits: back-pressure, not loss) until it catches up; a primary left
 with fewer replicas than it had, and still the one the Sentinels name, is
 trusted with those left (or alone) only after `ALONE_AFTER` seconds, longer

@@ -8,6 +8,7 @@ import pytest
 import redis
 
 from contract.keys import REPLICATED
+from contract.redis_link import replication
 from contract.redis_link.replication import confirm, confirmed, had, primary, replicated
 from producer.local import start_redis, wait_for
 
@@ -16,6 +17,22 @@ def test_a_primary_without_replicas_writes_no_barrier_and_waits_for_nothing(clie
     with replicated(client):
         client.set("k", "v")
     assert client.get(REPLICATED) is None and client.get("k") == b"v"
+
+
+def test_a_plain_redis_is_asked_one_info_a_look_and_never_its_attach_counters(client, monkeypatch):
+    # Given a process that never saw a primary with replicas
+    for name in ("_had", "_short_since", "_attached_to", "_looked"):
+        monkeypatch.setattr(replication, name, {})
+    monkeypatch.setattr(replication, "_last_replicas", [0])
+    client.config_resetstat()
+
+    # When it confirms writes three times and looks at the primary once
+    for n in range(3):
+        confirmed(client, lambda pipe: pipe.set("k", n))
+    primary(client)
+
+    # Then each was one INFO (its replication section), as before the attach counters were read
+    assert client.info("commandstats")["cmdstat_info"]["calls"] == 4
 
 
 def test_writes_on_any_connection_are_on_the_replica_when_the_call_returns(server, tmp_path):

@@ -198,9 +198,10 @@ def _seen(info: dict) -> Primary:
     known = _attached_to.setdefault(who.replid, set())
     known |= attached
     # What it had is every replica seen attached to it, not the most seen at once (the count alone
-    # takes a replica that joined unseen for the one seen, promoted meanwhile), and those attached
-    # now plus every one that attached unseen and left again (`_unseen`).
-    most = max(who.replicas, len(known), who.replicas + _unseen(who.replid, info, attached))
+    # takes a replica that joined unseen for the one seen, promoted meanwhile), and those listed
+    # now plus every one that attached unseen and left again (`_unseen`). Listed, not counted: a
+    # primary resumed after a freeze counts a dead replica link it no longer lists.
+    most = max(who.replicas, len(known), len(attached) + _unseen(who.replid, info, attached))
     if most >= _had.get(who.replid, 0):
         _had[who.replid] = most
     if who.replicas and who.replicas >= _had[who.replid]:  # as many as it had: none is missing

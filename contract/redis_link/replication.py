@@ -25,16 +25,36 @@ It also catches the failover itself, two ways:
   confirmation. The client
   asks the Sentinels where the primary is (dropping its connections to the
   old one, `moved`), and if it moved, raises `FailedOver`.
+
 Either way the caller reports nothing as done (the writes may be gone) and
 writes again: on the new primary (`written_again`). A Sentinel-managed
 primary seen without any replica (by a process that started after it lost
 them) is asked about the same way (`_still_named`).
 
+What a primary had is every replica this process saw attached to it, by
+address (not the most it saw at once: a replica that joined unseen must not
+stand in for the one seen and promoted since), and every one that attached
+and left again between two of its looks (`_unseen`): once some primary had
+replicas (`_watching`), each look also reads the primary's attach counters
+(`INFO stats`: `sync_full` + `sync_partial_ok`) in the same round trip, and
+a rise since the last look at that replication id, beyond the replicas
+attached now that were not then, is such a replica. Both are windows of a
+second switchover just after the first healed: the old primary joins the
+new one as a replica unseen, and it (or the replica seen) is promoted before
+this process writes there again; with one replica the primary left behind
+would otherwise look like one that never had any, trusted while the
+Sentinels still name it. Not seen: a replica that came and went before this
+process's first look at that primary (`_still_named` alone guards that). A
+replica whose link dropped and came back between two looks, or a
+`redis-cli --rdb`, reads as one gone too: writes wait for the Sentinels, at
+most `ALONE_AFTER`, once.
+
 A primary without replicas has nothing to wait for (a `WAIT 1` there would
 only time out), so a plain single Redis pays one `INFO replication` per
-call; a caller that writes per prompt confirms only where `expected` says
-some primary this process saw had replicas (one `INFO` at its first call),
-so there it pays nothing. A replica that lags holds the call (and the
+call (never `INFO stats`: no primary it saw had replicas); a caller that
+writes per prompt confirms only where `expected` says some primary this
+process saw had replicas (one `INFO` at its first call), so there it pays
+nothing. A replica that lags holds the call (and the
 caller waits: back-pressure, not loss) until it catches up; a primary left
 with fewer replicas than it had, and still the one the Sentinels name, is
 trusted with those left (or alone) only after `ALONE_AFTER` seconds, longer
@@ -73,7 +93,14 @@ class Primary(NamedTuple):
     replicas: int
 
 
-_had: dict[str, int] = {}  # replication id -> the most replicas seen connected to that primary
+_had: dict[str, int] = {}  # replication id -> the replicas that primary had, as this process knows
+# replication id -> the replicas (ip:port) seen attached to that primary: a replica that joined
+# unseen and the one seen, promoted meanwhile, are one replica at once but two it had
+_attached_to: dict[str, set[str]] = {}
+# replication id -> (its primary's attaches: sync_full + sync_partial_ok, the replicas attached) at
+# this process's last look with the attach counters: a replica that attached and left again between
+# two looks (promoted) is seen only there
+_looked: dict[str, tuple[int, frozenset[str]]] = {}
 # replication id -> (replicas attached, since when: monotonic) while it has fewer than it had; a
 # change in the number attached starts the wait again
 _short_since: dict[str, tuple[int, float]] = {}
@@ -84,7 +111,12 @@ def primary(client: redis.Redis) -> Primary:
     """Who the primary is (its replication id) and how many replicas it has now. A Redis that
     refuses INFO (an ACL without it) is taken as one without replicas, and said so once."""
     try:
-        info = client.info("replication")
+        if _watching():
+            with client.pipeline(transaction=False) as pipe:
+                looks = _look(pipe)
+                info = _read(pipe.execute(), looks)
+        else:
+            info = client.info("replication")
     except redis.ResponseError as exc:
         if not _refused:
             _refused.append(exc)
@@ -99,7 +131,7 @@ def expected(client: redis.Redis) -> bool:
     then on, so a caller that confirms only where this is True costs it nothing more."""
     if not _had and not _refused:
         primary(client)
-    return any(_had.values())
+    return _watching()
 
 
 def had(who: Primary) -> int:
@@ -109,13 +141,71 @@ def had(who: Primary) -> int:
     return _had.get(who.replid, who.replicas)
 
 
+def _watching() -> bool:
+    """Whether some primary this process saw had replicas: then each look also reads the primary's
+    attach counters (a plain Redis without replicas is never asked for them)."""
+    return any(_had.values())
+
+
+def _look(pipe: Any) -> int:
+    """This process's look at the primary, queued on `pipe`: `INFO replication`, and where replicas
+    are watched (`_watching`) `INFO stats` (its attach counters) in the same round trip; returns
+    how many replies it adds."""
+    pipe.info("replication")
+    if not _watching():
+        return 1
+    pipe.info("stats")
+    return 2
+
+
+def _read(replies: list, looks: int) -> dict:
+    """The look `_look` queued (the last `looks` replies), as one INFO dict."""
+    info: dict = {}
+    for reply in replies[len(replies) - looks:]:
+        info.update(reply)
+    return info
+
+
+def _replicas_in(info: dict) -> set[str]:
+    """The replicas attached to a primary, by address, as its `INFO replication` lists them."""
+    return {f"{v.get('ip')}:{v.get('port')}" for k, v in info.items()
+            if k.startswith("slave") and k[5:].isdigit() and isinstance(v, dict)}
+
+
+def _unseen(replid: str, info: dict, attached: set[str]) -> int:
+    """Replicas that attached to this primary since this process's last look at it and are gone
+    again (one promoted meanwhile): its attaches (`INFO stats`: full and partial syncs it served)
+    rose by more than the replicas attached now that were not at that look. A first look (or
+    counters reset) has nothing to compare with; a look without the counters changes nothing."""
+    if "sync_full" not in info or info.get("role") != "master":
+        return 0
+    attaches = int(info["sync_full"]) + int(info.get("sync_partial_ok", 0))
+    last = _looked.get(replid)
+    _looked[replid] = (attaches, frozenset(attached))
+    if last is None or attaches < last[0]:
+        return 0
+    unseen = max(0, attaches - last[0] - len(attached - last[1]))
+    if unseen:
+        log.warning("the primary served %d replica attaches since this process last looked, %d more than the "
+                    "replicas attached since: counted among those it had", attaches - last[0], unseen)
+    return unseen
+
+
 def _seen(info: dict) -> Primary:
     who = Primary(str(info.get("master_replid", "")), int(info.get("connected_slaves", 0)))
     _last_replicas[0] = who.replicas
-    if who.replicas >= _had.get(who.replid, 0):
-        _had[who.replid] = who.replicas
-        if who.replicas:  # as many as it had: none is missing
-            _short_since.pop(who.replid, None)
+    attached = _replicas_in(info)
+    known = _attached_to.setdefault(who.replid, set())
+    known |= attached
+    # What it had is every replica seen attached to it, not the most seen at once (the count alone
+    # takes a replica that joined unseen for the one seen, promoted meanwhile), and those listed
+    # now plus every one that attached unseen and left again (`_unseen`). Listed, not counted: a
+    # primary resumed after a freeze counts a dead replica link it no longer lists.
+    most = max(who.replicas, len(known), len(attached) + _unseen(who.replid, info, attached))
+    if most >= _had.get(who.replid, 0):
+        _had[who.replid] = most
+    if who.replicas and who.replicas >= _had[who.replid]:  # as many as it had: none is missing
+        _short_since.pop(who.replid, None)
     return who
 
 
@@ -145,8 +235,10 @@ def confirmed(client: redis.Redis, fill: Callable[[Any], None], wait_ms: int = W
         fill(pipe)
         pipe.incr(REPLICATED)
         pipe.execute_command("WAIT", 1 if waits else 0, wait_ms if waits else 0)
-        pipe.info("replication")
-        *replies, _, acked, info = pipe.execute()
+        looks = _look(pipe)  # the primary as it was when the WAIT answered
+        got = pipe.execute()
+    *replies, _, acked = got[:len(got) - looks]
+    info = _read(got, looks)
     here = _seen(info)
     if not had(here):
         _still_named(client, here)
@@ -186,8 +278,9 @@ def confirm(client: redis.Redis, before: Primary, wait_ms: int = WAIT_MS, alone_
         with client.pipeline(transaction=False) as pipe:
             pipe.incr(REPLICATED)
             pipe.execute_command("WAIT", max(1, had(before)), wait_ms)
-            pipe.info("replication")
-            _, acked, info = pipe.execute()
+            looks = _look(pipe)
+            got = pipe.execute()
+        acked, info = got[1], _read(got, looks)
         if str(info.get("master_replid", "")) != before.replid:
             raise FailedOver("Redis failed over before a replica confirmed these writes; they may be lost")
         _seen(info)
@@ -224,6 +317,7 @@ def _enough(client: redis.Redis, who: Primary, acked: int, info: dict, alone_aft
         log.warning("%d of the %d replicas for %.0f s: the primary goes on with them", connected, want,
                     time.monotonic() - since)
         _had[who.replid] = connected  # a replica lost for good: the next writes wait for those left
+        _attached_to[who.replid] = _replicas_in(info)  # and those it had are those attached now
         return True
     return False
 

@@ -46,7 +46,7 @@ def topology(tmp_path: Path):
 @pytest.fixture(autouse=True)
 def fresh_process(monkeypatch):
     """What this process saw of primaries and their replicas starts empty, as in a new worker."""
-    for name in ("_had", "_short_since"):
+    for name in ("_had", "_short_since", "_attached_to", "_looked"):
         monkeypatch.setattr(replication, name, {})
     monkeypatch.setattr(replication, "_last_replicas", [0])
 

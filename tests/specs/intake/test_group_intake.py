@@ -22,7 +22,7 @@ SENT: Counter = Counter()  # requests sent, by first command (every thread of a 
 @pytest.fixture(autouse=True)
 def plain_redis(monkeypatch):
     """What this process saw of primaries starts empty: a plain Redis without replicas."""
-    for name in ("_had", "_short_since"):
+    for name in ("_had", "_short_since", "_attached_to", "_looked"):
         monkeypatch.setattr(replication, name, {})
     monkeypatch.setattr(replication, "_last_replicas", [0])
     SENT.clear()

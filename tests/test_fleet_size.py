@@ -30,7 +30,7 @@ from conftest import ROOT, varied_prompts, write_prompts, zygote
 from producer.local import Process
 from waiting import wait_until
 
-MOST_CONNECTIONS = 4
+MOST_CONNECTIONS = 5  # the blocking fetch, remote control, the shared pool of 2, the lease keeper's own
 N = 300
 
 
@@ -42,7 +42,7 @@ def plain_worker(fleet, name: str, servers: list[str], **extra: str) -> Process:
     return process
 
 
-def test_a_busy_worker_with_many_threads_and_servers_holds_at_most_four_redis_connections(fleet, tmp_path):
+def test_a_busy_worker_with_many_threads_and_servers_holds_at_most_five_redis_connections(fleet, tmp_path):
     # Given a worker started with the plain command, bound to three servers (two stand-ins, one
     # of them under two names), with 96 threads
     _, one = fleet.standin("--step-base", "0.02", "--output-len-max", "60")
@@ -61,7 +61,7 @@ def test_a_busy_worker_with_many_threads_and_servers_holds_at_most_four_redis_co
 
     wait_until(finished, 240, "every prompt stored", fleet, poll=0.1)
 
-    # Then it never held more than four, however many of its threads were busy
+    # Then it never held more than five, however many of its threads were busy
     most = max(seen, key=len)
     assert len(most) <= MOST_CONNECTIONS, [(c["cmd"], c["age"], c["idle"]) for c in most]
     # and one of them is kombu's blocking fetch, one the remote-control subscription

@@ -14,7 +14,9 @@ lease has run out, and restored by kombu's sweep.
 running tasks by a lost broker connection (`consumer.Detached`): their tasks
 still run here, so they stay under the same lease. The keeper's thread therefore
 lives from the consumer's first start to its shutdown, across reconnects, and
-renews through the worker's own Redis client.
+renews on a Redis connection of its own (`redis_pool.lease_redis`): task threads
+waiting on a replica during a failover hold the shared ones long enough to let
+a lease lapse.
 
 Rounds come every quarter lease (`round_period`), so a live worker's lease
 lapses only after three quarters of a lease (90 s at the default 120 s)
@@ -64,6 +66,7 @@ from contract.names import PromptState
 from ..reporting import lifeline
 from .consumer import Delivery, held_deliveries
 from .deliveries import STARTED
+from .redis_pool import lease_redis
 from .runtime import get_runtime
 from ..settings import Settings
 
@@ -175,6 +178,11 @@ class Leases:
         return len(kept)
 
 
+def keeper_leases(s: Settings) -> Leases:
+    """The keeper's rounds, on its own Redis connection (`redis_pool.lease_redis`)."""
+    return Leases(lease_redis(s.redis_url), hold_limit(s), s.lease_seconds)
+
+
 class LeaseKeeper(bootsteps.StartStopStep):
     requires = {"celery.worker.consumer.tasks:Tasks"}
 
@@ -199,7 +207,7 @@ class LeaseKeeper(bootsteps.StartStopStep):
 
     def _run(self, c) -> None:
         rt = get_runtime(c.app.fleet_settings, c.hostname)
-        leases = Leases(rt.redis, hold_limit(rt.settings), rt.settings.lease_seconds)
+        leases = keeper_leases(rt.settings)
         period = round_period(rt.settings.lease_seconds)
         trouble = lifeline.Trouble("lease renewal")
         while True:

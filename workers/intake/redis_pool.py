@@ -7,12 +7,23 @@ scripts, leases, heartbeats, kombu's record of each delivery and its
 acknowledgement, task events). The short calls all share one client whose
 blocking pool holds `FLEET_REDIS_CONNECTIONS` connections (default 2): a task
 thread waits for a free one rather than opening another, so a worker holds
-at most 4 connections in steady state however many threads and servers it
-has, and Redis's `maxclients` (10,000 by default) is not what limits the
+at most 5 connections in steady state however many threads and servers it
+has (the fifth: the lease keeper's own, below), and Redis's `maxclients` (10,000 by default) is not what limits the
 fleet (measured: 10 to 15 per worker before, gossip off). kombu's own short
 calls reach it through the worker's kombu transport (`transport.py`). The client retries a call
 through an outage, except one its event loop makes (`contract/redis_link/retries.py`:
 the consumer's thread fails fast, on the same connections).
+
+One thread never waits for the shared pool: the lease keeper (`lease.py`). Its
+rounds are what keep the worker's prompts its own, and task threads can hold
+the shared connections for seconds at a time while a failover is settled
+(each turn of `contract/redis_link/replication.confirm` holds one for a `WAIT`
+of up to a second, again and again, up to `ALONE_AFTER`), and redis-py's
+blocking pool is not fair: measured with a real redis-server, a thread pinging
+once a second waited 15 s behind 2 threads in such a loop and 30 s behind 30.
+A lease that lapses that way hands a live worker's prompts to another worker,
+which generates them a second time. So the keeper has a client of its own,
+one connection no other thread takes (`lease_redis`).
 
 A small pool asks one thing of its callers: none holds a connection while it
 waits for another (two such threads would wait on each other until the pool's
@@ -22,9 +33,12 @@ published to a named exchange, and the fleet publishes to the default one.
 """
 from __future__ import annotations
 
+from functools import lru_cache
+
 import redis
 
-from contract.redis_link.connections import redis_for
+from contract.redis_link import retries
+from contract.redis_link.connections import client_for, redis_for
 
 DEFAULT_CONNECTIONS = 2
 _connections = DEFAULT_CONNECTIONS
@@ -48,3 +62,10 @@ def shared() -> redis.Redis | None:
 def worker_redis(url: str) -> redis.Redis:
     """The worker's one client for `url`: every caller in the process shares its pool."""
     return redis_for(url, _connections)
+
+
+@lru_cache(maxsize=4)
+def lease_redis(url: str) -> redis.Redis:
+    """The lease keeper's client for `url`: a pool of one connection, its own (module docstring),
+    with the shared client's retries through an outage."""
+    return client_for(url, retry=retries.shared(), max_connections=1)

@@ -31,7 +31,7 @@ CAPACITY = 2048  # each real server's effective_max_running_requests_per_dp at -
 
 
 def _two_servers(shared_sglang) -> list[RealServer]:
-    """Two real servers of the random model, shared with the other tests of the group (a load is ~55
+    """Two real servers of the random model, shared with the other tests of the group (a load is ~30
     CPU-seconds): the second is the one a test may kill, started again for the next test that asks."""
     return [shared_sglang("random", copy=0), shared_sglang("random", copy=1)]
 

@@ -1,6 +1,7 @@
 """Nothing lost, nothing run twice: worker crashes, leases, shutdown and broker restarts."""
 from __future__ import annotations
 
+import re
 import signal
 import time
 
@@ -8,7 +9,7 @@ import httpx
 import redis
 
 from contract.fleet import heartbeats
-from producer.local import start_redis
+from producer.local import free_port, start_redis
 
 from conftest import varied_prompts, write_prompts
 from waiting import stop_broker, wait_until
@@ -73,6 +74,33 @@ def test_a_worker_frozen_past_its_lease_goes_on_and_every_prompt_ends_done_once(
     # Then every prompt ends done, counted once, none dead-lettered, and the thawed worker lives on
     _every_prompt_done_once(fleet)
     assert frozen.alive()
+
+
+def test_a_prompt_taken_from_a_frozen_worker_waits_for_its_generation_still_running_there_and_is_stored(
+        fleet, tmp_path):
+    # Given a prompt whose generation takes 20 s, taken by w1, and a short lease
+    _, url = fleet.standin("--fault-slow", "1", "--slow-seconds", "20")
+    spend = {"FLEET_MAX_ATTEMPTS": "2", **LEASE}  # two failures would dead-letter it
+    frozen = fleet.worker("w1", [url], **spend)
+    fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(1))))
+    wait_until(lambda: httpx.get(f"{url}/standin/stats").json()["generating"], 60, "w1 generating", fleet)
+
+    # When w1 freezes (its request still running on the server) and w2 takes the prompt once w1's lease
+    # has run out, while the server still generates w1's request (SGLang refuses the same rid meanwhile)
+    frozen.signal(signal.SIGSTOP)
+    try:
+        metrics = free_port()
+        fleet.worker("w2", [url], FLEET_METRICS_PORT=str(metrics), **spend)
+
+        # Then w2 waits for it to end, spending no attempt, and stores the prompt: nothing dead-lettered
+        assert fleet.wait_finished(timeout=120) == {"done": 1}
+        assert fleet.dead_letters() == []
+        assert [r["id"] for r in fleet.rows()] == ["p-0000"]
+        # (and it did meet w1's request there: its waits counted as retries of their own kind)
+        page = httpx.get(f"http://127.0.0.1:{metrics}/metrics", timeout=5).text
+        assert re.search(r'^fleet_retries_total\{kind="in_flight"\} [1-9]', page, re.M), page
+    finally:
+        frozen.signal(signal.SIGCONT)
 
 
 def test_a_generation_longer_than_the_lease_is_never_handed_to_a_second_worker(fleet, tmp_path):

@@ -68,8 +68,8 @@ from ..servers.bindings import NoServer, Recheck, ServerBinding
 from . import chains, server_crashes
 from .specs import cached_spec
 from ..output.shards import BadSample, StorageUnavailable
-from ..servers.sglang_client import (GatewayOutage, Generation, ServerCut, ServerDropped, ServerRefused,
-                                     ServerRejected, ServerUnavailable, TransientError, generate)
+from ..servers.sglang_client import (GatewayOutage, Generation, InFlightThere, ServerCut, ServerDropped,
+                                     ServerRefused, ServerRejected, ServerUnavailable, TransientError, generate)
 from ..output.turns import turn_columns
 from ..output.verify import Verdict, think_positions, verify
 from ..output.verdicts import verdict_of
@@ -100,6 +100,7 @@ class Attempts:
     servers: list[str] = field(default_factory=list)
     last_error: str = ""
     started_at: float = field(default_factory=time.time)
+    in_flight_since: float | None = None  # monotonic: the first answer that an earlier request still runs
 
     @property
     def total(self) -> int:
@@ -421,6 +422,8 @@ def _requests(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int],
             if not _pause(tries, str(exc), 0.5, 5.0, transient=False, limit=s.max_unavailable):
                 raise Unfit(_server_error(rt, spec, prompt_id, prompt_ids, sampling, tries)) from exc
         except (TransientError, BadOutput) as exc:
+            if isinstance(exc, InFlightThere) and _waited_for_earlier(tries, str(exc), s.request_timeout):
+                continue
             bad = isinstance(exc, BadOutput)
             tries.last_bad_output = {**exc.excerpt, "server": binding.url} if bad else None
             error = f"{binding.url}: bad output: {exc}" if bad else str(exc)
@@ -563,6 +566,23 @@ def _pause(tries: Attempts, error: str, base: float, cap: float, *, transient: b
         return False
     metrics.RETRIES.labels("transient" if transient else "unavailable").inc()
     time.sleep(random.uniform(0, min(cap, base * 2 ** (count - 1))))
+    return True
+
+
+def _waited_for_earlier(tries: Attempts, error: str, longest: float) -> bool:
+    """An earlier request for the prompt still runs on the server (`InFlightThere`): waited for a
+    few seconds, spending no attempt, for as long as one request may run (`FLEET_REQUEST_TIMEOUT`,
+    from the first such answer); False past it, when the answer counts as a transient failure. A
+    worker that takes over a prompt from one cut off from Redis meets this while the other's
+    generation goes on: counted as failures, five answers in ten seconds dead-lettered it."""
+    now = time.monotonic()
+    if tries.in_flight_since is None:
+        tries.in_flight_since = now
+    if now - tries.in_flight_since > longest:
+        return False
+    tries.last_error = error
+    metrics.RETRIES.labels("in_flight").inc()
+    time.sleep(random.uniform(1.0, 3.0))
     return True
 
 

@@ -25,7 +25,8 @@ VERIFY_FAILURES = Counter("fleet_verification_failures_total", "Generations fail
 VERDICTS = Counter("fleet_verdicts_total", "Samples checked by their run's verifier (enqueue --verify), by verdict "
                    "class: pass, fail or error (a check that raised, hung or crashed).", ["verdict"])
 DEAD_LETTERS = Counter("fleet_dead_letters_total", "Prompts dead-lettered, by reason.", ["reason"])
-RETRIES = Counter("fleet_retries_total", "Requests tried again, by kind (transient or unavailable).", ["kind"])
+RETRIES = Counter("fleet_retries_total", "Requests tried again, by kind (transient, unavailable, or in_flight: "
+                  "an earlier request for the prompt still ran there).", ["kind"])
 SHARD_COMMITS = Counter("fleet_shard_commits_total", "Shard files made durable.")
 SHARD_COMMIT_SECONDS = Histogram("fleet_shard_commit_seconds", "Writing one shard until it is durable (the "
                                  "file synced and renamed into place).",

@@ -108,6 +108,13 @@ class TransientError(GenerateError):
     pass
 
 
+class InFlightThere(TransientError):
+    """The server still runs an earlier request for this prompt (SGLang refuses a `rid` in flight):
+    ours, cut off before its answer, or a worker's that lost the prompt to this one (cut off from
+    Redis, frozen) while its generation went on. Neither the prompt's fault nor the server's: the
+    caller waits for it to end (`workers/intake/generation.py`)."""
+
+
 class ServerRejected(GenerateError):
     pass
 
@@ -269,8 +276,8 @@ def failure(url: str, status: int, body: bytes) -> GenerateError:
     if status in (401, 403):
         return ServerRefused(f"{url}: HTTP {status} {message}", status)
     if status in (400, 413, 422):
-        if "duplicate request id" in message.lower():  # our own earlier attempt still runs there
-            return TransientError(f"{url}: {message}")
+        if "duplicate request id" in message.lower():  # an earlier request for this prompt still runs there
+            return InFlightThere(f"{url}: {message}")
         return ServerRejected(message)
     return TransientError(f"{url}: HTTP {status} {message}")
 

@@ -21,7 +21,7 @@ from workers.servers.health import HealthMonitor
 from workers.servers.server_info import Info, apply_info, credentials_refusal
 from workers.servers.bindings import ServerBinding, ServerPool
 from workers.settings import Settings
-from workers.servers.sglang_client import ServerRefused, ServerRejected, TransientError, failure
+from workers.servers.sglang_client import InFlightThere, ServerRefused, ServerRejected, TransientError, failure
 
 VOCAB = 129280
 IDS = [11, 12, 128822, 21, 22, 1]
@@ -159,8 +159,9 @@ def test_each_error_status_means_one_thing(status, kind):
     assert type(failure("http://a", status, b'{"error": "Unauthorized"}')) is kind
 
 
-def test_a_duplicate_request_id_is_transient():
-    assert type(failure("http://a", 400, b'{"error": {"message": "Duplicate request ID p-1"}}')) is TransientError
+def test_a_duplicate_request_id_is_an_earlier_request_still_in_flight_there():
+    found = failure("http://a", 400, b'{"error": {"message": "Duplicate request ID p-1"}}')
+    assert type(found) is InFlightThere and isinstance(found, TransientError)
 
 
 OK_INFO = {

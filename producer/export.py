@@ -191,6 +191,10 @@ class _Share:
     # for the rest of the export (judged again per shard, a conversation that completed between two
     # shards' reads lost its early turns and kept its later ones)
     judged: dict = field(default_factory=dict)
+    # `--complete-only`: the conversations in progress when the export listed the shards, never whole in
+    # it: one that completes after the listing has its last turn in a shard the listing did not see.
+    # The same for every process of the export (each judges its conversations at its own time)
+    in_progress: frozenset = frozenset()
     verified_only: bool = False  # only the samples the run's verifier passed (`--verified-only`)
     samples: int = 1     # the run's samples a prompt: a row's ledger key is `row_key(id, sample, samples)`
     whole: int = 0       # shards exported as they are
@@ -203,13 +207,15 @@ def _write_export(spec: RunSpec, client: redis.Redis, output_dir: str, folder: P
                   on_file: Callable[[Path], str] | None = None, verified_only: bool = False) -> dict:
     store = store_for(output_dir)
     done_before = Ledger(client, spec.name).tally().done  # each of these has its shard by now
+    in_progress = _conversations_in_progress(client, spec.name) if complete_only else frozenset()
     sizes = store.sizes(spec.name)
     sources = list(sizes)
     if not jobs:
         jobs = min(os.cpu_count() or 1, 8, sum(sizes.values()) // JOB_BYTES)
     jobs = max(1, min(jobs if redis_url else 1, len(sources)))
     shares = [_Share(n, spec.name, sources[n::jobs], str(folder), rows_per_file, index_only, output_dir, redis_url,
-                     complete_only=complete_only, verified_only=verified_only, samples=spec.samples)
+                     complete_only=complete_only, in_progress=in_progress, verified_only=verified_only,
+                     samples=spec.samples)
                 for n in range(jobs)]
     if jobs == 1:
         shares = [_export_share(shares[0], client, on_progress, on_file)]
@@ -394,6 +400,13 @@ def _dataset(source) -> pads.Dataset:
     return pads.FileSystemDataset([parquet.make_fragment(source)], schema=arrow_schema(), format=parquet)
 
 
+def _conversations_in_progress(client: redis.Redis, run: str) -> frozenset:
+    """The run's conversations in progress now, read before the shards are listed (`_Share.in_progress`)."""
+    from contract.ledger.conversation_ledger import ConversationLedger
+
+    return frozenset(conversation for conversation, _ in ConversationLedger(client, run).positions())
+
+
 def _of_complete_conversations(ledger: Ledger, ids: list[str], keep: list[bool], share: _Share) -> list[bool]:
     """`--complete-only`: a kept turn stays only if its conversation has every turn stored
     (the others are counted in `left_out` as `incomplete_conversation`)."""
@@ -402,7 +415,8 @@ def _of_complete_conversations(ledger: Ledger, ids: list[str], keep: list[bool],
 
     conversations = [split_turn_id(i)[0] if SEPARATOR in i else i for i in ids]
     unjudged = list(dict.fromkeys(c for c in conversations if c not in share.judged))
-    share.judged.update(zip(unjudged, ConversationLedger(ledger.client, ledger.run).complete(unjudged)))
+    complete_now = ConversationLedger(ledger.client, ledger.run).complete(unjudged)
+    share.judged.update((c, whole and c not in share.in_progress) for c, whole in zip(unjudged, complete_now))
     complete = [share.judged[c] for c in conversations]
     out = []
     for kept, whole in zip(keep, complete):

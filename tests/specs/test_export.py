@@ -157,3 +157,25 @@ def test_complete_only_judges_each_conversation_once_so_one_completed_between_tw
     # Then none of its turns is exported: it is held to the verdict of its first read, never exported in part
     assert (first, later) == ([False], [False, False])
     assert share.left_out["incomplete_conversation"] == 3
+
+
+def test_complete_only_leaves_out_whole_a_conversation_in_progress_when_the_shards_were_listed(client):
+    # Given a run's conversation of three turns, in progress when the export listed the run's shards
+    from contract.keys import RunKeys
+    from contract.ledger.conversation_ledger import ConversationLedger
+    from producer.export import _conversations_in_progress, _of_complete_conversations, _Share
+
+    run = "conv-listed"
+    ConversationLedger(client, run).register([("c", 3, []), ("d", 1, [])])
+    client.hdel(RunKeys(run).conversation_at, "d")  # d complete before the export
+    share = _Share(0, run, [], "", 10, False, complete_only=True, in_progress=_conversations_in_progress(client, run))
+
+    # When it completes after the listing (its last turn in a shard the listing did not see), before
+    # the first of its turns is read
+    client.hdel(RunKeys(run).conversation_at, "c")
+    kept = _of_complete_conversations(Ledger(client, run), ["c#0", "c#1", "d#0"], [True, True, True], share)
+
+    # Then none of its turns is exported (the ones read would be all but its last), and the conversation
+    # complete before the export is
+    assert kept == [False, False, True]
+    assert share.left_out["incomplete_conversation"] == 2

@@ -103,7 +103,8 @@ class Settings(SharedSettings):
                                      "queue.")
     redis_connections: int = Field(2, ge=1, description=(
         "Connections the worker's short Redis calls share (its own and kombu's); with kombu's "
-        "blocking fetch and the remote-control subscription the worker holds this many plus two."))
+        "blocking fetch, the remote-control subscription and the lease keeper's own connection the "
+        "worker holds this many plus three."))
     audit_interval: float = Field(30.0, description="How often the lost-message audit runs: it republishes a queued "
                                    "prompt whose message is neither in the queue nor in flight nor held by a live "
                                    "worker.")

@@ -57,7 +57,7 @@ def server_tables(workers: list[dict]) -> list[Table]:
 def provenance_table(origins: list[dict]) -> Table:
     """What made the samples so far (contract/fleet/provenance.py): each server's URL with its model
     on the line under it, in one column, so neither is folded mid-word at 80 columns."""
-    made = Table(title="samples made by (server, model, SGLang, weight version)")
+    made = Table(title="samples made by", show_lines=True)
     made.add_column("server, model", no_wrap=True)
     made.add_column("SGLang")
     made.add_column("weight version", overflow="fold")

@@ -78,10 +78,13 @@ CHECKS_PER_ROUND = 64  # held deliveries not running here whose prompt's state o
 def hold_limit(s: Settings) -> float:
     """The longest a live worker keeps one delivery leased: each request at its full timeout and
     longest backoff (one more for a resample), every connection failure allowed, a wait for a
-    server, the group commit, and one lease of slack."""
+    server, a wait for an earlier request for the prompt still running on its server (one request's
+    timeout: `generation._waited_for_earlier`), the group commit, and one lease of slack."""
     per_request = s.connect_timeout + s.request_timeout + s.retry_backoff_max
     unavailable = s.max_unavailable * (s.connect_timeout + 5.0)
-    return (s.max_attempts + 1) * per_request + unavailable + s.server_wait + s.shard_max_wait + s.lease_seconds
+    earlier = s.request_timeout
+    return ((s.max_attempts + 1) * per_request + unavailable + earlier + s.server_wait + s.shard_max_wait
+            + s.lease_seconds)
 
 
 def finished(client, held: Iterable[Delivery]) -> set[str]:

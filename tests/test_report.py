@@ -12,6 +12,7 @@ import pyarrow.parquet as pq
 from producer.report.charts import CHARTS
 
 from conftest import Fleet, varied_prompts, write_prompts
+from waiting import wait_until
 
 # Truncation and missing think-ends are stored (their rules are off), double think-ends and empty
 # answers are dead-lettered: a run with every kind of bucket.
@@ -131,7 +132,8 @@ def test_the_report_draws_every_chart_in_a_browser_and_its_numbers_agree_with_st
     assert {i for ids in examples.values() for i in ids} == shown
     details = browser.find_element("css selector", f"details[data-example='{examples['longest'][0]}']")
     browser.find_element("css selector", f"a[href='#{details.get_attribute('id')}']").click()
-    assert details.get_attribute("open") is not None
+    # (the page opens it on `hashchange`, an event the browser fires after the click returns)
+    wait_until(lambda: details.get_attribute("open") is not None, 10, "the linked example to open")
     assert "── reasoning" in details.text and "── answer" in details.text and "</think>" in details.text
 
     # And a screenshot shows it (kept beside the test's files)

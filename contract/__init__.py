@@ -36,4 +36,5 @@ other (`tests/specs/test_layout.py`).
   arguments have names).
 - `names`: reason codes, prompt states and server states, as `str` enums.
 - `keys`: every Redis key name and the task name.
+- `counts`: a count with its noun in good English, as the commands and the worker's log print it.
 """

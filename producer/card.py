@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from contract.fleet.provenance import Origin
 from contract.run.spec import RunSpec
 
-from .counts import counted
+from contract.counts import counted
 
 from .export_folder import CARD  # noqa: F401  (the card's file name, re-exported)
 

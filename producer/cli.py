@@ -25,7 +25,7 @@ from .cli_common import (check_has_prompts, choice, connect, err, fail, json_opt
                          sample_option, shards_of)
 from .cli_dead import dead_app
 from .cli_help import Command
-from .counts import counted
+from contract.counts import counted
 from .prompts import MAX_LINE_BYTES
 from .visible import visible
 

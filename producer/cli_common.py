@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from .counts import counted
+from contract.counts import counted
 
 out = Console()
 err = Console(stderr=True, soft_wrap=True)  # messages stay one line each, whatever the width

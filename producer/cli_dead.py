@@ -15,7 +15,7 @@ from contract.names import Reason
 from .cli_help import Command
 from .cli_common import (choice, connect, err, fail, json_option, ledger_key, load_run, out, print_shown, publisher,
                          redis_option, run_option, sample_keys, sample_option)
-from .counts import counted
+from contract.counts import counted
 from .visible import cell
 
 dead_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,

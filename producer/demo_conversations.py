@@ -13,7 +13,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from .counts import counted
+from contract.counts import counted
 from .visible import visible
 
 CONVERSATIONS = Path(__file__).parent / "examples" / "conversations.jsonl"

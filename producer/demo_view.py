@@ -15,7 +15,7 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from .counts import counted
+from contract.counts import counted
 from .visible import cell
 
 RUN = "demo"

@@ -28,7 +28,7 @@ from contract.run.samples import row_key, split_sample_key
 from contract.storage.schema import COLUMNS, arrow_schema
 from contract.run.spec import RunSpec
 
-from .counts import counted
+from contract.counts import counted
 
 Segment = tuple[str, bool]  # (text, is a special token)
 

@@ -13,7 +13,7 @@ from rich.text import Text
 
 from contract.fleet.cache_hits import share_text
 
-from .counts import counted
+from contract.counts import counted
 from .visible import cell, visible
 
 

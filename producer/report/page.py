@@ -16,7 +16,7 @@ import json
 from contract.fleet.cache_hits import share_text
 from contract.run.spec import RunSpec
 
-from ..counts import counted
+from contract.counts import counted
 from ..show import Decoder, Shown, clipped_segments
 
 STYLE = """

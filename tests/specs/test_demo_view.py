@@ -8,7 +8,7 @@ from pathlib import Path
 
 from rich.console import Console
 
-from producer.counts import counted
+from contract.counts import counted
 from producer.demo_view import print_next_steps, print_result
 
 REPORT = {"done": 1, "dead": 1, "pending": 0, "output_tokens": 10, "dead_by_reason": {"truncated": 1},

@@ -5,8 +5,8 @@ docstring): `celery.py`, the entry point, over `intake` over `servers` over
 `output` over `reporting`, and `settings.py` under them all. `contract/` is
 laid out by what each part owns (its package docstring): the `broker` over the
 `ledger` over the `fleet`'s reports over the `run`'s spec over `chat`, then
-`settings.py` over `storage` over the `redis_link`, and `names.py` and `keys.py`
-under them all. A module imports its own part and the parts below it; an import
+`settings.py` over `storage` over the `redis_link`, and `names.py`, `keys.py` and
+`counts.py` under them all. A module imports its own part and the parts below it; an import
 that ran back up (a server module reaching into the intake, the ledger into the
 broker) would tie the parts into one knot again. And no two files import each
 other, however many steps apart, in `contract/`, `workers/` or `bench/`. Imports
@@ -24,7 +24,7 @@ CONTRACT = ROOT / "contract"
 BENCH = ROOT / "bench"
 # Top to bottom. A part is a sub-package, or one of the few modules at the package's top.
 ORDER = ("celery", "intake", "servers", "output", "reporting", "settings")
-CONTRACT_ORDER = ("broker", "ledger", "fleet", "run", "chat", "settings", "storage", "redis_link", "names", "keys")
+CONTRACT_ORDER = ("broker", "ledger", "fleet", "run", "chat", "settings", "storage", "redis_link", "names", "keys", "counts")
 
 
 def packages(tree: Path, order: tuple[str, ...]) -> tuple[str, ...]:

@@ -49,6 +49,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
+from contract.counts import counted
+
 from .cpu_limits import CoreLimit, core_limit
 
 log = logging.getLogger(__name__)
@@ -134,7 +136,7 @@ def remedy_for(limit: CoreLimit) -> str:
     group shares it); otherwise the number of worker processes on the node."""
     if limit.quota_file is None:
         return REMEDY
-    return (f"raise this worker's CPU quota ({cores_text(limit.cores)}, {limit.quota_file}; the container's CPU "
+    return (f"raise this worker's CPU quota ({_cores(limit.cores)}, {limit.quota_file}; the container's CPU "
             "limit) to at least 1 core: another worker process in the same cgroup shares the same quota")
 
 
@@ -173,11 +175,11 @@ class CpuWatch:
         assert r is not None
         if self.rule.bound:
             log.warning("worker CPU-bound: this process used %.0f%% of the %s it can use over %.0fs while "
-                        "its servers had %d of %d slots free; %s%s", 100 * r.share, cores_text(self.cores),
+                        "its servers had %d of %d slots free; %s%s", 100 * r.share, _cores(self.cores),
                         self.rule.window, r.free_slots, r.slots, self.remedy, busy_node_note(r.idle, self.cores))
         else:
             log.warning("worker no longer CPU-bound: %.0f%% of its %s, servers %d of %d slots free",
-                        100 * r.share, cores_text(self.cores), r.free_slots, r.slots)
+                        100 * r.share, _cores(self.cores), r.free_slots, r.slots)
 
     def snapshot(self) -> dict:
         """For the heartbeat (`status`): the last reading, whether bound, and the remedy when it is."""
@@ -190,9 +192,9 @@ class CpuWatch:
         return found
 
 
-def cores_text(n: float, spec: str = ".3g") -> str:
-    """A number of cores as the log says it: "1 core", "0.25 cores", "2 cores"."""
-    return f"{n:{spec}} core" + ("" if f"{n:{spec}}" == "1" else "s")
+def _cores(n: float, spec: str = ".3g") -> str:
+    """A share of cores as the log says it: "1 core", "0.25 cores"."""
+    return counted(n, "core", spec=spec)
 
 
 def busy_node_note(idle: float | None, cores: float) -> str:
@@ -201,5 +203,5 @@ def busy_node_note(idle: float | None, cores: float) -> str:
     one core: there the quota is the remedy."""
     if idle is None or cores < 1.0 or idle >= 0.5:
         return ""
-    return (f" (the node's CPUs it may use sat idle {cores_text(idle, '.2g')} on average: they are busy, so that "
+    return (f" (the node's CPUs it may use sat idle {_cores(idle, '.2g')} on average: they are busy, so that "
             "helps only where the node has cores to spare)")

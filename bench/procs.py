@@ -112,8 +112,12 @@ def thread_count(pid: int) -> int:
 
 
 def redis_connections_of(client, pid: int) -> list[dict]:
-    """The entries of Redis's CLIENT LIST whose client end is a socket of process `pid` (its
-    own connections, matched by local port through /proc, whoever else talks to Redis)."""
+    """The entries of Redis's CLIENT LIST whose connection is a socket of process `pid` (its
+    own connections, matched through /proc by both ends, whoever else talks to Redis).
+
+    Both ends, not the local port alone: Linux reuses an ephemeral port for connections to
+    different places, so a process's socket to an HTTP server can share its local port with
+    another process's connection to Redis."""
     inodes = set()
     for fd in os.listdir(f"/proc/{pid}/fd"):
         try:
@@ -122,11 +126,12 @@ def redis_connections_of(client, pid: int) -> list[dict]:
             continue
         if target.startswith("socket:["):
             inodes.add(target[8:-1])
-    ports = set()
+    ends = set()
     for table in ("tcp", "tcp6"):
         with open(f"/proc/{pid}/net/{table}") as handle:
             for line in handle.readlines()[1:]:
                 fields = line.split()
                 if fields[9] in inodes:
-                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
-    return [c for c in client.client_list() if int(c["addr"].rsplit(":", 1)[1]) in ports]
+                    ends.add((int(fields[1].rsplit(":", 1)[1], 16), int(fields[2].rsplit(":", 1)[1], 16)))
+    return [c for c in client.client_list()
+            if (int(c["addr"].rsplit(":", 1)[1]), int(c["laddr"].rsplit(":", 1)[1])) in ends]

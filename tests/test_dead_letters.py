@@ -109,6 +109,10 @@ def test_truncated_prompts_requeued_with_a_larger_budget_are_stored_whole(fleet,
 
     # Then they are stored with their full output and leave the dead-letter queue
     rows = {r["id"]: r for r in fleet.rows()}
+    again = {d["id"]: d for d in fleet.dead_letters() if d["id"] in truncated}
+    log = next(p for p in fleet.processes if p.name == "w1").log.read_text().splitlines()
+    assert not again, {pid: (d["reason"], d["message"], d.get("sampling"),
+                             [line for line in log if pid in line]) for pid, d in again.items()}
     for pid in truncated:
         ids = plan[pid][0]
         output, finish = generate_output(ids, 1024, cfg)

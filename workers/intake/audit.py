@@ -59,6 +59,7 @@ from contract.keys import AUDIT_LOCK, AUDIT_PREFIX, RunKeys
 from contract.ledger.ledger import Ledger
 from contract.broker.publish import publish_prompts
 from contract.run.spec import run_queues
+from contract.counts import counted
 
 from ..output import turns
 from .accounted import accounted_for, entries, restores_pending
@@ -155,7 +156,8 @@ class LostMessageAudit(bootsteps.StartStopStep):
                       if raw]
         publish_prompts(app, run, queue, batch)
         shown = ", ".join(p for p, _, _ in batch[:10]) + (f" and {len(batch) - 10} more" if len(batch) > 10 else "")
-        log.warning("audit: republished %d prompts of run %s whose messages were lost: %s", len(batch), run, shown)
+        log.warning("audit: republished %s of run %s whose messages were lost: %s",
+                    counted(len(batch), "prompt"), run, shown)
         return len(batch)
 
 

@@ -45,6 +45,7 @@ from celery.worker.consumer import Consumer
 
 from contract.broker import kombu_redis
 from contract.redis_link import retries
+from contract.counts import counted
 
 from ..reporting import heart
 from .recent import ACKED
@@ -131,8 +132,8 @@ class FleetConsumer(Consumer):
         if consumer is not None and consumer.channel is not None:
             rt = get_runtime(self.app.fleet_settings, self.hostname)
             kept = DETACHED.adopt(consumer.channel, rt.redis)
-            log.warning("broker connection lost (%r): %d prompts in flight stay with this worker, "
-                        "leased and acknowledged through its own Redis client", exc, kept)
+            log.warning("broker connection lost (%r): %s in flight stay with this worker, leased and "
+                        "acknowledged through its own Redis client", exc, counted(kept, "prompt"))
         super().on_connection_error_after_connected(exc)
 
 

@@ -62,6 +62,7 @@ from contract.broker import kombu_redis, worker_lease
 from contract.redis_link.clock import CLOCK
 from contract.ledger.ledger import Ledger
 from contract.names import PromptState
+from contract.counts import counted
 
 from ..reporting import lifeline
 from .consumer import Delivery, held_deliveries
@@ -174,10 +175,10 @@ class Leases:
         found = worker_lease.renew(self.client, self.holder, at, self.lease_seconds)
         if found.missing and kept:
             back = worker_lease.reclaim(self.client, self.holder, at, kept)
-            log.warning("this worker's lease had run out (a stall, or a failover): %d of the %d prompts it "
-                        "holds taken back, the others went back to their queue", back, len(kept))
+            log.warning("this worker's lease had run out (a stall, or a failover): %d of the %s it "
+                        "holds taken back, the others went back to their queue", back, counted(len(kept), "prompt"))
         if found.reaped:
-            log.info("%d prompts of workers whose lease ran out handed back to their queues", found.reaped)
+            log.info("%s of workers whose lease ran out handed back to their queues", counted(found.reaped, "prompt"))
         return len(kept)
 
 

@@ -59,6 +59,7 @@ from contract.storage.schema import Sample, is_shard
 from contract.run.verifiers import verdict_class
 from contract.run.spec import load_spec
 from contract.storage import store_for
+from contract.counts import counted
 
 from . import deliveries
 from ..reporting import metrics
@@ -121,8 +122,8 @@ class ShardBook:
             found = refusal(exc)
             if found is not None or isinstance(exc, FailedOver):
                 raise LedgerRefused(found.line() if found else str(exc)) from exc
-            log.warning("could not note %d samples of run %s as being written to %s (%r); a crash "
-                        "before they are marked done would generate them again", len(rows), run, shard, exc)
+            log.warning("could not note %s of run %s as being written to %s (%r); a crash before they "
+                        "are marked done would generate them again", counted(len(rows), "sample"), run, shard, exc)
 
     def unwritten(self, run: str, rows: list[Sample], shard: str) -> None:
         """Best effort: an entry left naming a file that was never linked is dropped at the
@@ -130,7 +131,8 @@ class ShardBook:
         try:
             Ledger(self.client, run).unwritten(self.keys(run, rows), shard)
         except redis.RedisError as exc:
-            log.warning("could not drop the writing entries of %d samples of run %s (%r)", len(rows), run, exc)
+            log.warning("could not drop the writing entries of %s of run %s (%r)", counted(len(rows), "sample"),
+                        run, exc)
 
     def mark_done(self, run: str, rows: list[Sample], shard: str) -> None:
         """The group is durable in `shard`: mark it done, forget its deliveries and acknowledge
@@ -147,8 +149,8 @@ class ShardBook:
         self.recent.add((run, samples, shard))
         again = [key for key, state in zip(keys, found) if state not in (PromptState.QUEUED, PromptState.DEAD)]
         if again:
-            log.warning("%d prompts stored again (already done or not in the ledger), counted once: %s",
-                        len(again), ", ".join(again[:10]))
+            log.warning("%s stored again (already done or not in the ledger), counted once: %s",
+                        counted(len(again), "sample"), ", ".join(again[:10]))
         fresh = [row for row, state in zip(rows, found) if state in (PromptState.QUEUED, PromptState.DEAD)]
         if fresh:
             metrics.PROMPTS.labels(run, "stored").inc(len(fresh))

@@ -53,6 +53,7 @@ import pyarrow.parquet as pq
 
 from contract.storage.schema import INT32_MAX, Sample, samples_to_table, write_options
 from contract.storage import store_for
+from contract.counts import counted
 
 from ..reporting import lifeline, metrics
 
@@ -281,8 +282,8 @@ class ShardWriter:
             if len(pending.rows) == 1:
                 _refuse(pending.rows[0], pending.futures[0], repr(exc))
                 return
-            log.warning("shard of %d samples of run %s failed (%r); writing them one by one",
-                        len(pending.rows), run, exc)
+            log.warning("shard of %s of run %s failed (%r); writing them one by one",
+                        counted(len(pending.rows), "sample"), run, exc)
             for row, future in zip(pending.rows, pending.futures):
                 self._commit_one(run, row, future)
         else:
@@ -303,8 +304,8 @@ class ShardWriter:
             if self.book:
                 self.book.mark_done(run, pending.rows, path)
         except Exception as exc:  # Redis gave up: the tasks fail, their redeliveries find the entries
-            log.error("shard %s is durable but marking its %d samples done failed: %r",
-                      path, len(pending.rows), exc)
+            log.error("shard %s is durable but marking its %s done failed: %r",
+                      path, counted(len(pending.rows), "sample"), exc)
             for future in pending.futures:
                 future.set_exception(exc)
             return

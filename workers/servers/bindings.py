@@ -38,6 +38,7 @@ from typing import Callable, Iterator
 
 from contract.redis_link.connections import redact_url
 from contract.names import ServerState
+from contract.counts import counted
 
 from . import affinity
 from .capacity import Load, Tuner, load_from_meta
@@ -300,8 +301,8 @@ class ServerPool:
         with self._lock:
             moved = [b for b in self.bindings if b.url in counts and b.tuner.shared_by(counts[b.url])]
             for binding in moved:
-                log.info("server %s: shared by %d workers, so %d in flight to start", binding.url,
-                         binding.sharers, binding.target)
+                log.info("server %s: shared by %s, so %d in flight to start", binding.url,
+                         counted(binding.sharers, "worker"), binding.target)
             if moved:
                 self._notify_all()
 

@@ -40,13 +40,18 @@ import pyarrow.parquet as pq
 
 
 def expected_rows(parquet: Path) -> dict[str, tuple[list[int], list[int]]]:
-    """id -> (ids, mask) of every row of a Parquet export."""
+    """line id -> (ids, mask) of every row of a Parquet export. A trainer's line names a sample of
+    a run of several samples a prompt `<id>~<index>` (the ledger's key, `contract/run/samples.py`,
+    spelled out here: this script imports nothing of the project)."""
     manifest = json.loads((parquet / "manifest.json").read_text())
+    several = manifest.get("samples_per_prompt", 1) > 1
     rows = {}
     for entry in manifest["files"]:
-        table = pq.read_table(parquet / entry["name"], columns=["id", "input_ids", "prompt_len", "output_len"])
-        for row in table.to_pylist():
-            rows[row["id"]] = (row["input_ids"], [0] * row["prompt_len"] + [1] * row["output_len"])
+        names = [c for c in ("id", "sample", "input_ids", "prompt_len", "output_len")
+                 if c != "sample" or several]
+        for row in pq.read_table(parquet / entry["name"], columns=names).to_pylist():
+            name = f"{row['id']}~{row['sample'] or 0}" if several else row["id"]
+            rows[name] = (row["input_ids"], [0] * row["prompt_len"] + [1] * row["output_len"])
     return rows
 
 

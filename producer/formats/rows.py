@@ -17,11 +17,15 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Iterator
+from functools import partial
+from typing import Callable, Iterator
 
 import pyarrow.parquet as pq
 
-READ_COLUMNS = ["id", "conversation", "turn", "input_ids", "prompt_len", "output_len", "finish_reason",
+from contract.run.samples import row_key
+from contract.run.spec import RunSpec
+
+READ_COLUMNS = ["id", "sample", "conversation", "turn", "input_ids", "prompt_len", "output_len", "finish_reason",
                 "stop_token", "think_end_index"]
 BATCH_ROWS = 512
 
@@ -37,6 +41,7 @@ class Row:
     think_end_index: int | None = None
     conversation: str | None = None
     turn: int | None = None
+    sample: int | None = None  # its index among its prompt's samples (null in shards older than samples: 0)
 
     @property
     def prompt_ids(self) -> list[int]:
@@ -70,8 +75,16 @@ def read_rows(paths: list) -> Iterator[Row]:
                 yield Row(**{name: values[i] for name, values in columns.items()})
 
 
-def token_line(row: Row) -> str:
+def token_line(row: Row, samples: int = 1) -> str:
     """`{"id", "input_ids", "loss_mask"}` as one JSON line: what both trainers read pre-tokenized.
-    The id (a turn's is `<conversation>#<turn>`) is the only other key: a key that is null in
-    some rows and a string in others can stop a block-wise JSON reader (HF `datasets`)."""
-    return f'{{"id":{json.dumps(row.id)},"input_ids":{json.dumps(row.input_ids, separators=(",", ":"))},"loss_mask":{mask_json(row)}}}'
+    The id names the row: the prompt's (a turn's is `<conversation>#<turn>`), and in a run of
+    `samples` > 1 samples a prompt the sample's key, `<id>~<index>` (`contract/run/samples.py`),
+    so no two lines share one. It is the only other key: a key that is null in some rows and a
+    string in others can stop a block-wise JSON reader (HF `datasets`)."""
+    name = row_key(row.id, row.sample, samples)
+    return f'{{"id":{json.dumps(name)},"input_ids":{json.dumps(row.input_ids, separators=(",", ":"))},"loss_mask":{mask_json(row)}}}'
+
+
+def token_line_maker(spec: RunSpec) -> Callable[[Row], str]:
+    """`token_line` for the rows of the run `spec` describes."""
+    return partial(token_line, samples=spec.samples)

@@ -20,10 +20,10 @@ from typing import Callable
 
 from contract.run.spec import RunSpec
 
-from .rows import Row, token_line
+from .rows import Row, token_line_maker
 
 FILE = "speculators.jsonl"
 
 
 def line_maker(spec: RunSpec, options: dict) -> Callable[[Row], str]:
-    return token_line
+    return token_line_maker(spec)

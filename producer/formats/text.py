@@ -1,6 +1,7 @@
 """`export --format text`: JSONL of decoded rows, for reading and for trainers that re-render.
 
-Each line: `id`, `conversation`, `turn`, `prompt` (the prompt ids decoded with
+Each line: `id`, `sample` (the sample's index among its prompt's, `enqueue
+--samples`; 0 in a run of one), `conversation`, `turn`, `prompt` (the prompt ids decoded with
 special tokens kept: exactly what the template rendered, history included),
 `messages`, `finish_reason`, `prompt_tokens`, `output_tokens`. `messages` ends with
 the generated answer as an assistant message: the output without its final stop
@@ -38,7 +39,7 @@ def line_maker(spec: RunSpec, options: dict) -> Callable[[Row], str]:
 
     def line(row: Row) -> str:
         before = given.get(row.id, []) if row.conversation is None else []
-        record = {"id": row.id, "conversation": row.conversation, "turn": row.turn,
+        record = {"id": row.id, "sample": row.sample or 0, "conversation": row.conversation, "turn": row.turn,
                   "prompt": decode(row.prompt_ids), "messages": [*before, answer_message(row, spec, decode)],
                   "finish_reason": row.finish_reason, "prompt_tokens": row.prompt_len,
                   "output_tokens": len(row.input_ids) - row.prompt_len}

@@ -4,6 +4,7 @@ and the manifest's figures say the same of each."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -20,6 +21,7 @@ from producer.export import export_run
 from producer.formats import FormatRefused
 from producer.formats.figures import Figures, ids_digest
 from producer.formats.rows import Row, loss_mask, token_line
+from producer.formats import specforge, text
 from producer.formats.text import answer_message
 
 RUN = "r"
@@ -69,6 +71,22 @@ def test_the_loss_mask_is_one_exactly_on_generated_tokens_and_zero_on_the_templa
     # Then the ids are the prompt's then the output's, and only the output is masked 1
     assert record == {"id": "a", "input_ids": prompt + output, "loss_mask": [0, 0, 0, 0, 1, 1, 1, 1, 1]}
     assert record["loss_mask"][record["input_ids"].index(THINK_START)] == 0
+
+
+def test_each_sample_of_a_prompt_is_a_line_of_its_own_name(chat):
+    # Given three samples of prompt "a" in a run of three samples a prompt
+    many = RunSpec(**{**spec(chat).__dict__, "samples": 3})
+    rows = [replace(row_of(sample("a", [0, 11], [20 + i, THINK_END, EOS])), sample=i) for i in range(3)]
+    # When they become the trainers' lines, and text lines
+    lines = [json.loads(specforge.line_maker(many, {})(row)) for row in rows]
+    texts = [json.loads(text.line_maker(many, {})(row)) for row in rows]
+    # Then each trainer's line names its sample, `<id>~<index>`, as the ledger does: no two share an id
+    assert [line["id"] for line in lines] == ["a~0", "a~1", "a~2"]
+    assert [line["input_ids"][2] for line in lines] == [20, 21, 22]
+    # and each text line keeps the prompt's id, with the sample's index beside it
+    assert [(t["id"], t["sample"]) for t in texts] == [("a", 0), ("a", 1), ("a", 2)]
+    # and in a run of one sample a prompt the id is the prompt's alone
+    assert json.loads(specforge.line_maker(spec(chat), {})(rows[0]))["id"] == "a"
 
 
 def test_a_think_start_the_model_generated_is_masked_one():

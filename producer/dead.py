@@ -33,10 +33,10 @@ def requeue(client: redis.Redis, app, spec: RunSpec, letters: list[DeadLetter], 
     published = 0
     for start in range(0, len(letters), 500):
         chunk = letters[start:start + 500]
-        moved = set(ledger.requeue({d.key: pack_ids(b64_to_ids(d.prompt_b64)) for d in chunk}))
+        budgets = {d.key: max_new_tokens or d.sampling.get("max_new_tokens") for d in chunk}
+        moved = set(ledger.requeue({d.key: pack_ids(b64_to_ids(d.prompt_b64)) for d in chunk}, budgets=budgets))
         publish_prompts(app, spec.name, queue, [  # a sample's letter goes back as that sample (its key)
-            (d.key, d.prompt_tokens, max_new_tokens or d.sampling.get("max_new_tokens"))
-            for d in chunk if d.key in moved])
+            (d.key, d.prompt_tokens, budgets[d.key]) for d in chunk if d.key in moved])
         published += len(moved)
         if on_progress:
             on_progress(start + len(chunk))

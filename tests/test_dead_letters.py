@@ -11,7 +11,8 @@ import redis
 
 from sglang_standin.cli import parse_config
 from sglang_standin.outputs import fault_for, generate_output
-from contract.keys import RunKeys
+from contract.keys import DEFAULT_QUEUE, RunKeys
+from contract.run.spec import run_queues
 
 from conftest import messages_of, render, varied_prompts, write_prompts
 
@@ -120,6 +121,31 @@ def test_truncated_prompts_requeued_with_a_larger_budget_are_stored_whole(fleet,
     stats_after = json.loads(fleet.producer("dead", "stats", "--json").stdout)
     assert "truncated" not in stats_after
     assert sum(stats_after.values()) == sum(stats_before.values()) - len(truncated)
+
+
+def test_requeued_prompts_whose_messages_are_lost_are_republished_with_their_larger_budget(fleet, tokenizer, tmp_path):
+    # Given a finished run whose truncated prompts are dead letters, and its worker stopped
+    url, cfg, plan = _faulty_run(fleet, tokenizer, tmp_path)
+    truncated = [d["id"] for d in fleet.dead_letters() if d["reason"] == "truncated"]
+    next(p for p in fleet.processes if p.name == "w1").stop()
+
+    # When they are requeued with a larger budget and the broker then loses their messages
+    fleet.producer("dead", "requeue", "--reason", "truncated", "--max-new-tokens", "1024", "--yes")
+    client = redis.Redis.from_url(fleet.redis_url)
+    (queue,) = run_queues(client, DEFAULT_QUEUE).values()
+    assert client.llen(queue) == len(truncated)
+    client.delete(queue)
+    # and a worker starts
+    fleet.worker("w2", [url])
+
+    # Then the audit republishes them with the budget they were requeued with, and they are stored whole
+    fleet.wait_finished()
+    rows = {r["id"]: r for r in fleet.rows()}
+    for pid in truncated:
+        output, finish = generate_output(plan[pid][0], 1024, cfg)
+        assert finish["type"] == "stop" and rows[pid]["input_ids"] == plan[pid][0] + output, fleet.dead_letters()
+        assert rows[pid]["max_new_tokens"] == 1024
+    assert "audit: republished" in next(p for p in fleet.processes if p.name == "w2").log.read_text()
 
 
 def test_export_holds_each_stored_id_once_with_a_manifest(fleet, tokenizer, tmp_path):

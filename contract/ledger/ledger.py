@@ -8,7 +8,8 @@ atomic (Redis runs a script alone) and conditional (each looks at the state it
 finds):
 
     (none) -> queued   enqueue    a prompt the run does not have yet
-    dead   -> queued   requeue    a dead letter replayed; the letter goes
+    dead   -> queued   requeue    a dead letter replayed; the letter goes, the budget its
+                                  message carries is kept (`budgets`) until it settles
     queued -> done     mark_done  its sample is durable in a shard (mark_group_done:
                                   a whole group's, in one call)
     dead   -> done     mark_done  a redelivery succeeded after all; the letter goes
@@ -285,13 +286,22 @@ class Ledger:
         """The states `mark_group_done` found, from its calls' replies."""
         return [r.decode() or None for reply in replies for r in reply]
 
-    def requeue(self, payloads: dict[str, bytes], pipe: redis.client.Pipeline | None = None) -> list[str] | None:
+    def requeue(self, payloads: dict[str, bytes], pipe: redis.client.Pipeline | None = None,
+                budgets: dict[str, int | None] | None = None) -> list[str] | None:
         """Dead prompts become queued again with their packed ids, and lose their letters;
-        returns the ids that moved (a prompt that is not dead is left as it is)."""
-        replies = self._in_chunks(lua.REQUEUE, list(payloads), list(payloads.items()), pipe=pipe)
+        returns the ids that moved (a prompt that is not dead is left as it is). `budgets`: the
+        max_new_tokens each one's message carries, kept while it is queued (`budgets`)."""
+        given = budgets or {}
+        records = [(pid, ids, str(given.get(pid) or "")) for pid, ids in payloads.items()]
+        replies = self._in_chunks(lua.REQUEUE, list(payloads), records, pipe=pipe)
         if pipe is not None:
             return None
         return [pid for pid, moved in zip(payloads, (m for reply in replies for m in reply)) if moved]
+
+    def budgets(self, prompt_ids: list[str]) -> list[int | None]:
+        """The max_new_tokens a requeue gave each queued prompt's message (None: the run's own)."""
+        found = self.client.hmget(self.keys.budgets, prompt_ids) if prompt_ids else []
+        return [int(raw) if raw else None for raw in found]
 
     def mark_done(self, prompt_id: str, output_tokens: int, shard: str | Path,
                   pipe: redis.client.Pipeline | None = None, verdict: str | None = None) -> str | None:
@@ -385,5 +395,5 @@ class Ledger:
         """Run one of the ledger's scripts (`ledger_scripts.py`, or the conversation ledger's,
         which share its prelude): the run's keys the prelude names, then `keys`."""
         k = self.keys
-        own = [k.token_ids, k.dead, k.dead_reasons, k.counters, k.minutes, k.shards, k.writing]
+        own = [k.token_ids, k.dead, k.dead_reasons, k.counters, k.minutes, k.shards, k.writing, k.budgets]
         return script(self.client, own + keys, head, each, pipe)

@@ -7,6 +7,7 @@ one home, here, also for the conversation ledger's scripts, which share it:
 
     queue(p, value, from)           -> queued, with its ids: a new prompt (from nil,
                                        counted as enqueued) or a dead one replayed
+                                       (with the budget its message carries, `budgets`)
     bury(p, from, reason, letter)   -> dead, with its letter: a queued, dead or new prompt
     forget_letter(id)               a dead prompt's letter goes, and its reason's count
 
@@ -24,11 +25,11 @@ from __future__ import annotations
 from contract.ledger.deliveries import LUA as DELIVERIES
 from contract.redis_link.scripts import Lua
 
-# KEYS of every ledger script: these seven (as `Ledger.call` passes them), then one state
+# KEYS of every ledger script: these eight (as `Ledger.call` passes them), then one state
 # bucket per prompt (KEYS[B + i], the i-th record's `key`).
 PRELUDE = """
 local ids, dead, reasons, counters, minutes, shards = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5], KEYS[6]
-local writing, B = KEYS[7], 7
+local writing, budgets, B = KEYS[7], KEYS[8], 8
 local function kind(v)
   if not v then return nil end
   local c = string.sub(v, 1, 1)
@@ -56,6 +57,7 @@ end
 local function queue(p, value, from)
   redis.call('HSET', p.key, p.field, value)
   redis.call('HSET', ids, p.id, p.ids)
+  if p.budget and p.budget ~= '' then redis.call('HSET', budgets, p.id, p.budget) end
   add('state:queued', 1)
   if from then
     add('state:' .. from, -1)
@@ -66,6 +68,7 @@ local function queue(p, value, from)
 end
 local function bury(p, from, reason, letter)
   if from == 'dead' then forget_letter(p.id) else redis.call('HDEL', ids, p.id) end
+  redis.call('HDEL', budgets, p.id)
   if from then add('state:' .. from, -1) else add('enqueued', 1) end
   redis.call('HSET', p.key, p.field, 'd')
   redis.call('HSET', dead, p.id, letter)
@@ -116,7 +119,7 @@ for i, p in ipairs(prompts) do
 end
 flush()
 return out
-""", prelude=PRELUDE, each=("field", "id", "ids"), key_offset="B")
+""", prelude=PRELUDE, each=("field", "id", "ids", "budget"), key_offset="B")
 
 # Per prompt the state found ('' if none). Every prompt's writing entry goes: a done prompt needs
 # none. The entries and the stored prompts' ids go in one HDEL each, not one per prompt. A sample's
@@ -141,6 +144,7 @@ end
 if #every > 0 then redis.call('HDEL', writing, unpack(every)) end
 if stored > 0 then
   redis.call('HDEL', ids, unpack(gone))
+  redis.call('HDEL', budgets, unpack(gone))
   add('state:done', stored)
   add('output_tokens', tokens)
   redis.call('HINCRBY', shards, a.code, stored)

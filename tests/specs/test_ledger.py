@@ -106,6 +106,22 @@ def test_requeue_moves_only_dead_prompts_back_to_queued(client):
     check_invariants(ledger, store, ["dead", "done"])
 
 
+def test_a_requeues_budget_is_kept_while_its_prompt_is_queued_and_goes_when_it_settles(client):
+    # Given three dead prompts, requeued with the budgets their messages carry (one with none)
+    ledger, store = Ledger(client, "r"), DeadLetters(client, "r")
+    enqueue(ledger, "a", "b", "c")
+    for pid in "abc":
+        store.put(letter(pid))
+    ledger.requeue({pid: pack_ids([7]) for pid in "abc"}, budgets={"a": 1024, "b": 512, "c": None})
+    # Then while queued each keeps its budget (what the audit republishes a lost message with)
+    assert ledger.budgets(["a", "b", "c"]) == [1024, 512, None]
+    # and once stored, or dead again, it has none
+    ledger.mark_done("a", 3, "part-1.parquet")
+    store.put(letter("b"))
+    assert ledger.budgets(["a", "b", "c"]) == [None, None, None]
+    check_invariants(ledger, store, ["a", "b", "c"])
+
+
 def test_purged_letters_leave_their_prompts_dead(client):
     ledger, store = Ledger(client, "r"), DeadLetters(client, "r")
     enqueue(ledger, "a", "b")

@@ -19,7 +19,10 @@ a live worker that keeps taking and giving the prompt back, missing for moments
 at each turn, changes it every time: `Suspects`) is republished (one on its
 last allowed delivery, which waits in its worker before its note, once no live
 worker's heartbeat lists it: the only read of every heartbeat, and a rare
-one). A worker that takes such a prompt while another
+one), with the budget its lost message carried where a `dead requeue
+--max-new-tokens` gave it one (`Ledger.budgets`: the message alone carried it, so
+a republication without it truncated the prompt again at the run's budget).
+A worker that takes such a prompt while another
 still generates it drops the duplicate (`deliveries.elsewhere`). Only runs
 whose queue is short enough to list are audited, so a lost prompt of a deep
 queue is found as the queue drains.
@@ -149,11 +152,11 @@ class LostMessageAudit(bootsteps.StartStopStep):
     def _republish(self, app, client, run: str, queue: str, confirmed: set[str]) -> int:
         if not confirmed:
             return 0
-        ordered, batch = sorted(confirmed), []
+        ordered, batch, ledger = sorted(confirmed), [], Ledger(client, run)
         for start in range(0, len(ordered), PAGE):  # packed ids: a page at a time
             page = ordered[start:start + PAGE]
-            batch += [(pid, count_ids(raw), None) for pid, raw in zip(page, client.hmget(RunKeys(run).token_ids, page))
-                      if raw]
+            found = zip(page, client.hmget(RunKeys(run).token_ids, page), ledger.budgets(page))
+            batch += [(pid, count_ids(raw), budget) for pid, raw, budget in found if raw]  # a requeue's budget kept
         publish_prompts(app, run, queue, batch)
         shown = ", ".join(p for p, _, _ in batch[:10]) + (f" and {len(batch) - 10} more" if len(batch) > 10 else "")
         log.warning("audit: republished %s of run %s whose messages were lost: %s",

@@ -103,6 +103,54 @@ def test_a_prompt_taken_from_a_frozen_worker_waits_for_its_generation_still_runn
         frozen.signal(signal.SIGCONT)
 
 
+def test_a_prompt_taken_from_two_frozen_workers_in_turn_is_stored_once_and_never_dead_lettered(fleet, tmp_path):
+    # Given a prompt whose generation takes 35 s, taken by w1, and a short lease
+    _, url = fleet.standin("--fault-slow", "1", "--slow-seconds", "35")
+    spend = {"FLEET_MAX_ATTEMPTS": "2", **LEASE}  # two failures would dead-letter it
+    first = fleet.worker("w1", [url], **spend)
+    fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", varied_prompts(1))))
+    wait_until(lambda: httpx.get(f"{url}/standin/stats").json()["generating"], 60, "w1 generating", fleet)
+    frozen = [first]
+    try:
+        # When w1 freezes, w2 takes the prompt once w1's lease has run out and waits for w1's request
+        # still running on the server, and then w2 freezes too, mid-wait
+        first.signal(signal.SIGSTOP)
+        metrics = free_port()
+        second = fleet.worker("w2", [url], FLEET_METRICS_PORT=str(metrics), **spend)
+        wait_until(lambda: _waits_for_the_server(metrics), 60, "w2 waiting for w1's request", fleet)
+        second.signal(signal.SIGSTOP)
+        frozen.append(second)
+        # and w3 takes it once w2's lease has run out in turn
+        fleet.worker("w3", [url], **spend)
+
+        # Then w3 stores it once w1's request has ended: nothing dead-lettered, no attempt spent on waiting
+        assert fleet.wait_finished(timeout=150) == {"done": 1}
+        assert fleet.dead_letters() == []
+    finally:
+        for worker in frozen:
+            worker.signal(signal.SIGCONT)
+    # and once both thaw (w1 with its answer), the prompt is still done once, counted once
+    wait_until(lambda: all(w.alive() for w in frozen) and _settled(fleet, ["w1", "w2"]), 60,
+               "the thawed workers settled", fleet)
+    assert fleet.states() == {"done": 1} and fleet.counters()["state:done"] == 1
+    assert {r["id"] for r in fleet.rows()} == {"p-0000"}
+
+
+def _waits_for_the_server(metrics_port: int) -> bool:
+    """Whether the worker serving metrics there has met a request of the same rid still running."""
+    try:
+        page = httpx.get(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).text
+    except httpx.HTTPError:
+        return False
+    return re.search(r'^fleet_retries_total\{kind="in_flight"\} [1-9]', page, re.M) is not None
+
+
+def _settled(fleet, names: list[str]) -> bool:
+    """Each of these workers beats again, listing no prompt as held."""
+    records = {r["worker"].split("@")[0]: r for r in heartbeats.read_all(redis.Redis.from_url(fleet.redis_url))}
+    return all(name in records and not any((records[name].get("holding") or {}).values()) for name in names)
+
+
 def test_a_generation_longer_than_the_lease_is_never_handed_to_a_second_worker(fleet, tmp_path):
     # Given generations that outlast the lease several times over, and two workers
     _, url = fleet.standin("--fault-slow", "0.25", "--slow-seconds", "20")

@@ -10,6 +10,7 @@ that stalls is retried after `FAILOVER_TIMEOUT_MS`. `url` is the fleet's
 from __future__ import annotations
 
 import signal
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,9 +55,20 @@ class Topology:
     def client(self, port: int) -> redis.Redis:
         return redis.Redis(port=port, socket_timeout=5)
 
-    def failover(self) -> None:
-        """A clean switch, as an operator asks for it."""
-        redis.Redis(port=next(iter(self.sentinels)), socket_timeout=5).execute_command("SENTINEL", "FAILOVER", MASTER)
+    def failover(self, patience: float = 60) -> None:
+        """A clean switch, as an operator asks for it: asked again while the Sentinel answers
+        NOGOODSLAVE (it has not yet read, from the primary's INFO every 10 s, the replica that a
+        switch moments ago made of the old primary), as an operator would ask again."""
+        sentinel = redis.Redis(port=next(iter(self.sentinels)), socket_timeout=5)
+        deadline = time.monotonic() + patience
+        while True:
+            try:
+                sentinel.execute_command("SENTINEL", "FAILOVER", MASTER)
+                return
+            except redis.ResponseError as exc:
+                if "NOGOODSLAVE" not in str(exc) or time.monotonic() > deadline:
+                    raise
+            time.sleep(0.5)
 
     def switch_over(self, away_from: int, tries: int = 3) -> int:
         """`failover` until the Sentinels name another primary, as an operator asks again when

@@ -104,7 +104,7 @@ def test_a_prompt_taken_from_a_frozen_worker_waits_for_its_generation_still_runn
 
 
 def test_a_prompt_taken_from_two_frozen_workers_in_turn_is_stored_once_and_never_dead_lettered(fleet, tmp_path):
-    # Given a prompt whose generation takes 35 s, taken by w1, and a short lease
+    # Given a prompt whose generations take 35 s each, taken by w1, and a short lease
     _, url = fleet.standin("--fault-slow", "1", "--slow-seconds", "35")
     spend = {"FLEET_MAX_ATTEMPTS": "2", **LEASE}  # two failures would dead-letter it
     first = fleet.worker("w1", [url], **spend)
@@ -121,19 +121,24 @@ def test_a_prompt_taken_from_two_frozen_workers_in_turn_is_stored_once_and_never
         second.signal(signal.SIGSTOP)
         frozen.append(second)
         # and w3 takes it once w2's lease has run out in turn
-        fleet.worker("w3", [url], **spend)
+        third = free_port()
+        fleet.worker("w3", [url], FLEET_METRICS_PORT=str(third), **spend)
 
-        # Then w3 stores it once w1's request has ended: nothing dead-lettered, no attempt spent on waiting
-        assert fleet.wait_finished(timeout=150) == {"done": 1}
+        # Then w3, having waited for w1's request in turn, stores it once that has ended: nothing
+        # dead-lettered, no attempt spent on waiting
+        assert fleet.wait_finished(timeout=180) == {"done": 1}
         assert fleet.dead_letters() == []
+        assert _waits_for_the_server(third)
     finally:
         for worker in frozen:
             worker.signal(signal.SIGCONT)
-    # and once both thaw (w1 with its answer), the prompt is still done once, counted once
-    wait_until(lambda: all(w.alive() for w in frozen) and _settled(fleet, ["w1", "w2"]), 60,
+    # and once both thaw (w1 with its answer), the prompt is still done once, counted once, and w2,
+    # thawed mid-wait, does not send it again: the server generated it twice, for w1 and for w3
+    wait_until(lambda: all(w.alive() for w in frozen) and _settled(fleet, ["w1", "w2"]), 120,
                "the thawed workers settled", fleet)
     assert fleet.states() == {"done": 1} and fleet.counters()["state:done"] == 1
     assert {r["id"] for r in fleet.rows()} == {"p-0000"}
+    assert httpx.get(f"{url}/standin/stats").json()["generations"]["p-0000"] == 2
 
 
 def _waits_for_the_server(metrics_port: int) -> bool:

@@ -53,6 +53,7 @@ from contract.chat.conversations import split_turn_id
 from contract.run.line_fields import LineFields
 from contract.run.line_sampling import line_seed, merged
 from contract.ledger.deadletters import DeadLetter, DeadLetters
+from contract.ledger.ledger import Ledger
 from contract.names import PromptState, Reason
 from contract.fleet.provenance import weight_version_of
 from contract.redis_link.replication import expected, replicated, written_again
@@ -83,6 +84,11 @@ Submit = Callable[[str, Sample], Future]  # hands a run's sample to the shard wr
 
 class GiveBack(Exception):
     """No healthy server came free: the prompt goes back to the queue untouched."""
+
+
+class SettledElsewhere(Exception):
+    """While this worker waited for an earlier request of the prompt still running on its server,
+    another worker settled the prompt (its args: the state, done or dead): nothing is sent again."""
 
 
 @dataclass
@@ -423,6 +429,7 @@ def _requests(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int],
                 raise Unfit(_server_error(rt, spec, prompt_id, prompt_ids, sampling, tries)) from exc
         except (TransientError, BadOutput) as exc:
             if isinstance(exc, InFlightThere) and _waited_for_earlier(tries, str(exc), s.request_timeout):
+                _unless_settled(rt, spec.name, prompt_id)
                 continue
             bad = isinstance(exc, BadOutput)
             tries.last_bad_output = {**exc.excerpt, "server": binding.url} if bad else None
@@ -584,6 +591,16 @@ def _waited_for_earlier(tries: Attempts, error: str, longest: float) -> bool:
     metrics.RETRIES.labels("in_flight").inc()
     time.sleep(random.uniform(1.0, 3.0))
     return True
+
+
+def _unless_settled(rt: Runtime, run: str, prompt_id: str) -> None:
+    """Raises `SettledElsewhere` where the ledger says the prompt is done or dead after such a wait.
+    The worker that meets an earlier request of its prompt has taken it over from one that froze past
+    its lease, or is that frozen worker, thawed mid-wait after the taker stored it: its next try would
+    find the server free of the earlier request and generate the prompt once more, for nothing."""
+    state = Ledger(rt.redis, run).state(prompt_id)
+    if state in (PromptState.DONE, PromptState.DEAD):
+        raise SettledElsewhere(state)
 
 
 def _server_error(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int],

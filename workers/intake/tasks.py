@@ -50,7 +50,7 @@ from contract.storage.schema import Sample
 from . import confirmed_intake, deliveries
 from ..output import turns
 from .deliveries import STARTED
-from .generation import Buried, DeadLettered, GiveBack, bury, process_prompt
+from .generation import Buried, DeadLettered, GiveBack, SettledElsewhere, bury, process_prompt
 from .group_acks import GROUP_ACKS
 from .lease import hold_limit
 from .recent import ADVANCED
@@ -129,6 +129,11 @@ def _generate(self, run: str, prompt_id: str, max_new_tokens: int | None) -> str
     except GiveBack as exc:
         STARTED.take_back(rt.redis, run, prompt_id, rt.worker)
         raise Reject(str(exc), requeue=True) from exc
+    except SettledElsewhere as exc:  # not a delivery that ended here: another worker's, settled
+        STARTED.take_back(rt.redis, run, prompt_id, rt.worker)
+        log.info("prompt %s of run %s: %s by another worker while this one waited for its earlier "
+                 "request on the server; not sent again", prompt_id, run, exc)
+        return f"nothing to do: prompt is {exc}"
     except Exception as exc:
         if rt.writes.failed(exc):  # Redis takes no writes now: neither the prompt's fault nor a crash
             _take_back_if_possible(rt, run, prompt_id)

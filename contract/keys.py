@@ -41,7 +41,7 @@ class RunKeys:
         base = f"fleet:run:{run}"
         self.spec = base                    # string: the run's spec (JSON)
         # The ledger (contract/ledger/ledger.py) owns the state buckets, dead, dead_reasons, counters, minutes,
-        # shards, writing and prompts: only its scripts change them, each a prompt's whole transition in one
+        # shards, writing, budgets and prompts: only its scripts change them, each a prompt's whole transition in one
         # atomic step.
 
         # hash per bucket, STATE_BUCKETS of them: each prompt's state, under 8 bytes of a hash of

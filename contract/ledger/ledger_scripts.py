@@ -57,7 +57,11 @@ end
 local function queue(p, value, from)
   redis.call('HSET', p.key, p.field, value)
   redis.call('HSET', ids, p.id, p.ids)
-  if p.budget and p.budget ~= '' then redis.call('HSET', budgets, p.id, p.budget) end
+  if p.budget and p.budget ~= '' then
+    redis.call('HSET', budgets, p.id, p.budget)
+  elseif from then
+    redis.call('HDEL', budgets, p.id)
+  end
   add('state:queued', 1)
   if from then
     add('state:' .. from, -1)

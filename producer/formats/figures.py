@@ -1,7 +1,8 @@
 """What a format's manifest entry says about its rows: counts, token sums, an id-set digest.
 
 `ids_sha256` is the sum, modulo 2^256, of the SHA-256 of each row's id (as
-UTF-8), in hex. Addition commutes, so the digest does not depend on row order
+UTF-8; the prompt's id, the Parquet `id`, also where a trainer's line names the
+sample), in hex. Addition commutes, so the digest does not depend on row order
 and is built while streaming, holding no set of ids; two exports hold the same
 ids (one row each) iff their digests and row counts agree, short of a SHA-256
 collision. A conversation turn's id is its own prompt id, so turns count apart.

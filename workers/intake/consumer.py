@@ -132,7 +132,7 @@ class FleetConsumer(Consumer):
         if consumer is not None and consumer.channel is not None:
             rt = get_runtime(self.app.fleet_settings, self.hostname)
             kept = DETACHED.adopt(consumer.channel, rt.redis)
-            log.warning("broker connection lost (%r): %s in flight stay with this worker, leased and "
+            log.warning("broker connection lost (%r): %s in flight kept by this worker, leased and "
                         "acknowledged through its own Redis client", exc, counted(kept, "prompt"))
         super().on_connection_error_after_connected(exc)
 

@@ -71,7 +71,8 @@ class RunKeys:
         # hash: prompt id -> packed token ids (contract/ledger/codec.py), while not done or dead
         self.token_ids = f"{base}:ids"
         # hash: prompt (sample) key -> the max_new_tokens its message was last requeued with (`dead
-        # requeue`), while queued: what the audit republishes it with should that message be lost
+        # requeue`), while queued: what any delivery of it is generated with (the intake reads it),
+        # whichever message brought it (a lost one the audit published again, an older duplicate)
         self.budgets = f"{base}:budgets"
         # hash: prompt id (a line's id, not a sample's key) -> what a worker needs of its line beyond
         # its ids (JSON: its own `sampling`, and its fields for a verifier), kept for the run's life

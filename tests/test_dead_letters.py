@@ -12,6 +12,8 @@ import redis
 from sglang_standin.cli import parse_config
 from sglang_standin.outputs import fault_for, generate_output
 from contract.keys import DEFAULT_QUEUE, RunKeys
+from contract.broker.config import celery_app
+from contract.broker.publish import publish_prompts
 from contract.run.spec import run_queues
 
 from conftest import messages_of, render, varied_prompts, write_prompts
@@ -123,22 +125,28 @@ def test_truncated_prompts_requeued_with_a_larger_budget_are_stored_whole(fleet,
     assert sum(stats_after.values()) == sum(stats_before.values()) - len(truncated)
 
 
-def test_requeued_prompts_whose_messages_are_lost_are_republished_with_their_larger_budget(fleet, tokenizer, tmp_path):
+def test_requeued_prompts_are_generated_at_their_larger_budget_whatever_message_brings_them(
+        fleet, tokenizer, tmp_path):
     # Given a finished run whose truncated prompts are dead letters, and its worker stopped
     url, cfg, plan = _faulty_run(fleet, tokenizer, tmp_path)
-    truncated = [d["id"] for d in fleet.dead_letters() if d["reason"] == "truncated"]
+    truncated = sorted(d["id"] for d in fleet.dead_letters() if d["reason"] == "truncated")
+    assert len(truncated) >= 2
     next(p for p in fleet.processes if p.name == "w1").stop()
 
-    # When they are requeued with a larger budget and the broker then loses their messages
+    # When they are requeued with a larger budget, the broker then loses their messages, and an older
+    # message of the first one, at the run's budget, is still queued (a duplicate from before)
     fleet.producer("dead", "requeue", "--reason", "truncated", "--max-new-tokens", "1024", "--yes")
     client = redis.Redis.from_url(fleet.redis_url)
     (queue,) = run_queues(client, DEFAULT_QUEUE).values()
     assert client.llen(queue) == len(truncated)
     client.delete(queue)
+    older = truncated[0]
+    publish_prompts(celery_app(fleet.redis_url, queue=queue), "default", queue, [(older, len(plan[older][0]), 300)])
     # and a worker starts
     fleet.worker("w2", [url])
 
-    # Then the audit republishes them with the budget they were requeued with, and they are stored whole
+    # Then each is generated at the budget it was requeued with: the older message's prompt at once, the
+    # others once the audit has published their lost messages again; all stored whole, none dead again
     fleet.wait_finished()
     rows = {r["id"]: r for r in fleet.rows()}
     for pid in truncated:

@@ -9,7 +9,8 @@ finds):
 
     (none) -> queued   enqueue    a prompt the run does not have yet
     dead   -> queued   requeue    a dead letter replayed; the letter goes, the budget its
-                                  message carries is kept (`budgets`) until it settles
+                                  message carries is kept (`budgets`: every delivery's
+                                  intake reads it) until it settles
     queued -> done     mark_done  its sample is durable in a shard (mark_group_done:
                                   a whole group's, in one call)
     dead   -> done     mark_done  a redelivery succeeded after all; the letter goes
@@ -107,12 +108,14 @@ class Intake(NamedTuple):
     writing: str | None         # the shard its sample was being written to, while it has ids
     held_by: list[str]          # the workers it was delivered to before (read when noting)
     noted: bool                 # this delivery is noted, naming the worker
+    budget: int | None = None   # the max_new_tokens its last `dead requeue` gave it, while queued
 
     @classmethod
     def read(cls, reply: list) -> "Intake":
         """The intake script's reply (`Ledger.intake`)."""
-        raw, shard, held, noted = reply
-        return cls(raw, shard.decode() if shard is not None else None, deliveries.names(held), bool(noted))
+        raw, shard, held, noted, budget = reply
+        return cls(raw, shard.decode() if shard is not None else None, deliveries.names(held), bool(noted),
+                   int(budget) if budget else None)
 
 
 def locate(prompt_id: str) -> tuple[int, bytes]:
@@ -297,11 +300,6 @@ class Ledger:
         if pipe is not None:
             return None
         return [pid for pid, moved in zip(payloads, (m for reply in replies for m in reply)) if moved]
-
-    def budgets(self, prompt_ids: list[str]) -> list[int | None]:
-        """The max_new_tokens a requeue gave each queued prompt's message (None: the run's own)."""
-        found = self.client.hmget(self.keys.budgets, prompt_ids) if prompt_ids else []
-        return [int(raw) if raw else None for raw in found]
 
     def mark_done(self, prompt_id: str, output_tokens: int, shard: str | Path,
                   pipe: redis.client.Pipeline | None = None, verdict: str | None = None) -> str | None:

@@ -173,8 +173,8 @@ return found
 
 # KEYS[B + 1]: the run's deliveries hash (contract/ledger/deliveries.py). Returns the prompt's packed ids
 # (false once done or dead), its writing entry (which goes if the prompt has no ids: a done
-# prompt's duplicate, whose worker died before the write), its deliveries entry as it was, and 1
-# if this delivery was noted: a prompt with ids and no writing entry has its delivery to
+# prompt's duplicate, whose worker died before the write), its deliveries entry as it was, 1
+# if this delivery was noted, and the budget a requeue gave it (false: none): a prompt with ids and no writing entry has its delivery to
 # `a.worker` noted unless `a.most` are noted already (the caller's last-chance and poison rules
 # decide those).
 INTAKE = Lua("""
@@ -188,7 +188,8 @@ if raw and not shard and a.worker ~= '' then
     noted = 1
   end
 end
-return {raw, shard, held, noted}
+local budget = raw and redis.call('HGET', budgets, a.id)
+return {raw, shard, held, noted, budget}
 """, prelude=PRELUDE + DELIVERIES, head=("id", "worker", "most"))
 
 # Each writing entry that still names `a.shard` goes; returns how many.

@@ -106,19 +106,22 @@ def test_requeue_moves_only_dead_prompts_back_to_queued(client):
     check_invariants(ledger, store, ["dead", "done"])
 
 
-def test_a_requeues_budget_is_kept_while_its_prompt_is_queued_and_goes_when_it_settles(client):
+def test_a_requeues_budget_is_read_by_every_intake_while_queued_and_goes_when_it_settles(client):
     # Given three dead prompts, requeued with the budgets their messages carry (one with none)
     ledger, store = Ledger(client, "r"), DeadLetters(client, "r")
     enqueue(ledger, "a", "b", "c")
     for pid in "abc":
         store.put(letter(pid))
     ledger.requeue({pid: pack_ids([7]) for pid in "abc"}, budgets={"a": 1024, "b": 512, "c": None})
-    # Then while queued each keeps its budget (what the audit republishes a lost message with)
-    assert ledger.budgets(["a", "b", "c"]) == [1024, 512, None]
-    # and once stored, or dead again, it has none
+    # Then while queued each one's intake (any delivery's, whatever message brought it) reads its budget
+    assert [ledger.intake(pid, "w1", 3).budget for pid in "abc"] == [1024, 512, None]
+    # and once stored, or dead again, none is left behind
     ledger.mark_done("a", 3, "part-1.parquet")
     store.put(letter("b"))
-    assert ledger.budgets(["a", "b", "c"]) == [None, None, None]
+    assert client.hlen(RunKeys("r").budgets) == 0
+    # and a requeue with none leaves none, whatever an earlier one gave
+    ledger.requeue({"b": pack_ids([7])}, budgets={"b": None})
+    assert ledger.intake("b").budget is None
     check_invariants(ledger, store, ["a", "b", "c"])
 
 
@@ -306,7 +309,7 @@ def test_an_intake_notes_the_delivery_of_a_prompt_to_generate_until_as_many_as_a
     assert not ledger.intake("d", "w1", 2).noted and held("d") == []
     assert not ledger.intake("w", "w1", 2).noted and held("w") == []
     # and an intake without a worker only reads
-    assert ledger.intake("a") == (pack_ids([1, 2, 3]), None, [], False) and held("a") == ["w1"]
+    assert ledger.intake("a")[:4] == (pack_ids([1, 2, 3]), None, [], False) and held("a") == ["w1"]
     check_invariants(ledger, store, ["a", "d", "w"])
 
 

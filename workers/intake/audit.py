@@ -19,10 +19,9 @@ a live worker that keeps taking and giving the prompt back, missing for moments
 at each turn, changes it every time: `Suspects`) is republished (one on its
 last allowed delivery, which waits in its worker before its note, once no live
 worker's heartbeat lists it: the only read of every heartbeat, and a rare
-one), with the budget its lost message carried where a `dead requeue
---max-new-tokens` gave it one (`Ledger.budgets`: the message alone carried it, so
-a republication without it truncated the prompt again at the run's budget).
-A worker that takes such a prompt while another
+one; a prompt a `dead requeue --max-new-tokens` gave its budget is generated
+with it whatever message brings it: the intake reads it from the ledger,
+`RunKeys.budgets`). A worker that takes such a prompt while another
 still generates it drops the duplicate (`deliveries.elsewhere`). Only runs
 whose queue is short enough to list are audited, so a lost prompt of a deep
 queue is found as the queue drains.
@@ -152,11 +151,11 @@ class LostMessageAudit(bootsteps.StartStopStep):
     def _republish(self, app, client, run: str, queue: str, confirmed: set[str]) -> int:
         if not confirmed:
             return 0
-        ordered, batch, ledger = sorted(confirmed), [], Ledger(client, run)
+        ordered, batch = sorted(confirmed), []
         for start in range(0, len(ordered), PAGE):  # packed ids: a page at a time
             page = ordered[start:start + PAGE]
-            found = zip(page, client.hmget(RunKeys(run).token_ids, page), ledger.budgets(page))
-            batch += [(pid, count_ids(raw), budget) for pid, raw, budget in found if raw]  # a requeue's budget kept
+            batch += [(pid, count_ids(raw), None) for pid, raw in zip(page, client.hmget(RunKeys(run).token_ids, page))
+                      if raw]
         publish_prompts(app, run, queue, batch)
         shown = ", ".join(p for p, _, _ in batch[:10]) + (f" and {len(batch) - 10} more" if len(batch) > 10 else "")
         log.warning("audit: republished %s of run %s whose messages were lost: %s",

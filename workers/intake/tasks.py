@@ -103,6 +103,7 @@ def _generate(self, run: str, prompt_id: str, max_new_tokens: int | None) -> str
             if intake.noted:  # the common case: ids read and this delivery noted, one round trip
                 STARTED.counted(run, prompt_id)
         raw, writing = intake.ids, intake.writing
+        max_new_tokens = intake.budget or max_new_tokens  # a requeue's, whichever message brought the prompt
         if raw is None:
             return _without_ids(self.app, rt, ledger, run, prompt_id, max_new_tokens)
         if writing is not None and (found := _reconciled(rt, ledger, prompt_id, writing)):

@@ -174,9 +174,9 @@ return found
 # KEYS[B + 1]: the run's deliveries hash (contract/ledger/deliveries.py). Returns the prompt's packed ids
 # (false once done or dead), its writing entry (which goes if the prompt has no ids: a done
 # prompt's duplicate, whose worker died before the write), its deliveries entry as it was, 1
-# if this delivery was noted, and the budget a requeue gave it (false: none): a prompt with ids and no writing entry has its delivery to
-# `a.worker` noted unless `a.most` are noted already (the caller's last-chance and poison rules
-# decide those).
+# if this delivery was noted, and the budget a requeue gave it (false: none): a prompt with ids
+# and no writing entry has its delivery to `a.worker` noted unless `a.most` are noted already
+# (the caller's last-chance and poison rules decide those).
 INTAKE = Lua("""
 local raw, shard = redis.call('HGET', ids, a.id), redis.call('HGET', writing, a.id)
 if shard and not raw then redis.call('HDEL', writing, a.id) shard = false end

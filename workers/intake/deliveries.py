@@ -229,6 +229,11 @@ def settled_meanwhile(client: redis.Redis, run: str, prompt_id: str, worker: str
     and stored twice). Read only when another worker is named: no one else can have settled it."""
     if not any(name != worker for name in held_by):
         return None
+    return settled(client, run, prompt_id)
+
+
+def settled(client: redis.Redis, run: str, prompt_id: str) -> str | None:
+    """The prompt's state if it is stored or dead-lettered (done, dead), else None."""
     state = Ledger(client, run).state(prompt_id)
     return str(state) if state in (DONE, DEAD) else None
 

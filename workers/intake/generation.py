@@ -53,7 +53,6 @@ from contract.chat.conversations import split_turn_id
 from contract.run.line_fields import LineFields
 from contract.run.line_sampling import line_seed, merged
 from contract.ledger.deadletters import DeadLetter, DeadLetters
-from contract.ledger.ledger import Ledger
 from contract.names import PromptState, Reason
 from contract.fleet.provenance import weight_version_of
 from contract.redis_link.replication import expected, replicated, written_again
@@ -66,7 +65,7 @@ from ..servers.answers import BadOutput, answer_cap, id_bound
 from ..servers.server_info import credentials_refusal
 from .runtime import Runtime
 from ..servers.bindings import NoServer, Recheck, ServerBinding
-from . import chains, server_crashes
+from . import chains, deliveries, server_crashes
 from .specs import cached_spec
 from ..output.shards import BadSample, StorageUnavailable
 from ..servers.sglang_client import (GatewayOutage, Generation, InFlightThere, ServerCut, ServerDropped,
@@ -598,8 +597,7 @@ def _unless_settled(rt: Runtime, run: str, prompt_id: str) -> None:
     The worker that meets an earlier request of its prompt has taken it over from one that froze past
     its lease, or is that frozen worker, thawed mid-wait after the taker stored it: its next try would
     find the server free of the earlier request and generate the prompt once more, for nothing."""
-    state = Ledger(rt.redis, run).state(prompt_id)
-    if state in (PromptState.DONE, PromptState.DEAD):
+    if state := deliveries.settled(rt.redis, run, prompt_id):
         raise SettledElsewhere(state)
 
 

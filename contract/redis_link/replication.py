@@ -247,13 +247,22 @@ def confirmed(client: redis.Redis, fill: Callable[[Any], None], wait_ms: int = W
     return replies
 
 
+# What redis-py's Sentinel connection raises when the primary it still talks to answers READONLY:
+# it was demoted, and the write was refused there (a replica takes none), so it is written again.
+DEMOTED = "The previous master is now a slave"
+
+
 def written_again(write: Callable[[], T], what: str, times: int = AGAIN) -> T:
     """`write` (confirmed) again while it meets a failover (each time on the primary the
-    Sentinels name then), `times` times in all."""
+    Sentinels name then), `times` times in all: a `FailedOver`, or a primary demoted under it
+    (`DEMOTED`: seen in a double failover, a dead letter refused that way and its prompt
+    generated again)."""
     for _ in range(times - 1):
         try:
             return write()
-        except FailedOver as exc:
+        except redis.ConnectionError as exc:
+            if not isinstance(exc, FailedOver) and DEMOTED not in str(exc):
+                raise
             log.warning("%s met a failover (%s); writing them again on the new primary", what, exc)
     return write()
 

@@ -302,3 +302,25 @@ def test_a_replica_that_attached_unseen_beside_one_seen_and_was_promoted_is_no_c
 
     # Then the acknowledgement of the one left is no confirmation at once
     assert time.monotonic() - started >= 0.5
+
+
+def test_a_write_refused_by_a_primary_demoted_under_it_is_written_again_and_other_errors_are_not():
+    # Given writes that meet, first, redis-py's word for a primary demoted under them (a Sentinel
+    # connection's READONLY: nothing was written there), and, second, a plain connection failure
+    tries = []
+
+    def demoted_once() -> str:
+        tries.append(1)
+        if len(tries) == 1:
+            raise redis.ConnectionError(replication.DEMOTED)
+        return "written"
+
+    def unreachable() -> str:
+        tries.append(2)
+        raise redis.ConnectionError("Error 111 connecting to 127.0.0.1:6390. Connection refused.")
+
+    # Then the first is written again and reported; the second is raised at once, for its caller
+    assert replication.written_again(demoted_once, "a letter") == "written" and tries == [1, 1]
+    with pytest.raises(redis.ConnectionError):
+        replication.written_again(unreachable, "a letter")
+    assert tries == [1, 1, 2]

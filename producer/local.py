@@ -7,6 +7,7 @@ system `redis-server` when there is one, else the Valkey server bundled by the
 from __future__ import annotations
 
 import os
+import random
 import shutil
 import signal
 import socket
@@ -20,10 +21,37 @@ import httpx
 import redis
 
 
+LISTEN_PORTS = (20000, 32768)  # where free_port looks: below Linux's default range for outgoing connections
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
+    """A port free to listen on, outside the kernel's range for outgoing connections.
+
+    A port from that range (what binding port 0 gives) can be taken by any process's
+    connect() between this check and the listener's own bind: a stand-in once failed
+    'address already in use' that way in a busy test run. Ports below the range are
+    only ever taken by listeners, which bind them on purpose."""
+    low, high = _outgoing_ports()
+    choices = [p for p in range(*LISTEN_PORTS) if not low <= p <= high]
+    for port in random.sample(choices, 50) if choices else []:
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as sock:  # a machine whose outgoing range covers ours: the kernel's pick
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _outgoing_ports() -> tuple[int, int]:
+    """The kernel's range for outgoing connections' local ports (Linux's default where unreadable)."""
+    try:
+        low, high = Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()
+        return int(low), int(high)
+    except (OSError, ValueError):
+        return 32768, 60999
 
 
 def redis_server_binary() -> str:

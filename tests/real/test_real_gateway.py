@@ -50,6 +50,12 @@ def _answered(gateway: Gateway) -> dict[str, int]:
         r'^smg_worker_cb_outcomes_total\{worker="([^"]*)",outcome="success"\} (\S+)$', text, re.M)}
 
 
+def _gateway_sent_again(gateway: Gateway) -> int:
+    """Requests the gateway sent again after a failed try (smg_worker_retries_total, over its labels)."""
+    text = httpx.get(gateway.metrics, timeout=5).text
+    return sum(int(float(v)) for v in re.findall(r"^smg_worker_retries_total(?:\{[^}]*\})? (\S+)$", text, re.M))
+
+
 def _retries(port: int) -> dict[str, int]:
     """The worker's requests tried again, by kind (fleet_retries_total): `transient` spend a prompt's
     FLEET_MAX_ATTEMPTS, `unavailable` (a server, or the gateway's upstream, lost) do not."""
@@ -131,15 +137,20 @@ def test_a_real_server_killed_behind_the_gateway_mid_run_costs_no_prompt(fleet, 
     assert fleet.dead_letters() == []
     rows = fleet.rows()
     assert Counter(row["id"] for row in rows) == Counter(r["id"] for r in varied_prompts(n))
-    # and the kill cut requests in flight there: the gateway sent them again itself (each prompt stored at
-    # its first attempt), or, without its retries, the worker did, on the gateway's own answer (its
-    # upstream lost), which spends none of a prompt's FLEET_MAX_ATTEMPTS, however often the gateway
-    # still picked the dead server before its health checks dropped it
+    # and the kill cut requests in flight there: the gateway sent them again itself (almost every prompt
+    # stored at its first attempt), or, without its retries, the worker did, on the gateway's own answer
+    # (its upstream lost); either way the worker's tries again spend none of a prompt's
+    # FLEET_MAX_ATTEMPTS, however often the gateway still picked the dead server before its health
+    # checks dropped it
     assert f"worker_url={second.url} route=/generate" in gateway.process.log.read_text()
     attempts = Counter(row["attempts"] for row in rows)
     retried = _retries(metrics_port)
     if retries:
-        assert attempts == {1: n} and retried == {}, (attempts, retried)
+        # (its retries pick by round-robin, the dead server possibly again: a request whose every try met
+        # it comes back as the gateway's last answer, which the worker sends again as an outage)
+        spent = sum((tried - 1) * count for tried, count in attempts.items())
+        assert _gateway_sent_again(gateway) > 0 and set(retried) <= {"unavailable"}, (attempts, retried)
+        assert spent <= retried.get("unavailable", 0), (attempts, retried)
     else:
         assert attempts[1] < n and set(retried) == {"unavailable"}, (attempts, retried)
     # and each sample is still exactly the surviving server's own answer to its ids

@@ -18,7 +18,8 @@ from contract.run.samples import sample_seed
 from contract.run.spec import RunSpec, load_spec
 from producer.cli import app
 from producer.prompts import BadLine, Prompt, mentions_line_fields, read_prompts
-from workers.intake.generation import fit_context, line_record, request_sampling
+from workers.intake.generation import line_record, request_sampling
+from workers.intake.request_loop import fit_context
 
 RUN_SAMPLING = {"max_new_tokens": 64, "temperature": 0.6, "top_p": 0.95, "skip_special_tokens": False}
 

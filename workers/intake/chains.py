@@ -5,8 +5,8 @@ j + 2K, ... below N. A sample does not pass when it is stored with a verdict
 other than a pass (a fail, or a check's `error`) or dead-lettered; its
 successor is queued (`contract.broker.publish.publish_samples`: a ledger entry with
 the prompt's ids, then its message) *before* the sample settles, at the two
-choke points where a sample settles: `_store`, before its row is committed, and
-`bury`, before its dead letter is stored.
+choke points where a sample settles: `generation._store`, before its row is committed,
+and `burial.bury`, before its dead letter is stored.
 
 **Each chain moves on exactly once.** Settling first would leave a window
 where a settled sample's chain has no successor and nothing would find it (a

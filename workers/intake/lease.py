@@ -80,7 +80,7 @@ def hold_limit(s: Settings) -> float:
     """The longest a live worker keeps one delivery leased: each request at its full timeout and
     longest backoff (one more for a resample), every connection failure allowed, a wait for a
     server, a wait for an earlier request for the prompt still running on its server (one request's
-    timeout: `generation._waited_for_earlier`), the group commit, and one lease of slack."""
+    timeout: `request_loop._waited_for_earlier`), the group commit, and one lease of slack."""
     per_request = s.connect_timeout + s.request_timeout + s.retry_backoff_max
     unavailable = s.max_unavailable * (s.connect_timeout + 5.0)
     earlier = s.request_timeout

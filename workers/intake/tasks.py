@@ -50,7 +50,9 @@ from contract.storage.schema import Sample
 from . import confirmed_intake, deliveries
 from ..output import turns
 from .deliveries import STARTED
-from .generation import Buried, DeadLettered, GiveBack, SettledElsewhere, bury, process_prompt
+from .attempts import GiveBack, SettledElsewhere
+from .burial import Buried, DeadLettered, bury
+from .generation import process_prompt
 from .group_acks import GROUP_ACKS
 from .lease import hold_limit
 from .recent import ADVANCED

@@ -112,7 +112,7 @@ class InFlightThere(TransientError):
     """The server still runs an earlier request for this prompt (SGLang refuses a `rid` in flight):
     ours, cut off before its answer, or a worker's that lost the prompt to this one (cut off from
     Redis, frozen) while its generation went on. Neither the prompt's fault nor the server's: the
-    caller waits for it to end (`workers/intake/generation.py`)."""
+    caller waits for it to end (`workers/intake/request_loop.py`)."""
 
 
 class ServerRejected(GenerateError):

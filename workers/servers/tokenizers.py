@@ -4,7 +4,7 @@ Invariant: no prompt of a run goes to a server before that server's own
 tokenizer gave the run's ids for the run's probe (`contract/chat/tokenizer_probe.py`),
 or said it cannot tokenize (no `/tokenize`, or no tokenizer: said once, then
 the server is bound by `--served-model` alone). Why it holds: the request loop picks a
-server only among those `taking` names (`workers/intake/generation.py`), and
+server only among those `taking` names (`workers/intake/request_loop.py`), and
 every usable server without a verdict is asked there and then, one thread per
 server and probe asking while the others wait for its verdict. A server's
 verdicts are kept for its preflight's epoch: a restarted server (perhaps with

@@ -20,7 +20,7 @@ from producer.local import start_redis, wait_for
 from workers.intake import deliveries
 from workers.intake.confirmed_intake import after_failover, again, take
 from workers.intake.deliveries import Started
-from workers.intake.generation import put_letter
+from workers.intake.burial import put_letter
 
 
 @pytest.fixture(autouse=True)

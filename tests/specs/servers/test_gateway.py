@@ -16,7 +16,7 @@ import pytest
 
 from contract.names import ServerState
 from workers.servers.gateway_answers import OUTAGE, UPSTREAM, gateway_failure
-from workers.intake.generation import fit_context, prompt_too_long
+from workers.intake.request_loop import fit_context, prompt_too_long
 from workers.servers.health import HealthMonitor
 from workers.servers.preflight import Unreadable, preflight, settle_context
 from workers.servers.bindings import ServerBinding, ServerPool

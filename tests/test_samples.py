@@ -91,6 +91,14 @@ def test_every_sample_of_every_prompt_is_stored_once_with_its_own_seed(fleet, to
     assert (manifest["rows"], manifest["prompts"], manifest["samples_per_prompt"]) == (15, 5, 3)
     assert "exported 15 samples of 5 prompts (3 samples a prompt)" in " ".join(said.split())
 
+    # and exported for SpecForge, each sample is a line of its own name (`<id>~<index>`), holding its
+    # stored row's tokens
+    fleet.producer("export", str(tmp_path / "specforge"), "--format", "specforge")
+    lines = [json.loads(line) for line in (tmp_path / "specforge" / "specforge.jsonl").read_text().splitlines()]
+    assert sorted(line["id"] for line in lines) == sorted(_keys(records))
+    stored = {f"{r['id']}~{r['sample']}": r["input_ids"] for r in rows}
+    assert all(line["input_ids"] == stored[line["id"]] for line in lines)
+
     # and `show` decodes one sample of a prompt
     shown = fleet.producer("show", "p-0002", "--sample", "2").stdout
     assert "sample 2 of prompt p-0002" in shown and str(sample_seed("default", "p-0002", 2)) in shown

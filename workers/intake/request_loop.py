@@ -7,8 +7,9 @@ leased to this worker and can move it to another healthy server at once.
 Every way round the loop spends a budget or shrinks the choice of servers (`answer`), so it
 ends: transient failures and bad answers spend `FLEET_MAX_ATTEMPTS`, a server's outage (no
 connection, a dropped one, a gateway's upstream lost) `FLEET_MAX_UNAVAILABLE`, a refusal of our
-credentials refuses that server, a cut follows its server's going down, and no usable server
-gives the prompt back to the queue. A prompt in flight when its server died is noted at the
+credentials refuses that server, a cut follows its server's going down, an earlier request of
+the prompt still running on the server is waited for up to `FLEET_REQUEST_TIMEOUT`, and no usable
+server gives the prompt back to the queue. A prompt in flight when its server died is noted at the
 crash (`server_crashes.py`), and goes alone next time.
 """
 from __future__ import annotations

@@ -21,7 +21,7 @@ import httpx
 import redis
 
 
-LISTEN_PORTS = (20000, 32768)  # where free_port looks: below Linux's default range for outgoing connections
+LISTEN_FROM = 20000  # free_port's lowest: above the ports well-known services listen on (Redis's 6379 among them)
 
 
 def free_port() -> int:
@@ -29,18 +29,19 @@ def free_port() -> int:
 
     A port from that range (what binding port 0 gives) can be taken by any process's
     connect() between this check and the listener's own bind: a stand-in once failed
-    'address already in use' that way in a busy test run. Ports below the range are
-    only ever taken by listeners, which bind them on purpose."""
+    'address already in use' that way in a busy test run. Ports outside it are only ever
+    taken by listeners, which bind them on purpose. Where the range leaves none above
+    `LISTEN_FROM`, the kernel picks, as before."""
     low, high = _outgoing_ports()
-    choices = [p for p in range(*LISTEN_PORTS) if not low <= p <= high]
-    for port in random.sample(choices, 50) if choices else []:
+    choices = [p for p in range(LISTEN_FROM, 65536) if not low <= p <= high]
+    for port in random.sample(choices, min(50, len(choices))):
         with socket.socket() as sock:
             try:
                 sock.bind(("127.0.0.1", port))
             except OSError:
                 continue
             return port
-    with socket.socket() as sock:  # a machine whose outgoing range covers ours: the kernel's pick
+    with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
 

@@ -1,10 +1,11 @@
 """What happened to one prompt so far, and the ways its request loop ends without an answer.
 
 `Attempts` travels with a prompt through its requests (`request_loop.py`) into its sample's
-`attempts` column or its dead letter (`burial.py`). Its `total` counts the servers the prompt was
-sent to, the one that answered included; a request cut because its server was marked down while
-it waited, and a one-token probe, are taken off it, and a wait for an earlier request of the
-prompt adds none. The exceptions are how the loop
+`attempts` column or its dead letter (`burial.py`). Its `total` counts the requests sent, the one
+answered included, one entry each (`servers`, repeats kept); a request cut because its server was
+marked down while it waited, a gateway's answer that no server can take it, and a one-token probe
+are taken off it. Budgets are counted apart (`transient`, `unavailable`): an answer that an
+earlier request of the prompt still runs there adds to `total` but spends neither. The exceptions are how the loop
 says the prompt leaves it otherwise: back to the queue untouched (`GiveBack`), already settled
 by another worker (`SettledElsewhere`), or as a dead letter (`Unfit`).
 """

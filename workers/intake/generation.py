@@ -82,8 +82,8 @@ def process_prompt(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[
     tries = Attempts(crashes=server_crashes.notes(rt.redis, spec.name, prompt_id))
     if spec.vocab_size and prompt_ids and max(prompt_ids) >= spec.vocab_size:  # never sent: it may kill a server
         return bury(rt, dead_letter(rt, spec, prompt_id, prompt_ids, sampling, tries, Reason.WORKER_ERROR,
-                              f"prompt id {max(prompt_ids)} is not a token id of the run's tokenizer "
-                              f"({spec.vocab_size} ids); not sent"))
+                                    f"prompt id {max(prompt_ids)} is not a token id of the run's tokenizer "
+                                    f"({spec.vocab_size} ids); not sent"))
     route = rt.affinity.route(rt.redis, spec.name, spec.turns == "all", prompt_id, prompt_ids)
     try:
         return _generate_and_settle(rt, spec, prompt_id, prompt_ids, sampling, tries, route, submit, fields)
@@ -106,7 +106,7 @@ def _generate_and_settle(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids:
                 continue
             metrics.VERIFY_FAILURES.labels(verdict.reason).inc()
             raise Unfit(dead_letter(rt, spec, prompt_id, prompt_ids, generation.sampling, tries,
-                              verdict.reason, verdict.message, generation))
+                                    verdict.reason, verdict.message, generation))
     except Unfit as exc:
         return bury(rt, exc.letter)
 
@@ -169,7 +169,7 @@ def _store(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int], tr
         return _commit(rt, spec.name, prompt_id, row, submit)
     except BadSample as exc:
         return bury(rt, dead_letter(rt, spec, prompt_id, prompt_ids, generation.sampling, tries,
-                              Reason.BAD_OUTPUT, f"its sample cannot be stored: {exc}", generation))
+                                    Reason.BAD_OUTPUT, f"its sample cannot be stored: {exc}", generation))
 
 
 def _commit(rt: Runtime, run: str, prompt_id: str, row: Sample, submit: Submit) -> str:

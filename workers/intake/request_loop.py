@@ -5,7 +5,8 @@ the broker with an ETA (and its visibility-timeout pitfalls), while a loop here 
 leased to this worker and can move it to another healthy server at once.
 
 Every way round the loop spends a budget or shrinks the choice of servers (`answer`), so it
-ends: transient failures and bad answers spend `FLEET_MAX_ATTEMPTS`, a server's outage (no
+ends (besides a suspect's one-token probe, once, and a new choice when a server became usable
+meanwhile): transient failures and bad answers spend `FLEET_MAX_ATTEMPTS`, a server's outage (no
 connection, a dropped one, a gateway's upstream lost) `FLEET_MAX_UNAVAILABLE`, a refusal of our
 credentials refuses that server, a cut follows its server's going down, an earlier request of
 the prompt still running on the server is waited for up to `FLEET_REQUEST_TIMEOUT`, and no usable
@@ -77,7 +78,7 @@ def _requests(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int],
                 too_long = prompt_too_long(len(prompt_ids), binding.max_model_len, binding.max_input_len)
                 if too_long:
                     raise Unfit(dead_letter(rt, spec, prompt_id, prompt_ids, sampling, tries, Reason.PROMPT_TOO_LONG,
-                                      f"{too_long} of {binding.url}"))
+                                            f"{too_long} of {binding.url}"))
                 tries.servers.append(binding.url)
                 sent = fit_context(sampling, len(prompt_ids), binding.max_model_len)
                 if suspect:  # a one-token probe alone, then back to the pool as any prompt
@@ -102,7 +103,7 @@ def _requests(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[int],
             raise GiveBack(str(exc)) from exc
         except ServerRejected as exc:
             raise Unfit(dead_letter(rt, spec, prompt_id, prompt_ids, sampling, tries, Reason.SERVER_REJECTED,
-                              str(exc))) from exc
+                                    str(exc))) from exc
         except ServerRefused as exc:
             _refused(rt, spec, binding, exc, tries)
         except ServerCut as exc:
@@ -167,9 +168,9 @@ def _dropped(rt: Runtime, spec: RunSpec, binding: ServerBinding, prompt_id: str,
         crashes = ", ".join(f"{c['server']} at {datetime.fromtimestamp(c['at'], timezone.utc):%H:%M:%S} UTC"
                             for c in tries.crashes)
         letter = dead_letter(rt, spec, prompt_id, prompt_ids, sampling, tries, Reason.SERVER_CRASH,
-                       f"its server died each time it was in flight, the last {server_crashes.SOLO_DEATHS} times sent "
-                       f"there alone ({crashes}); "
-                       f"never sent again", excerpt={"crashes": tries.crashes})
+                             f"its server died each time it was in flight, the last "
+                             f"{server_crashes.SOLO_DEATHS} times sent there alone ({crashes}); never sent again",
+                             excerpt={"crashes": tries.crashes})
         letter.servers = sorted({c["server"] for c in tries.crashes})
         raise Unfit(letter)
     rt.pool.suspected(binding.url, server_crashes.suspect_key(spec.name, prompt_id))
@@ -259,7 +260,7 @@ def _server_error(rt: Runtime, spec: RunSpec, prompt_id: str, prompt_ids: list[i
     message = f"gave up after {tries.total} requests; last error: {tries.last_error}"
     reason = Reason.SERVER_ERROR if tries.last_bad_output is None else Reason.BAD_OUTPUT
     return dead_letter(rt, spec, prompt_id, prompt_ids, sampling, tries, reason, message,
-                 excerpt=tries.last_bad_output)
+                       excerpt=tries.last_bad_output)
 
 
 def prompt_too_long(prompt_len: int, context: int | None, max_input: int | None) -> str | None:

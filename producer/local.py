@@ -6,6 +6,7 @@ system `redis-server` when there is one, else the Valkey server bundled by the
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import random
 import shutil
@@ -13,6 +14,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,26 +26,66 @@ import redis
 LISTEN_FROM = 20000  # free_port's lowest: above the ports well-known services listen on (Redis's 6379 among them)
 
 
+PORTS = Path(tempfile.gettempdir()) / f"reasoning-fleet-ports-{os.getuid()}"  # who holds which port
+
+
 def free_port() -> int:
-    """A port free to listen on, outside the kernel's range for outgoing connections.
+    """A port free to listen on, outside the kernel's range for outgoing connections, and held
+    for the caller's process as long as it lives (`_hold`).
 
     A port from that range (what binding port 0 gives) can be taken by any process's
     connect() between this check and the listener's own bind: a stand-in once failed
     'address already in use' that way in a busy test run. Ports outside it are only ever
-    taken by listeners, which bind them on purpose. Where the range leaves none above
+    taken by listeners, which bind them on purpose. Free is not enough either: a server
+    killed and started again on its port, or one a worker still points at after it
+    stopped, leaves its port free for a while; handed to another test's server, its
+    prompts went there (one CI run, twice). Where the range leaves none above
     `LISTEN_FROM`, the kernel picks, as before."""
     low, high = _outgoing_ports()
     choices = [p for p in range(LISTEN_FROM, 65536) if not low <= p <= high]
-    for port in random.sample(choices, min(50, len(choices))):
-        with socket.socket() as sock:
-            try:
-                sock.bind(("127.0.0.1", port))
-            except OSError:
-                continue
+    for port in random.sample(choices, min(200, len(choices))):
+        if _bindable(port) and _hold(port):
             return port
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True
+
+
+def _hold(port: int) -> bool:
+    """Note `port` as this process's, machine-wide (a file under `PORTS` naming its pid); False
+    while another live process, or this one, holds it already. A dead process's ports are free
+    again. One lock for every change, so two processes never both take a port."""
+    PORTS.mkdir(exist_ok=True)
+    with open(PORTS / ".lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        held = PORTS / str(port)
+        try:
+            owner = int(held.read_text() or 0)
+        except (OSError, ValueError):
+            owner = 0
+        if owner > 0 and _alive(owner):
+            return False
+        held.write_text(str(os.getpid()))
+        return True
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def _outgoing_ports() -> tuple[int, int]:

@@ -1,12 +1,14 @@
 """free_port: the ports the tests and the demo listen on never come from the kernel's range for
-outgoing connections, where any process's connect() could take one before its listener binds it."""
+outgoing connections, where any process's connect() could take one before its listener binds it,
+and a port given stays its taker's while that process lives, even while nothing listens on it."""
 from __future__ import annotations
 
 import socket
+import subprocess
 
 import pytest
 
-from producer.local import LISTEN_FROM, _outgoing_ports, free_port
+from producer.local import LISTEN_FROM, PORTS, _hold, _outgoing_ports, free_port
 
 
 def test_a_free_port_is_outside_the_range_outgoing_connections_take_ports_from():
@@ -24,3 +26,21 @@ def test_a_free_port_is_outside_the_range_outgoing_connections_take_ports_from()
         with socket.create_server(("127.0.0.1", port)):
             pass
 
+
+
+def test_a_port_is_held_while_the_process_that_took_it_lives_and_free_again_once_it_died():
+    # Given a port this process took
+    port = free_port()
+
+    # Then it is never given again while this process lives, nor while another live process holds it
+    assert not _hold(port)
+    holder = subprocess.Popen(["sleep", "60"])
+    try:
+        (PORTS / str(port)).write_text(str(holder.pid))
+        assert not _hold(port)
+    finally:
+        holder.kill()
+        holder.wait()
+
+    # and once its holder died, it can be taken again
+    assert _hold(port)

@@ -40,15 +40,19 @@ def free_port() -> int:
     killed and started again on its port, or one a worker still points at after it
     stopped, leaves its port free for a while; handed to another test's server, its
     prompts went there (one CI run, twice). Where the range leaves none above
-    `LISTEN_FROM`, the kernel picks, as before."""
+    `LISTEN_FROM`, the kernel picks, and its pick is held the same way."""
     low, high = _outgoing_ports()
     choices = [p for p in range(LISTEN_FROM, 65536) if not low <= p <= high]
     for port in random.sample(choices, min(200, len(choices))):
         if _bindable(port) and _hold(port):
             return port
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    for _ in range(200):
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        if _hold(port):
+            return port
+    raise OSError(f"no port free to listen on: each one tried is taken, or held by a live process (see {PORTS})")
 
 
 def _bindable(port: int) -> bool:

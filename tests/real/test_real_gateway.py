@@ -9,11 +9,9 @@ server crash of the prompt's (workers/intake/server_crashes.py judges direct ser
 """
 from __future__ import annotations
 
-import re
 from collections import Counter
 from pathlib import Path
 
-import httpx
 import pytest
 import redis
 
@@ -21,6 +19,7 @@ from contract.fleet import heartbeats
 from producer.local import free_port
 
 from conftest import varied_prompts, write_prompts
+from metric_pages import by_label, sum_of, worker_page
 from real_gateway import Gateway, start_gateway
 from real_sglang import CONTEXT, RealServer
 from waiting import wait_until
@@ -45,23 +44,20 @@ def _server(fleet, worker: str = "w1") -> dict:
 
 def _answered(gateway: Gateway) -> dict[str, int]:
     """How many requests each of the gateway's servers answered well (smg_worker_cb_outcomes_total, success)."""
-    text = httpx.get(gateway.metrics, timeout=5).text
-    return {url.rstrip("/"): int(float(value)) for url, value in re.findall(
-        r'^smg_worker_cb_outcomes_total\{worker="([^"]*)",outcome="success"\} (\S+)$', text, re.M)}
+    found = by_label(gateway.metrics, "smg_worker_cb_outcomes_total", "worker", outcome="success")
+    return {url.rstrip("/"): int(value) for url, value in found.items()}
 
 
 def _gateway_sent_again(gateway: Gateway) -> int:
     """Requests the gateway sent again after a failed try (smg_worker_retries_total, over its labels)."""
-    text = httpx.get(gateway.metrics, timeout=5).text
-    return sum(int(float(v)) for v in re.findall(r"^smg_worker_retries_total(?:\{[^}]*\})? (\S+)$", text, re.M))
+    return int(sum_of(gateway.metrics, "smg_worker_retries_total"))
 
 
 def _retries(port: int) -> dict[str, int]:
     """The worker's requests tried again, by kind (fleet_retries_total): `transient` spend a prompt's
     FLEET_MAX_ATTEMPTS, `unavailable` (a server, or the gateway's upstream, lost) do not."""
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-    found = re.findall(r'^fleet_retries_total\{kind="([^"]*)"\} (\S+)$', text, re.M)
-    return {kind: int(float(value)) for kind, value in found if float(value)}
+    found = by_label(worker_page(port), "fleet_retries_total", "kind")
+    return {kind: int(value) for kind, value in found.items()}
 
 
 def _enqueue(fleet, tmp_path: Path, n: int, budget: int) -> None:

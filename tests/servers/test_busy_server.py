@@ -30,6 +30,7 @@ from conftest import write_prompts
 from contract.fleet import heartbeats
 from contract.ledger.ledger import Ledger
 from cpu_quota import EIGHTH, cpu_quota_group, launch_in
+from metric_pages import sum_of, worker_page
 from producer.local import free_port, start_worker
 from waiting import wait_until
 
@@ -113,8 +114,8 @@ def test_a_worker_held_to_an_eighth_of_a_core_by_its_cgroup_says_it_is_cpu_bound
         lines = re.findall(r"worker CPU-bound: .*", worker.tail(100_000))
         assert len(lines) == 1 and "of the 0.125 cores it can use" in lines[0] and quota_file in lines[0], lines
         # and its metrics show it bound on an eighth of a core
-        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
-        assert re.search(r"^fleet_worker_cpu_bound 1\.0$", metrics, re.M), metrics
-        assert re.search(r"^fleet_worker_cpu_cores 0\.125$", metrics, re.M), metrics
+        page = worker_page(port)
+        assert sum_of(page, "fleet_worker_cpu_bound") == 1.0, httpx.get(page).text
+        assert sum_of(page, "fleet_worker_cpu_cores") == 0.125, httpx.get(page).text
         # (the rest of the run is not waited for: at an eighth of a core it is two minutes' work)
         worker.stop(timeout=30)

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import re
 import ssl
-import threading
 import time
 
 import httpx
@@ -20,6 +19,7 @@ import redis
 from blackhole import BlackHole
 from conftest import varied_prompts, write_prompts
 from contract.fleet import heartbeats
+from metric_pages import by_label, worker_page
 from private_ca import make_ca
 from producer.local import free_port
 from waiting import wait_until
@@ -29,9 +29,8 @@ SHORT = ["--output-len-max", "48"]  # under the prompts' --max-new-tokens 64: ne
 
 def _retries(port: int) -> dict[str, int]:
     """The worker's requests tried again, by kind (fleet_retries_total)."""
-    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=5).text
-    found = re.findall(r'^fleet_retries_total\{kind="([^"]*)"\} (\S+)$', text, re.M)
-    return {kind: int(float(value)) for kind, value in found if float(value)}
+    found = by_label(worker_page(port), "fleet_retries_total", "kind")
+    return {kind: int(value) for kind, value in found.items()}
 
 
 def _servers(fleet, worker: str = "w1") -> list[dict]:

@@ -12,13 +12,13 @@ import collections
 import json
 import re
 
-import httpx
 import pytest
 import redis
 
 from bench.shared_server import ready_to_share
 from conftest import write_prompts
 from contract.fleet import heartbeats
+from metric_pages import sum_of, worker_page
 from producer.local import free_port
 from waiting import wait_until
 
@@ -105,8 +105,7 @@ def test_a_worker_whose_cpu_is_the_limit_says_so_in_its_log_status_and_metric(fl
     wait_until(lambda: "CPU-BOUND" in fleet.producer("status").stdout, 120, "`status` saying CPU-BOUND", fleet,
                poll=0.5)
     # and its metrics say so
-    wait_until(lambda: re.search(r"^fleet_worker_cpu_bound 1\.0$",
-                                 httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text, re.M),
+    wait_until(lambda: sum_of(worker_page(port), "fleet_worker_cpu_bound") == 1.0,
                120, "fleet_worker_cpu_bound 1", fleet, poll=0.5)
     # and its log says so once, with the remedy
     assert fleet.wait_finished(timeout=400) == {"done": total}

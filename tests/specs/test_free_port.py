@@ -27,6 +27,17 @@ def test_a_free_port_is_outside_the_range_outgoing_connections_take_ports_from()
             pass
 
 
+def test_where_the_outgoing_range_leaves_no_port_the_kernels_pick_is_held_all_the_same(monkeypatch):
+    # Given a machine whose outgoing range takes every port above LISTEN_FROM
+    monkeypatch.setattr("producer.local._outgoing_ports", lambda: (1024, 65535))
+
+    # When ports are picked to listen on
+    ports = [free_port() for _ in range(5)]
+
+    # Then the kernel picked them, each different and held for this process like any other
+    assert len(set(ports)) == 5
+    assert not [p for p in ports if _hold(p)]
+
 
 def test_a_port_is_held_while_the_process_that_took_it_lives_and_free_again_once_it_died():
     # Given a port this process took

@@ -18,14 +18,19 @@ fi
 # every worker, stand-in and producer command a test starts would otherwise compile the project's
 # modules again, and every pytest worker rewrite the test modules' asserts again (2-3 s each).
 unset PYTHONDONTWRITEBYTECODE
-# How many tests at once. The whole suite: six. It is bound by CPU on 2 cores (each test starts
-# Redis, workers, stand-ins and producer commands, a few CPU-seconds each), and six keep both cores
-# busy while some tests wait on leases, health rounds and restarts; each more worker adds ~5 CPU-s
-# (collection, the session tokenizer). The fast layer alone: two, since each worker's start-up
-# costs more than the specs it would run (xdist with six: 79 CPU-s; with two: 44; serially: 38).
+# How many tests at once. The whole suite: three a core (six on 2 cores), sixteen at most. It is
+# bound by CPU (each test starts Redis, workers, stand-ins and producer commands, a few CPU-seconds
+# each), and three a core keep the cores busy while some tests wait on leases, health rounds and
+# restarts; each more worker adds ~5 CPU-s (collection, the session tokenizer), and on 2 cores
+# eight were about a minute faster but stretched timing-bound tests further. The fast layer alone:
+# two, since each worker's start-up costs more than the specs it would run (xdist with six: 79
+# CPU-s; with two: 44; serially: 38).
 workers="${FLEET_TEST_WORKERS:-}"
 if [ -z "$workers" ]; then
-  case " $* " in *"not slow"*) workers=2 ;; *) workers=6 ;; esac
+  case " $* " in
+    *"not slow"*) workers=2 ;;
+    *) workers=$(( $(nproc) * 3 )); [ "$workers" -le 16 ] || workers=16 ;;
+  esac
 fi
 # --no-loadscope-reorder: keep tests/conftest.py's order (the slow tests first, the specs after).
 exec .venv/bin/python -m pytest -n "$workers" --dist loadgroup --no-loadscope-reorder "$@"

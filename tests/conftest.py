@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -79,6 +80,8 @@ def pytest_sessionfinish() -> None:
         started.close()
     stop_shared_servers()
     stop_sglang_started_since(0)
+    if "real_sglang" in sys.modules:  # the zygote the real servers were forked from, once none is left
+        sys.modules["real_sglang"].close_launcher()
 
 
 class Fleet:

@@ -5,7 +5,9 @@ later runs and fresh clones on the same machine reuse
 (`~/.cache/reasoning-fleet/sglang-<version>`, or `FLEET_SGLANG_VENV`);
 `FLEET_SGLANG_PYTHON` names another interpreter that has SGLang. Everything the
 server runs is stock SGLang but one kernel module (`tests/sglang_cpu/sgl_kernel`), its engine's
-processes forked rather than spawned (`tests/sglang_cpu/launch_server.py`: a third less CPU a load).
+processes forked rather than spawned (`tests/sglang_cpu/launch_server.py`: a third less CPU a load),
+and its launcher forked from a zygote of SGLang's interpreter that imported SGLang once
+(`tests/zygote.py`: ~10 CPU-seconds less a load).
 
 Two tiny checkpoints whose vocabulary is the bundled tokenizer's, written by
 `tests/sglang_cpu/make_model.py` once into the same cache:
@@ -28,6 +30,7 @@ import json
 import os
 import signal
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -35,7 +38,7 @@ from pathlib import Path
 
 import httpx
 
-from producer.local import Process, free_port, spawn
+from producer.local import Process, free_port
 
 ROOT = Path(__file__).resolve().parents[1]
 VERSION = "0.5.23"  # the SGLang the fleet is tested with (scripts/setup.sh installs it)
@@ -65,6 +68,7 @@ ANSWER = r"So the total is \boxed{12}."  # a math answer, for verifiers (`enqueu
 
 
 STARTED: list["RealServer"] = []  # every server this pytest process started (tests/conftest.py stops them)
+_zygote: list = []  # this pytest process's SGLang zygote, started at its first load (`_launcher`)
 
 
 def sglang_python() -> str:
@@ -190,13 +194,13 @@ def start_sglang(logs: Path, model: Path, *options: str, port: int | None = None
     _take_slot(port)
     gate = _enter_start_gate()
     try:
-        argv = [sglang_python(), str(KERNEL / "launch_server.py"), "--model-path", str(model), "--device", "cpu",
+        argv = [sglang_python(), "-m", "launch_server", "--model-path", str(model), "--device", "cpu",
                 "--host", "127.0.0.1", "--port", str(port), "--attention-backend", "torch_native",
                 "--cuda-graph-backend-decode", "disabled", "--cuda-graph-backend-prefill", "disabled",
                 "--max-total-tokens", "16384", "--skip-server-warmup", "--sleep-on-idle", *options]
         env = {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "PYTHONPATH": str(KERNEL), "HF_HUB_OFFLINE": "1",
                "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-        process = spawn(f"sglang-{port}", argv, logs, env=env)
+        process = _launcher(env).spawn(f"sglang-{port}", argv, logs, env=env)
     except BaseException:
         gate.close()
         raise
@@ -207,6 +211,23 @@ def start_sglang(logs: Path, model: Path, *options: str, port: int | None = None
     if wait_healthy:
         wait_healthy_server(server)
     return server
+
+
+def _launcher(env: dict[str, str]):
+    """This pytest process's zygote of SGLang's interpreter (`tests/zygote.py`, kind `sglang`), started with
+    the servers' own environment (SGLang reads some of it when imported): each launch is forked from it."""
+    if not _zygote:
+        from zygote import Zygote
+
+        _zygote.append(Zygote(Path(tempfile.mkdtemp(prefix="sglang-zygote-")), env, KERNEL, python=sglang_python(),
+                              kind="sglang"))
+    return _zygote[0]
+
+
+def close_launcher() -> None:
+    """The zygote gone (after every server it started was stopped: tests/conftest.py)."""
+    while _zygote:
+        _zygote.pop().close()
 
 
 def _take_slot(port: int) -> None:

@@ -13,7 +13,11 @@ child, which takes the program's argv, environment, working directory, standard 
 separate process, that exits through the interpreter's own shutdown with its own exit status. The
 zygote reports the child's pid, then its exit status once it ended; signals go to the pid.
 
-Run as `python tests/zygote.py SOCKET`; `Zygote` below starts one and speaks to it.
+The real SGLang server's launcher (`tests/real_sglang.py`) has a zygote of its own, of SGLang's
+interpreter, that has imported SGLang (~10 CPU-s, paid once rather than in every load).
+
+Run as `python tests/zygote.py SOCKET [KIND]` (KIND: `fleet`, the default, or `sglang`); `Zygote` below
+starts one and speaks to it.
 """
 from __future__ import annotations
 
@@ -47,7 +51,13 @@ PRELOAD = ("producer.cli", "producer.enqueue", "producer.status", "producer.stat
            "httpx", "flower", "prometheus_client")
 
 
-def _preload() -> None:
+# What the real SGLang server's launcher imports before it loads a model: all of SGLang's server, torch and
+# transformers. Its zygote runs with the server's own environment (`tests/real_sglang.py`), which SGLang reads
+# when imported.
+SGLANG_PRELOAD = ("sglang.launch_server", "sglang.srt.entrypoints.http_server")
+
+
+def _preload(kind: str) -> None:
     """Import what the programs import, then drop the project's own modules (a program imports
     them fresh, reading its own environment). The environment is the zygote's own again
     afterwards; while importing it has what a program would have set before these imports
@@ -59,6 +69,10 @@ def _preload() -> None:
     COLUMNS, which rich reads when producer.cli, imported fresh, builds its consoles)."""
     import importlib
 
+    if kind == "sglang":
+        for name in SGLANG_PRELOAD:
+            importlib.import_module(name)
+        return
     saved = dict(os.environ)
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "true")
@@ -72,10 +86,10 @@ def _preload() -> None:
     os.environ.update(saved)
 
 
-def serve(path: str) -> dict | None:
+def serve(path: str, kind: str = "fleet") -> dict | None:
     """Start programs until stdin closes (the test worker ended). Returns only in a forked
     child: the program it is to become, its standard streams already in place."""
-    _preload()
+    _preload(kind)
     threads = os.listdir("/proc/self/task")
     if len(threads) != 1:  # a thread would not survive fork()
         raise SystemExit(f"zygote: {len(threads)} threads after the imports; fork() is unsafe")
@@ -186,13 +200,14 @@ class Zygote:
     sitecustomize of its own, as tests/intake/test_clock_skew.py gives its workers) needs an interpreter
     that starts with them: it is started as a plain subprocess."""
 
-    def __init__(self, folder: Path, env: dict[str, str], cwd: Path):
-        self.folder, self.env = folder, dict(env)
+    def __init__(self, folder: Path, env: dict[str, str], cwd: Path, python: str = sys.executable,
+                 kind: str = "fleet"):
+        self.folder, self.env, self.python = folder, dict(env), python
         folder.mkdir(parents=True, exist_ok=True)
         self.path = str(folder / "zygote.sock")
         self.log = folder / "zygote.log"
         with open(self.log, "ab") as log:
-            self.process = subprocess.Popen([sys.executable, __file__, self.path], env=env, cwd=cwd,
+            self.process = subprocess.Popen([python, __file__, self.path, kind], env=env, cwd=cwd,
                                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log)
         line = self.process.stdout.readline()
         if line.strip() != b"ready":
@@ -213,7 +228,7 @@ class Zygote:
             return Command(self.path, module, args, env, cwd, output, session)
         streams = dict(stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) if output is None else \
             dict(stdout=output, stderr=output)
-        return subprocess.Popen([sys.executable, "-m", module, *args], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+        return subprocess.Popen([self.python, "-m", module, *args], env=env, cwd=cwd, stdin=subprocess.DEVNULL,
                                 start_new_session=session, **streams)
 
     def spawn(self, name: str, argv: list[str], logs: Path, env: dict | None = None):
@@ -221,7 +236,7 @@ class Zygote:
         ever). Without `env`, the zygote's own: the test worker's, and PYTHONPATH=ROOT."""
         from producer.local import Process, spawn
 
-        if argv[:2] != [sys.executable, "-m"]:
+        if argv[:2] != [self.python, "-m"]:
             return spawn(name, argv, logs, env)
         logs.mkdir(parents=True, exist_ok=True)
         log = logs / f"{name}.log"
@@ -323,6 +338,6 @@ def _text(file) -> str:
 
 
 if __name__ == "__main__":
-    command = serve(sys.argv[1])
+    command = serve(sys.argv[1], *sys.argv[2:3])
     if command is not None:
         run_command(command)

@@ -29,7 +29,7 @@ from contract.settings import settings_refusal
 
 from .reporting import flower_guard  # noqa: F401  (Flower refuses to listen beyond localhost without auth)
 from .output import storage_guard  # noqa: F401  (a worker refuses to start when OUTPUT_DIR takes no writes)
-from .reporting import lifeline
+from .reporting import lifeline, log_lines
 from .intake.audit import LostMessageAudit
 from .reporting.events import BatchedEvents
 from .intake.failover import FailoverWatch
@@ -54,6 +54,7 @@ if not settings.task_log:  # FLEET_TASK_LOG: Celery checks these levels once, wh
         logging.getLogger(name).setLevel(logging.WARNING)
 # Its "Started consuming from"/"Canceling queue" lines repeat the health gate's one line per change.
 logging.getLogger("celery.worker.consumer.consumer").setLevel(logging.WARNING)
+log_lines.install()  # a prompt handed back: Celery's one line, without its traceback
 
 # kombu's Redis transport, extended by subclassing (workers/intake/transport.py): the batched take,
 # the shared client, lease scores on Redis's clock, detaching on a lost connection, acks confirmed

@@ -254,6 +254,10 @@ def test_a_key_rotated_on_the_server_refuses_it_at_its_first_401_and_gives_promp
     wait_until(lambda: _queue_holds(fleet, 40), 60, "the prompts to be given back", fleet)
     assert fleet.states() == {"done": 10, "queued": 40} and fleet.dead_letters() == []
     assert "key-1" not in json.dumps(_servers_seen(fleet)) and "key-2" not in worker.log.read_text()
+    # (each given back in one line of the worker's log, saying why, with no traceback)
+    given_back = [line for line in worker.log.read_text().splitlines() if "reject requeue=True" in line]
+    assert given_back and all(line.split("reject requeue=True: ")[1] for line in given_back), given_back
+    assert "Traceback" not in worker.log.read_text(), worker.tail(60)
 
     # When the worker restarts with the new key, everything is stored, each generated once
     worker.stop()

@@ -162,7 +162,8 @@ def _dropped(rt: Runtime, spec: RunSpec, binding: ServerBinding, prompt_id: str,
         return
     tries.crashes = server_crashes.note(rt.redis, spec.name, prompt_id, tries.crashes, binding.url, at, alone)
     tries.probed = False
-    rt.pool.crashed(binding)
+    rt.monitor.died(binding, at, "it died with requests in flight: their connections closed with no answer, "
+                                 "then nothing listened there")
     when = datetime.fromtimestamp(at, timezone.utc)
     if server_crashes.convicted(tries.crashes):
         crashes = ", ".join(f"{c['server']} at {datetime.fromtimestamp(c['at'], timezone.utc):%H:%M:%S} UTC"

@@ -78,6 +78,7 @@ class ServerBinding:
     # probe, no other prompt of this worker is sent here, so each probe runs alone on the restarted server
     suspects: set[str] = field(default_factory=set)
     crashed_at: float | None = None  # monotonic: when a request here met the server's death, until probes are done
+    death: float | None = None  # the last death noted here (wall clock, one per crash: `CrashWatch.crashed`)
     ready_at: float = 0.0  # monotonic: the last preflight passed (the server's start, as this worker saw it)
     sent: int = field(default=0)
     tuner: Tuner = field(default_factory=lambda: Tuner(bound=1024))
@@ -332,10 +333,14 @@ class ServerPool:
         return (sum(max(b.capacity - b.last_load.running, 0) for b in known),  # type: ignore[operator,union-attr]
                 sum(b.capacity for b in known))  # type: ignore[misc]
 
-    def crashed(self, binding: ServerBinding) -> None:
-        """A request here met the server's death: its suspects probe first when it is back."""
+    def crashed(self, binding: ServerBinding, death: float) -> bool:
+        """A request here met the server's death (`death`: its time, the same for every request in
+        flight there): its suspects probe first when it is back. False for a death noted already."""
         with self._lock:
-            binding.crashed_at = time.monotonic()
+            if binding.death == death:
+                return False
+            binding.death, binding.crashed_at = death, time.monotonic()
+            return True
 
     def suspected(self, url: str, key: str) -> None:
         """A prompt of this worker was in flight when the server at `url` died: it probes first there."""

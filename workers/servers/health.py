@@ -119,6 +119,21 @@ class HealthMonitor:
                         why)
             self.pool.changed()
 
+    def died(self, binding: ServerBinding, death: float, why: str) -> None:
+        """A request here met the server's death (its connection closed with no answer, then nothing
+        listened there: `crashes.py`): out of service now, whatever /health said meanwhile, so that it
+        is back only through a preflight, after which its crash suspects probe first
+        (`ServerBinding.held_for_probes`). A server started again faster than a health round (a
+        supervisor's restart of a process that loads in a second) was otherwise never seen down: the
+        worker held every other prompt for probes that had all come back, for good. Once a crash
+        (`death`: its time): every request in flight there meets the same death."""
+        if not self.pool.crashed(binding, death):
+            return
+        binding.last_error, binding.successes = why, 0
+        if binding.state == HEALTHY:
+            self._transition(binding, LOADING, why)  # not DOWN: its requests there died with it, none to cut
+        self._wake.set()
+
     def wake(self) -> None:
         """Run a round (and write the heartbeat after it) now rather than at the next interval."""
         self._wake.set()

@@ -64,7 +64,7 @@ def _pool() -> ServerPool:
 def test_while_a_crashed_servers_suspects_wait_for_their_probes_only_they_go_there():
     p = _pool()
     a = p.bindings[0]
-    p.crashed(a)
+    p.crashed(a, 1000.0)
     p.suspected("a", "run/p1")
     a.ready_at = time.monotonic()  # back from its restart
 
@@ -82,7 +82,7 @@ def test_after_the_grace_and_the_probes_the_server_takes_every_prompt_again(monk
     monkeypatch.setattr(bindings, "PROBE_GRACE", 0.2)
     p = _pool()
     a = p.bindings[0]
-    p.crashed(a)
+    p.crashed(a, 1000.0)
     a.ready_at = time.monotonic()
     time.sleep(0.3)
     with p.acquire(None, 0.1, only=frozenset({"a"}), checked=frozenset({"a", "b"})) as again:
@@ -94,7 +94,7 @@ def test_a_crashed_server_not_back_yet_holds_its_prompts_however_long_ago_it_die
     p = _pool()
     a = p.bindings[0]
     a.ready_at = time.monotonic()
-    p.crashed(a)  # after its last preflight: not back yet
+    p.crashed(a, 1000.0)  # after its last preflight: not back yet
     assert a.held_for_probes(time.monotonic() + 3600)
 
 

@@ -93,3 +93,25 @@ def test_a_server_that_restarts_with_another_batch_gets_a_target_from_its_new_ca
     feed(m, b, D, D, D, H, H)
     # Then its target starts again from the capacity read afresh
     assert (b.capacity, b.target) == (256, 288)
+
+
+def test_a_server_that_died_under_requests_is_out_of_service_until_a_preflight_even_if_never_seen_down():
+    # Given a healthy, preflighted server with a crash suspect's hold, restarted so fast that /health never failed
+    m, b, calls = monitor()
+    feed(m, b, H, H)
+    assert b.usable and calls == ["http://a"]
+
+    # When requests there met its death (once for each of them: one death)
+    m.died(b, 1000.0, "it died with requests in flight")
+    m.died(b, 1000.0, "it died with requests in flight")
+
+    # Then it is out of service at once, and back only after healthy probes and a new preflight, after which
+    # its crash hold ends with the grace (its ready time is after the death)
+    assert b.state == L and not b.usable
+    assert feed(m, b, H, H) == [L, H]
+    assert b.usable and calls == ["http://a", "http://a"]
+    assert b.ready_at >= b.crashed_at
+    # and a later death is one more: out of service again
+    feed(m, b, H)
+    m.died(b, 2000.0, "it died with requests in flight")
+    assert b.state == L

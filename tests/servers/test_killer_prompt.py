@@ -1,0 +1,73 @@
+"""A prompt that kills its server, against the stand-in, which exits on an input id outside its vocabulary as
+SGLang 0.5.23 does (`--oov-ids crash`), restarted within a second each time it dies: the family of the real
+server's crash test (tests/real/test_server_crash.py), whose restarts are minutes, run where they are cheap."""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import write_prompts
+from real_sglang import tokenizer_with_added_tokens
+
+ADDED = ["<tool_a>", "<tool_b>"]
+
+
+class Supervisor:
+    """Starts the stand-in again on its port whenever it died, and counts its deaths."""
+
+    def __init__(self, fleet, options: list[str]):
+        self.fleet, self.options, self.deaths = fleet, options, []
+        self.process, self.url = fleet.standin(*options)
+        self.port = int(self.url.rsplit(":", 1)[1])
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.2):
+            if not self.process.alive():
+                self.deaths.append(time.time())
+                self.process, _ = self.fleet.standin(*self.options, port=self.port, wait_healthy=False)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(30)
+
+
+def _enqueue_with_a_killer(fleet, tmp_path, extended: Path, killer: int, n: int) -> None:
+    """n prompts enqueued with the extended tokenizer, the one at `killer` using an added token."""
+    records = [{"id": f"p{i:02d}", "prompt": f"Question {i}: count to {i + 3}."} for i in range(n)]
+    records[killer]["prompt"] = f"Call {ADDED[1]} now."
+    fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", records)), "--tokenizer", str(extended),
+                   "--max-new-tokens", "48", "--thinking", "off")
+
+
+@pytest.mark.parametrize("workers", [1, 2], ids=["one-worker", "two-workers"])
+def test_a_killer_prompt_is_dead_lettered_its_neighbours_stored_and_none_blamed(fleet, tmp_path, tokenizer, workers):
+    # Given a stand-in whose vocabulary lacks the two tokens a tokenizer adds, which dies on them and is started
+    # again at once whenever it dies (faster than a health round: the workers may never see it down), and workers
+    extended = tokenizer_with_added_tokens(tokenizer, tmp_path / "extended", ADDED)
+    supervisor = Supervisor(fleet, ["--tokenizer-path", str(extended), "--vocab-size", str(len(tokenizer)),
+                                    "--oov-ids", "crash", "--step-base", "0.05", "--output-len-max", "40"])
+    for name in ("w1", "w2")[:workers]:
+        fleet.worker(name, [supervisor.url])
+
+    # When a run of twelve prompts, one of which uses an added token, is enqueued with that tokenizer
+    _enqueue_with_a_killer(fleet, tmp_path, extended, killer=5, n=12)
+    try:
+        states = fleet.wait_finished(timeout=240)
+    finally:
+        supervisor.stop()
+
+    # Then the killer is a server_crash dead letter, convicted by two deaths while it was sent alone
+    letters = fleet.dead_letters()
+    assert [(d["id"], d["reason"]) for d in letters] == [("p05", "server_crash")], fleet.logs_tail(60)
+    crashes = letters[0]["excerpt"]["crashes"]
+    assert [c["alone"] for c in crashes][-2:] == [True, True] and {c["server"] for c in crashes} == {supervisor.url}
+    # and its eleven neighbours are stored, none blamed, and the server died only of the killer
+    assert states == {"done": 11, "dead": 1}
+    assert sorted(r["id"] for r in fleet.rows()) == [f"p{i:02d}" for i in range(12) if i != 5]
+    assert len(supervisor.deaths) == len(crashes), (supervisor.deaths, crashes)

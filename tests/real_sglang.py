@@ -45,14 +45,14 @@ VERSION = "0.5.23"  # the SGLang the fleet is tested with (scripts/setup.sh inst
 CACHE = Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "reasoning-fleet"
 KERNEL = ROOT / "tests" / "sglang_cpu"
 CONTEXT = 4096
-# A load takes ~30 CPU-seconds of its processes (forked: tests/sglang_cpu/launch_server.py); one that has
-# spent six times that without answering /health is stuck. Wall time alone says little here: beside a busy
+# A load takes ~19 CPU-seconds of its processes (forked from the zygote: `_launcher`); one that has
+# spent nine times that without answering /health is stuck. Wall time alone says little here: beside a busy
 # suite on 2 cores a load gets a fraction of a core.
 START_CPU_SECONDS = 180
 START_TIMEOUT = 600  # seconds from its launch, whatever it spent
 SERVING_NICE = 10  # once loaded: the suite's timing-bound tests (failover lags, leases) run beside it on 2 cores
 # One server loads at a time on this machine, whichever pytest process (or fresh clone) starts it: a load is
-# ~30 CPU-seconds in three processes, so loads side by side only stretch each other past their
+# ~19 CPU-seconds in three processes, so loads side by side only stretch each other past their
 # timeout on 2 cores (and hold ~4 GB each while they do). Held from launch until healthy, exited or timed out.
 START_GATE = CACHE / "sglang-start.lock"
 # Real servers alive at once on this machine (~2.8 GB each, proportional set size): a start waits for a slot.
@@ -325,7 +325,7 @@ def restart(logs: Path, server: RealServer, wait_healthy: bool = True) -> RealSe
 
 class SharedServers:
     """Real servers kept alive across the tests of one pytest process (an xdist group's tests run in one),
-    each by its model, options and copy number: a load is ~30 CPU-seconds and 40-200 s of a 2-core machine,
+    each by its model, options and copy number: a load is ~19 CPU-seconds and 40-200 s of a 2-core machine,
     so a server a test leaves running serves the next test that asks for the same one. A test may kill the
     one it got (a gateway's server dying mid-run): the next to ask gets it started again.
 

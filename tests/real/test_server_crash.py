@@ -21,7 +21,7 @@ BACKOFF_S = 5.0  # before the first restart, doubling after each death: Kubernet
 class Supervisor:
     """Starts the server again on its port each time it dies, after a back-off that doubles (as
     Kubernetes does for a container that keeps dying), and counts. Once the test stops it, a restart
-    still waiting is never made: the killer is a dead letter by then, and a load is ~30 CPU-seconds."""
+    still waiting is never made: the killer is a dead letter by then, and a load is ~19 CPU-seconds."""
 
     def __init__(self, fleet, server):
         self.fleet, self.server, self.deaths = fleet, server, []

@@ -60,7 +60,7 @@ class Pair:
 
 
 def start_pair(logs: Path, model: Path, *options: str) -> Pair:
-    """The real server (shared: a load is ~30 CPU-seconds) and the stand-in on `model`, with the same limits
+    """The real server (shared: a load is ~19 CPU-seconds) and the stand-in on `model`, with the same limits
     and `options`."""
     real = shared_servers().get(model, "--max-running-requests", str(BATCH), *options)
     standin, url = start_standin(logs, None, "--model-path", str(model), *STANDIN_LIMITS, *STEPS, *options)

@@ -37,10 +37,11 @@ class Supervisor:
         self._thread.join(30)
 
 
-def _enqueue_with_a_killer(fleet, tmp_path, extended: Path, killer: int, n: int) -> None:
-    """n prompts enqueued with the extended tokenizer, the one at `killer` using an added token."""
+def _enqueue_with_killers(fleet, tmp_path, extended: Path, killers: list[int], n: int) -> None:
+    """n prompts enqueued with the extended tokenizer, those at `killers` using an added token."""
     records = [{"id": f"p{i:02d}", "prompt": f"Question {i}: count to {i + 3}."} for i in range(n)]
-    records[killer]["prompt"] = f"Call {ADDED[1]} now."
+    for i in killers:
+        records[i]["prompt"] = f"Call {ADDED[i % 2]} now."
     fleet.producer("enqueue", str(write_prompts(tmp_path / "p.jsonl", records)), "--tokenizer", str(extended),
                    "--max-new-tokens", "48", "--thinking", "off")
 
@@ -56,7 +57,7 @@ def test_a_killer_prompt_is_dead_lettered_its_neighbours_stored_and_none_blamed(
         fleet.worker(name, [supervisor.url])
 
     # When a run of twelve prompts, one of which uses an added token, is enqueued with that tokenizer
-    _enqueue_with_a_killer(fleet, tmp_path, extended, killer=5, n=12)
+    _enqueue_with_killers(fleet, tmp_path, extended, killers=[5], n=12)
     try:
         states = fleet.wait_finished(timeout=240)
     finally:
@@ -71,3 +72,28 @@ def test_a_killer_prompt_is_dead_lettered_its_neighbours_stored_and_none_blamed(
     assert states == {"done": 11, "dead": 1}
     assert sorted(r["id"] for r in fleet.rows()) == [f"p{i:02d}" for i in range(12) if i != 5]
     assert len(supervisor.deaths) == len(crashes), (supervisor.deaths, crashes)
+
+
+def test_two_killer_prompts_in_one_run_are_both_dead_lettered_and_their_neighbours_stored(fleet, tmp_path, tokenizer):
+    # Given the stand-in that dies on the added tokens, restarted at once, and two workers
+    extended = tokenizer_with_added_tokens(tokenizer, tmp_path / "extended", ADDED)
+    supervisor = Supervisor(fleet, ["--tokenizer-path", str(extended), "--vocab-size", str(len(tokenizer)),
+                                    "--oov-ids", "crash", "--step-base", "0.05", "--output-len-max", "40"])
+    for name in ("w1", "w2"):
+        fleet.worker(name, [supervisor.url])
+
+    # When a run of twelve prompts, two of which use an added token, is enqueued with that tokenizer
+    _enqueue_with_killers(fleet, tmp_path, extended, killers=[3, 8], n=12)
+    try:
+        states = fleet.wait_finished(timeout=300)
+    finally:
+        supervisor.stop()
+
+    # Then both are server_crash dead letters, each convicted by its own two deaths alone, and the ten others stored
+    letters = fleet.dead_letters()
+    assert sorted((d["id"], d["reason"]) for d in letters) == [("p03", "server_crash"), ("p08", "server_crash")], \
+        fleet.logs_tail(60)
+    for letter in letters:
+        assert [c["alone"] for c in letter["excerpt"]["crashes"]][-2:] == [True, True]
+    assert states == {"done": 10, "dead": 2}
+    assert sorted(r["id"] for r in fleet.rows()) == [f"p{i:02d}" for i in range(12) if i not in (3, 8)]

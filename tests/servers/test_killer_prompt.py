@@ -37,6 +37,18 @@ class Supervisor:
         self._thread.join(30)
 
 
+def _killable_standin(fleet, tmp_path, tokenizer, workers: int) -> tuple[Supervisor, Path]:
+    """A tokenizer that adds two tokens, a stand-in whose vocabulary lacks them (it dies on them) started again
+    at once whenever it dies (faster than a health round: the workers may never see it down), and `workers`
+    workers bound to it; the supervisor and the tokenizer's folder."""
+    extended = tokenizer_with_added_tokens(tokenizer, tmp_path / "extended", ADDED)
+    supervisor = Supervisor(fleet, ["--tokenizer-path", str(extended), "--vocab-size", str(len(tokenizer)),
+                                    "--oov-ids", "crash", "--step-base", "0.05", "--output-len-max", "40"])
+    for name in ("w1", "w2")[:workers]:
+        fleet.worker(name, [supervisor.url])
+    return supervisor, extended
+
+
 def _enqueue_with_killers(fleet, tmp_path, extended: Path, killers: list[int], n: int) -> None:
     """n prompts enqueued with the extended tokenizer, those at `killers` using an added token."""
     records = [{"id": f"p{i:02d}", "prompt": f"Question {i}: count to {i + 3}."} for i in range(n)]
@@ -50,11 +62,7 @@ def _enqueue_with_killers(fleet, tmp_path, extended: Path, killers: list[int], n
 def test_a_killer_prompt_is_dead_lettered_its_neighbours_stored_and_none_blamed(fleet, tmp_path, tokenizer, workers):
     # Given a stand-in whose vocabulary lacks the two tokens a tokenizer adds, which dies on them and is started
     # again at once whenever it dies (faster than a health round: the workers may never see it down), and workers
-    extended = tokenizer_with_added_tokens(tokenizer, tmp_path / "extended", ADDED)
-    supervisor = Supervisor(fleet, ["--tokenizer-path", str(extended), "--vocab-size", str(len(tokenizer)),
-                                    "--oov-ids", "crash", "--step-base", "0.05", "--output-len-max", "40"])
-    for name in ("w1", "w2")[:workers]:
-        fleet.worker(name, [supervisor.url])
+    supervisor, extended = _killable_standin(fleet, tmp_path, tokenizer, workers)
 
     # When a run of twelve prompts, one of which uses an added token, is enqueued with that tokenizer
     _enqueue_with_killers(fleet, tmp_path, extended, killers=[5], n=12)
@@ -76,11 +84,7 @@ def test_a_killer_prompt_is_dead_lettered_its_neighbours_stored_and_none_blamed(
 
 def test_two_killer_prompts_in_one_run_are_both_dead_lettered_and_their_neighbours_stored(fleet, tmp_path, tokenizer):
     # Given the stand-in that dies on the added tokens, restarted at once, and two workers
-    extended = tokenizer_with_added_tokens(tokenizer, tmp_path / "extended", ADDED)
-    supervisor = Supervisor(fleet, ["--tokenizer-path", str(extended), "--vocab-size", str(len(tokenizer)),
-                                    "--oov-ids", "crash", "--step-base", "0.05", "--output-len-max", "40"])
-    for name in ("w1", "w2"):
-        fleet.worker(name, [supervisor.url])
+    supervisor, extended = _killable_standin(fleet, tmp_path, tokenizer, workers=2)
 
     # When a run of twelve prompts, two of which use an added token, is enqueued with that tokenizer
     _enqueue_with_killers(fleet, tmp_path, extended, killers=[3, 8], n=12)

@@ -1,7 +1,10 @@
 """kombu's take and acknowledgement in few commands (`contract/broker/kombu_take.py`), on a real Redis and a real kombu."""
 from __future__ import annotations
 
+import base64
 import json
+import socket
+import time
 
 import pytest
 from kombu import Connection, Consumer, Exchange, Producer, Queue
@@ -165,3 +168,69 @@ def test_takes_of_two_threads_side_by_side_each_read_back_their_own(client):
     # Then it gets its own two back, not the other thread's
     assert [t.payload for t in again] == [t.payload for t in first_a]
     assert [t.payload["properties"]["delivery_tag"] for t in again] == ["t0", "t1"]
+
+
+def _drain(connection, seconds: float) -> None:
+    """The consumer's event loop for a while (kombu sends, pauses and reads BRPOPs as it runs)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            connection.drain_events(timeout=0.2)
+        except socket.timeout:
+            pass
+
+
+def test_a_message_brpop_took_as_the_consumers_room_ran_out_goes_back_to_the_head_of_its_queue(client,
+                                                                                                kombu_connection):
+    # Given a consumer allowed two messages, holding one, whose next BRPOP waits on the empty queue
+    queue = Queue("work", Exchange("work", "direct"), routing_key="work")
+    publishing = kombu_connection.channel()
+    producer = Producer(publishing)
+    publish = lambda n: producer.publish({"n": n}, exchange=queue.exchange, routing_key="work",  # noqa: E731
+                                         declare=[queue], serializer="json")
+    publish(0)
+    received = []
+    consumer = Consumer(kombu_connection.channel(), [queue], callbacks=[lambda body, m: received.append(m)])
+    consumer.qos(prefetch_count=2)
+    with consumer:
+        _drain(kombu_connection, 0.5)
+        assert [m.payload["n"] for m in received] == [0]
+
+        # When its room shrinks to what it holds (the gate lowered its prefetch) and a message comes meanwhile
+        consumer.qos(prefetch_count=1)
+        publish(1)
+        _drain(kombu_connection, 2.0)
+
+        # Then BRPOP's message is back at the head of its queue, not kept in the consumer's socket (out of Redis)
+        assert client.llen("work") == 1 and received[1:] == [] and client.hlen(UNACKED) == 1
+        # and it is delivered once the room returns
+        consumer.qos(prefetch_count=2)
+        _drain(kombu_connection, 1.0)
+    assert [m.payload["n"] for m in received] == [0, 1] and client.llen("work") == 0
+    publishing.close()
+
+
+def test_a_message_brpop_took_for_a_queue_no_longer_consumed_goes_back_to_the_head_of_its_queue(client,
+                                                                                                 kombu_connection):
+    # Given a consumer of two queues whose BRPOP waits on both, empty
+    queues = [Queue(name, Exchange(name, "direct"), routing_key=name) for name in ("work", "other")]
+    publishing = kombu_connection.channel()
+    producer = Producer(publishing)
+    publish = lambda n: producer.publish({"n": n}, exchange=queues[0].exchange, routing_key="work",  # noqa: E731
+                                         declare=[queues[0]], serializer="json")
+    received = []
+    consumer = Consumer(kombu_connection.channel(), queues, callbacks=[lambda body, m: received.append(m)])
+    consumer.qos(prefetch_count=4)
+    with consumer:
+        _drain(kombu_connection, 0.5)
+
+        # When it stops consuming one of them (the gate, its servers gone) as a message comes there, then another
+        consumer.cancel_by_queue("work")
+        publish(1)
+        publish(2)
+        _drain(kombu_connection, 2.0)
+
+        # Then the first is back at the head of its queue, before the second, never delivered nor recorded
+        queued = [json.loads(base64.b64decode(json.loads(m)["body"]))["n"] for m in client.lrange("work", 0, -1)]
+        assert queued == [2, 1] and received == [] and client.hlen(UNACKED) == 0
+    publishing.close()

@@ -36,12 +36,24 @@ another Celery app, gets kombu's transport unchanged. What the subclasses add:
   and each reject without requeue is remembered (`recent.ACKED`) and sent
   again on the new primary (`failover.py`), whose pools it finds here
   (`sentinel_pools`).
+- **no message held in a socket**: a BRPOP is in flight whenever the worker
+  has room, and its room can shrink under it (the gate lowers the prefetch
+  count, or stops consuming, when the servers go down: `gate.py`). kombu 5.7.0
+  then pauses the BRPOP and keeps the message it took in the socket, unread,
+  until room returns, minutes maybe: in no list and not in `unacked`, so the
+  audit counts it lost and publishes it again, and a worker that dies
+  meanwhile takes it with it. Here the reply is read once it came (within the
+  BRPOP's one-second timeout) and its message put back at the head of its
+  list, where BRPOP took it (`MultiChannelPoller._update_brpop_polling`); so
+  is one that comes for a queue the worker stopped consuming meanwhile
+  (kombu would record it, then requeue it at the back with a warning).
 - **subscriptions heard again after a reconnect** (`MultiChannelPoller`):
   see `_client_registered`.
 """
 from __future__ import annotations
 
 import itertools
+import logging
 import threading
 import weakref
 from typing import Any, Callable, NamedTuple
@@ -59,6 +71,8 @@ from contract.redis_link.scripts import Lua
 
 from . import redis_pool
 from .recent import ACKED
+
+log = logging.getLogger(__name__)
 
 PATH = "workers.intake.transport:Transport"
 SENTINEL_PATH = "workers.intake.transport:SentinelTransport"
@@ -304,8 +318,11 @@ class _Fleet:
         self._read_back_pending()
         if not dest__item:
             raise kredis.Empty()
-        dest, item = dest__item
-        dest = bytes_to_str(dest).rsplit(self.sep, 1)[0]
+        dest_list, item = dest__item
+        dest = bytes_to_str(dest_list).rsplit(self.sep, 1)[0]
+        if dest not in self.active_queues:  # no longer consumed: BRPOP took it as the gate stopped consuming
+            self._put_back(dest_list, item)
+            raise kredis.Empty()
         self._queue_cycle.rotate(dest)
         first = loads(bytes_to_str(item))
         readable = kombu_take.readable(first)
@@ -319,6 +336,35 @@ class _Fleet:
             self.connection._deliver(first, dest)  # kombu's own path records (or refuses) it
         self._run(take)
         return True
+
+    def give_back_paused(self, connection, sock) -> bool:
+        """A BRPOP that kombu paused for want of room (the module docstring): once its reply came, the
+        message it took goes back to the head of its list. True when the reply was read (or its
+        connection is gone), and the pause is over."""
+        if self._in_poll is not connection or connection._sock is not sock:
+            return False
+        try:
+            if not connection.can_read(timeout=0):
+                return False
+            reply = self.client.parse_response(connection, "BRPOP")
+        except self.connection_errors as exc:  # what it took, if anything, is the audit's to find
+            log.warning("broker: a paused BRPOP's connection failed (%r)", exc)
+            connection.disconnect()
+            reply = None
+        self._in_poll = None
+        if reply:
+            self._put_back(*reply)
+        return True
+
+    def _put_back(self, dest_list: bytes, item: bytes) -> None:
+        """A message BRPOP took that this channel does not deliver: back at the head of its list (BRPOP
+        takes from the right), as if never taken."""
+        try:
+            with self.conn_or_acquire() as client:
+                client.rpush(dest_list, item)
+        except Exception as exc:  # Redis down: the audit republishes what is in no list and not in unacked
+            log.warning("broker: a message taken but not delivered could not go back to %s (%r)",
+                        bytes_to_str(dest_list), exc)
 
     def _read_back_pending(self) -> None:
         for take in _PENDING.all():
@@ -383,6 +429,15 @@ class MultiChannelPoller(kredis.MultiChannelPoller):
     `kombu/transport/redis.py` (`MultiChannelPoller._client_registered`,
     `_chan_to_sock`, `_register_LISTEN`), pinned (`constraints.txt`).
     """
+
+    def _update_brpop_polling(self):
+        """kombu's pause and resume of BRPOPs by room; a paused one's message then goes back to its list
+        once its reply came (the module docstring), rather than wait in the socket."""
+        super()._update_brpop_polling()
+        for fd, (channel, _client, connection, sock) in list(self._paused_brpop.items()):
+            if isinstance(channel, _Fleet) and not channel.global_keyprefix \
+                    and channel.give_back_paused(connection, sock):
+                self._discard_paused_brpop(fd)
 
     def _client_registered(self, channel, client, cmd):
         found = super()._client_registered(channel, client, cmd)  # takes the client's connection if none

@@ -2,13 +2,11 @@
 input id its model lacks, restarted each time it dies as a supervisor would (workers/intake/server_crashes.py)."""
 from __future__ import annotations
 
-import threading
-import time
-
 import pytest
 
 from conftest import write_prompts
 from real_sglang import checkpoint, restart, tokenizer_with_added_tokens
+from supervisor import Supervisor
 
 pytestmark = pytest.mark.xdist_group("real-sglang-crash")  # a server that dies: a worker of its own, beside the shared ones'
 
@@ -18,29 +16,15 @@ ADDED = ["<tool_a>", "<tool_b>", "<tool_c>", "<tool_d>"]
 BACKOFF_S = 5.0  # before the first restart, doubling after each death: Kubernetes' CrashLoopBackOff, halved
 
 
-class Supervisor:
-    """Starts the server again on its port each time it dies, after a back-off that doubles (as
-    Kubernetes does for a container that keeps dying), and counts. Once the test stops it, a restart
-    still waiting is never made: the killer is a dead letter by then, and a load is ~19 CPU-seconds."""
+def _supervised(fleet, server) -> Supervisor:
+    """The server started again on its port each time it dies, after the back-off. Once the test stops the
+    supervisor, a restart still waiting is never made: the killer is a dead letter by then, and a load is
+    ~19 CPU-seconds."""
+    def restarted(dead):
+        fleet.servers.append(new := restart(fleet.logs, dead, wait_healthy=False))
+        return new
 
-    def __init__(self, fleet, server):
-        self.fleet, self.server, self.deaths = fleet, server, []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.5):
-            if not self.server.process.alive():
-                self.deaths.append(time.time())
-                if self._stop.wait(BACKOFF_S * 2 ** (len(self.deaths) - 1)):
-                    return
-                self.server = restart(self.fleet.logs, self.server, wait_healthy=False)
-                self.fleet.servers.append(self.server)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(10)
+    return Supervisor(server, alive=lambda s: s.process.alive(), restart=restarted, backoff=BACKOFF_S, poll=0.5)
 
 
 @pytest.mark.timeout(1500)  # four starts of a real server, each minutes on a loaded 2-core machine
@@ -49,7 +33,7 @@ def test_a_prompt_that_kills_its_server_is_dead_lettered_and_its_neighbours_are_
     # ids, which the engine cannot embed), served by the real server under a supervisor, and a worker
     extended = tokenizer_with_added_tokens(tokenizer, tmp_path / "extended-tokenizer", ADDED)
     model = checkpoint("random", extended, vocab=len(tokenizer))
-    supervisor = Supervisor(fleet, fleet.sglang(model))
+    supervisor = _supervised(fleet, fleet.sglang(model))
     worker = fleet.worker("w1", [supervisor.server.url])
 
     # When a run of eight prompts, one of which uses an added token, is enqueued with that tokenizer

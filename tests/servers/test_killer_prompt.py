@@ -3,50 +3,31 @@ SGLang 0.5.23 does (`--oov-ids crash`), restarted within a second each time it d
 server's crash test (tests/real/test_server_crash.py), whose restarts are minutes, run where they are cheap."""
 from __future__ import annotations
 
-import threading
-import time
 from pathlib import Path
 
 import pytest
 
 from conftest import write_prompts
 from real_sglang import tokenizer_with_added_tokens
+from supervisor import Supervisor
 
 ADDED = ["<tool_a>", "<tool_b>"]
 
 
-class Supervisor:
-    """Starts the stand-in again on its port whenever it died, and counts its deaths."""
-
-    def __init__(self, fleet, options: list[str]):
-        self.fleet, self.options, self.deaths = fleet, options, []
-        self.process, self.url = fleet.standin(*options)
-        self.port = int(self.url.rsplit(":", 1)[1])
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.2):
-            if not self.process.alive():
-                self.deaths.append(time.time())
-                self.process, _ = self.fleet.standin(*self.options, port=self.port, wait_healthy=False)
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(30)
-
-
-def _killable_standin(fleet, tmp_path, tokenizer, workers: int) -> tuple[Supervisor, Path]:
+def _killable_standin(fleet, tmp_path, tokenizer, workers: int) -> tuple[Supervisor, str, Path]:
     """A tokenizer that adds two tokens, a stand-in whose vocabulary lacks them (it dies on them) started again
     at once whenever it dies (faster than a health round: the workers may never see it down), and `workers`
-    workers bound to it; the supervisor and the tokenizer's folder."""
+    workers bound to it; the supervisor, the stand-in's URL and the tokenizer's folder."""
     extended = tokenizer_with_added_tokens(tokenizer, tmp_path / "extended", ADDED)
-    supervisor = Supervisor(fleet, ["--tokenizer-path", str(extended), "--vocab-size", str(len(tokenizer)),
-                                    "--oov-ids", "crash", "--step-base", "0.05", "--output-len-max", "40"])
+    options = ["--tokenizer-path", str(extended), "--vocab-size", str(len(tokenizer)), "--oov-ids", "crash",
+               "--step-base", "0.05", "--output-len-max", "40"]
+    process, url = fleet.standin(*options)
+    port = int(url.rsplit(":", 1)[1])
+    supervisor = Supervisor(process, alive=lambda p: p.alive(),
+                            restart=lambda _: fleet.standin(*options, port=port, wait_healthy=False)[0])
     for name in ("w1", "w2")[:workers]:
-        fleet.worker(name, [supervisor.url])
-    return supervisor, extended
+        fleet.worker(name, [url])
+    return supervisor, url, extended
 
 
 def _enqueue_with_killers(fleet, tmp_path, extended: Path, killers: list[int], n: int) -> None:
@@ -62,7 +43,7 @@ def _enqueue_with_killers(fleet, tmp_path, extended: Path, killers: list[int], n
 def test_a_killer_prompt_is_dead_lettered_its_neighbours_stored_and_none_blamed(fleet, tmp_path, tokenizer, workers):
     # Given a stand-in whose vocabulary lacks the two tokens a tokenizer adds, which dies on them and is started
     # again at once whenever it dies (faster than a health round: the workers may never see it down), and workers
-    supervisor, extended = _killable_standin(fleet, tmp_path, tokenizer, workers)
+    supervisor, url, extended = _killable_standin(fleet, tmp_path, tokenizer, workers)
 
     # When a run of twelve prompts, one of which uses an added token, is enqueued with that tokenizer
     _enqueue_with_killers(fleet, tmp_path, extended, killers=[5], n=12)
@@ -75,7 +56,7 @@ def test_a_killer_prompt_is_dead_lettered_its_neighbours_stored_and_none_blamed(
     letters = fleet.dead_letters()
     assert [(d["id"], d["reason"]) for d in letters] == [("p05", "server_crash")], fleet.logs_tail(60)
     crashes = letters[0]["excerpt"]["crashes"]
-    assert [c["alone"] for c in crashes][-2:] == [True, True] and {c["server"] for c in crashes} == {supervisor.url}
+    assert [c["alone"] for c in crashes][-2:] == [True, True] and {c["server"] for c in crashes} == {url}
     # and its eleven neighbours are stored, none blamed, and the server died only of the killer
     assert states == {"done": 11, "dead": 1}
     assert sorted(r["id"] for r in fleet.rows()) == [f"p{i:02d}" for i in range(12) if i != 5]
@@ -84,7 +65,7 @@ def test_a_killer_prompt_is_dead_lettered_its_neighbours_stored_and_none_blamed(
 
 def test_two_killer_prompts_in_one_run_are_both_dead_lettered_and_their_neighbours_stored(fleet, tmp_path, tokenizer):
     # Given the stand-in that dies on the added tokens, restarted at once, and two workers
-    supervisor, extended = _killable_standin(fleet, tmp_path, tokenizer, workers=2)
+    supervisor, url, extended = _killable_standin(fleet, tmp_path, tokenizer, workers=2)
 
     # When a run of twelve prompts, two of which use an added token, is enqueued with that tokenizer
     _enqueue_with_killers(fleet, tmp_path, extended, killers=[3, 8], n=12)

@@ -352,6 +352,7 @@ class _Fleet:
             connection.disconnect()
             reply = None
         self._in_poll = None
+        self._flush_brpop_reauth()  # as kombu's own read does: a credential rotated meanwhile is sent now
         if reply:
             self._put_back(*reply)
         return True

@@ -234,3 +234,38 @@ def test_a_message_brpop_took_for_a_queue_no_longer_consumed_goes_back_to_the_he
         queued = [json.loads(base64.b64decode(json.loads(m)["body"]))["n"] for m in client.lrange("work", 0, -1)]
         assert queued == [2, 1] and received == [] and client.hlen(UNACKED) == 0
     publishing.close()
+
+
+@pytest.mark.parametrize("ended", ["killed", "unblocked"])
+def test_a_paused_brpop_ended_by_redis_leaves_the_consumer_running_and_taking_messages(client, kombu_connection, ended):
+    # Given a consumer allowed two messages, holding one, whose BRPOP was paused when its room shrank to what it holds
+    queue = Queue("work", Exchange("work", "direct"), routing_key="work")
+    publishing = kombu_connection.channel()
+    producer = Producer(publishing)
+    publish = lambda n: producer.publish({"n": n}, exchange=queue.exchange, routing_key="work",  # noqa: E731
+                                         declare=[queue], serializer="json")
+    publish(0)
+    received = []
+    consumer = Consumer(kombu_connection.channel(), [queue], callbacks=[lambda body, m: received.append(m)])
+    consumer.qos(prefetch_count=2)
+    with consumer:
+        _drain(kombu_connection, 0.3)
+        consumer.qos(prefetch_count=1)
+        _drain(kombu_connection, 0.05)
+
+        # When Redis ends that BRPOP: its connection killed (a restart, Sentinel's CLIENT KILL), or the BRPOP
+        # unblocked with an error reply (UNBLOCKED, as for a primary demoted under it)
+        [blocked] = [c for c in client.client_list() if c["cmd"] == "brpop"]
+        if ended == "killed":
+            client.client_kill_filter(_id=blocked["id"])
+        else:
+            client.execute_command("CLIENT", "UNBLOCK", blocked["id"], "ERROR")
+        time.sleep(0.1)
+        _drain(kombu_connection, 0.6)  # the consumer's loop raises nothing
+
+        # Then once its room returns, the next message is delivered
+        consumer.qos(prefetch_count=2)
+        publish(1)
+        _drain(kombu_connection, 1.5)
+    assert [m.payload["n"] for m in received] == [0, 1]
+    publishing.close()

@@ -65,6 +65,7 @@ from kombu.utils.encoding import bytes_to_str
 from kombu.utils.json import dumps, loads
 from kombu.utils.url import as_url
 from redis.client import PubSub
+from redis.exceptions import RedisError, ResponseError
 
 from contract.broker import kombu_redis, kombu_take, worker_lease
 from contract.redis_link.scripts import Lua
@@ -315,13 +316,14 @@ class _Fleet:
         except self.connection_errors:
             self.client.connection.disconnect()
             raise
+        if dest__item:
+            dest_list, item = dest__item
+            dest = bytes_to_str(dest_list).rsplit(self.sep, 1)[0]
+            if dest not in self.active_queues:  # no longer consumed: BRPOP took it as the gate stopped consuming
+                self._put_back(dest_list, item)
+                dest__item = None
         self._read_back_pending()
         if not dest__item:
-            raise kredis.Empty()
-        dest_list, item = dest__item
-        dest = bytes_to_str(dest_list).rsplit(self.sep, 1)[0]
-        if dest not in self.active_queues:  # no longer consumed: BRPOP took it as the gate stopped consuming
-            self._put_back(dest_list, item)
             raise kredis.Empty()
         self._queue_cycle.rotate(dest)
         first = loads(bytes_to_str(item))
@@ -343,14 +345,16 @@ class _Fleet:
         connection is gone), and the pause is over."""
         if self._in_poll is not connection or connection._sock is not sock:
             return False
+        reply = None
         try:
             if not connection.can_read(timeout=0):
                 return False
             reply = self.client.parse_response(connection, "BRPOP")
-        except self.connection_errors as exc:  # what it took, if anything, is the audit's to find
+        except ResponseError as exc:  # an error reply (UNBLOCKED, its primary demoted): it took nothing
+            log.info("broker: a paused BRPOP ended with %r", exc)
+        except (*self.connection_errors, RedisError) as exc:  # what it took, if anything, is the audit's
             log.warning("broker: a paused BRPOP's connection failed (%r)", exc)
             connection.disconnect()
-            reply = None
         self._in_poll = None
         self._flush_brpop_reauth()  # as kombu's own read does: a credential rotated meanwhile is sent now
         if reply:
@@ -437,8 +441,8 @@ class MultiChannelPoller(kredis.MultiChannelPoller):
         super()._update_brpop_polling()
         for fd, (channel, _client, connection, sock) in list(self._paused_brpop.items()):
             if isinstance(channel, _Fleet) and not channel.global_keyprefix \
-                    and channel.give_back_paused(connection, sock):
-                self._discard_paused_brpop(fd)
+                    and channel.give_back_paused(connection, sock) and fd in self._paused_brpop:
+                self._discard_paused_brpop(fd)  # (a failed connection's disconnect discarded it already)
 
     def _client_registered(self, channel, client, cmd):
         found = super()._client_registered(channel, client, cmd)  # takes the client's connection if none

@@ -76,6 +76,23 @@ def test_one_take_is_bounded_whatever_the_room(client):
     assert len(kombu_take.take(client, ["q"], None, 10_000, HOLDER)) == kombu_take.MOST_PER_TAKE
 
 
+def _publisher(connection, queue: Queue):
+    """A channel of `connection`, and a function publishing `{"n": n}` to `queue` through it."""
+    channel = connection.channel()
+    producer = Producer(channel)
+    return channel, lambda n: producer.publish({"n": n}, exchange=queue.exchange, routing_key=queue.routing_key,
+                                               declare=[queue], serializer="json")
+
+
+def _consumer(connection, queues: list[Queue], prefetch: int):
+    """A consumer of `queues` on a channel of its own, allowed `prefetch` messages, and the list it puts each
+    message it gets in."""
+    received = []
+    consumer = Consumer(connection.channel(), queues, callbacks=[lambda body, message: received.append(message)])
+    consumer.qos(prefetch_count=prefetch)
+    return consumer, received
+
+
 @pytest.fixture
 def kombu_connection(server):
     """A kombu connection on the worker's transport (selected as Celery's `broker_transport` selects it)."""
@@ -86,15 +103,11 @@ def kombu_connection(server):
 def test_a_consumer_gets_every_message_once_each_recorded_and_a_group_commits_ack_skips_kombus(client, kombu_connection):
     # Given ten messages published through kombu, and a consumer allowed to hold six
     queue = Queue("work", Exchange("work", "direct"), routing_key="work")
-    with kombu_connection.channel() as publishing:
-        producer = Producer(publishing)
-        for i in range(10):
-            producer.publish({"n": i}, exchange=queue.exchange, routing_key="work", declare=[queue],
-                             serializer="json")
-    received = []
-    channel = kombu_connection.channel()
-    consumer = Consumer(channel, [queue], callbacks=[lambda body, message: received.append(message)])
-    consumer.qos(prefetch_count=6)
+    publishing, publish = _publisher(kombu_connection, queue)
+    for i in range(10):
+        publish(i)
+    publishing.close()
+    consumer, received = _consumer(kombu_connection, [queue], prefetch=6)
 
     # When it drains what it may hold
     with consumer:
@@ -119,7 +132,7 @@ def test_a_consumer_gets_every_message_once_each_recorded_and_a_group_commits_ac
     # Then the three others were acknowledged by kombu, and a settled tag's ack left Redis alone
     assert client.hkeys(UNACKED) == [tags[0].encode()]
     assert client.zcard(UNACKED_INDEX) == 0
-    channel.close()
+    consumer.channel.close()
 
 
 def test_a_take_run_again_with_its_token_returns_what_it_recorded_and_takes_nothing_more(client):
@@ -184,14 +197,9 @@ def test_a_message_brpop_took_as_the_consumers_room_ran_out_goes_back_to_the_hea
                                                                                                 kombu_connection):
     # Given a consumer allowed two messages, holding one, whose next BRPOP waits on the empty queue
     queue = Queue("work", Exchange("work", "direct"), routing_key="work")
-    publishing = kombu_connection.channel()
-    producer = Producer(publishing)
-    publish = lambda n: producer.publish({"n": n}, exchange=queue.exchange, routing_key="work",  # noqa: E731
-                                         declare=[queue], serializer="json")
+    publishing, publish = _publisher(kombu_connection, queue)
     publish(0)
-    received = []
-    consumer = Consumer(kombu_connection.channel(), [queue], callbacks=[lambda body, m: received.append(m)])
-    consumer.qos(prefetch_count=2)
+    consumer, received = _consumer(kombu_connection, [queue], prefetch=2)
     with consumer:
         _drain(kombu_connection, 0.5)
         assert [m.payload["n"] for m in received] == [0]
@@ -214,13 +222,8 @@ def test_a_message_brpop_took_for_a_queue_no_longer_consumed_goes_back_to_the_he
                                                                                                  kombu_connection):
     # Given a consumer of two queues whose BRPOP waits on both, empty
     queues = [Queue(name, Exchange(name, "direct"), routing_key=name) for name in ("work", "other")]
-    publishing = kombu_connection.channel()
-    producer = Producer(publishing)
-    publish = lambda n: producer.publish({"n": n}, exchange=queues[0].exchange, routing_key="work",  # noqa: E731
-                                         declare=[queues[0]], serializer="json")
-    received = []
-    consumer = Consumer(kombu_connection.channel(), queues, callbacks=[lambda body, m: received.append(m)])
-    consumer.qos(prefetch_count=4)
+    publishing, publish = _publisher(kombu_connection, queues[0])
+    consumer, received = _consumer(kombu_connection, queues, prefetch=4)
     with consumer:
         _drain(kombu_connection, 0.5)
 
@@ -240,14 +243,9 @@ def test_a_message_brpop_took_for_a_queue_no_longer_consumed_goes_back_to_the_he
 def test_a_paused_brpop_ended_by_redis_leaves_the_consumer_running_and_taking_messages(client, kombu_connection, ended):
     # Given a consumer allowed two messages, holding one, whose BRPOP was paused when its room shrank to what it holds
     queue = Queue("work", Exchange("work", "direct"), routing_key="work")
-    publishing = kombu_connection.channel()
-    producer = Producer(publishing)
-    publish = lambda n: producer.publish({"n": n}, exchange=queue.exchange, routing_key="work",  # noqa: E731
-                                         declare=[queue], serializer="json")
+    publishing, publish = _publisher(kombu_connection, queue)
     publish(0)
-    received = []
-    consumer = Consumer(kombu_connection.channel(), [queue], callbacks=[lambda body, m: received.append(m)])
-    consumer.qos(prefetch_count=2)
+    consumer, received = _consumer(kombu_connection, [queue], prefetch=2)
     with consumer:
         _drain(kombu_connection, 0.3)
         consumer.qos(prefetch_count=1)
